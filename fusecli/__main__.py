@@ -1,0 +1,5 @@
+"""``python -m fusecli``."""
+
+from .cli import main
+
+main()

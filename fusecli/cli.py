@@ -1,0 +1,79 @@
+"""click commands: parse options, call the library, print. No analysis logic lives here."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import click
+
+from . import __version__
+from .errors import FuseError
+
+
+def _fail(message: str) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(1)
+
+
+class _Group(click.Group):
+    """Turns FuseError (and any unexpected error) into one ``error:`` line and exit 1."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except FuseError as e:
+            _fail(" ".join(str(e).split()))
+        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException, SystemExit):
+            raise
+        except KeyboardInterrupt:
+            click.echo("error: interrupted", err=True)
+            sys.exit(130)
+        except Exception as e:  # a bug of ours must still not print a traceback at the user
+            if os.environ.get("FUSECLI_DEBUG"):
+                raise
+            _fail(f"internal error {type(e).__name__}: {' '.join(str(e).split())[:300]} "
+                  "(set FUSECLI_DEBUG=1 for the traceback)")
+
+
+def _parse_dims(values: tuple[str, ...]) -> dict[str, int]:
+    dims = {}
+    for v in values:
+        name, _, size = v.partition("=")
+        if not name or not size.isdigit() or int(size) < 1:
+            raise click.BadParameter(f"{v!r}: expected NAME=VALUE with a positive integer",
+                                     param_hint="--dim")
+        dims[name] = int(size)
+    return dims
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="fusecli")
+def main() -> None:
+    """Which ops of a model may be fused for inference and for training, and why not where not."""
+
+
+@main.command()
+@click.argument("model", type=click.Path(dir_okay=True, path_type=str))
+@click.option("--json", "as_json", is_flag=True, help="Print only the JSON document on stdout.")
+@click.option("--batch", type=click.IntRange(min=1), default=None,
+              help="Batch size for dynamic first dims (default 1, with a warning).")
+@click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE",
+              help="Value of a symbolic dim, e.g. --dim seq=128 (repeatable).")
+def analyze(model: str, as_json: bool, batch: int | None, dims: tuple[str, ...]) -> None:
+    """Analyze MODEL (an .onnx file or a SavedModel folder)."""
+    from .pipeline import Options
+    from .pipeline import analyze as run_analysis
+    from .report import print_report, to_json
+
+    options = Options(batch=batch or 1, dims=_parse_dims(dims))
+    result = run_analysis(model, options, batch_given=batch is not None)
+    for w in result.warnings:
+        click.echo(f"warning: {w}", err=True)
+    if as_json:
+        click.echo(json.dumps(to_json(result), indent=2))
+        return
+    from rich.console import Console
+
+    print_report(result, Console())

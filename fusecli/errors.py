@@ -1,0 +1,5 @@
+"""The one exception type the CLI turns into ``error: ...`` and exit code 1."""
+
+
+class FuseError(Exception):
+    """Bad input or an impossible request, with a message a user can act on (one line)."""

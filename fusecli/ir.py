@@ -1,0 +1,254 @@
+"""The format-neutral graph IR: Graph, Node, Tensor.
+
+A tensor knows its producer and its consumers; a node keeps the op type of its source format
+(``Conv``, ``Conv2D``) and a canonical ``kind`` (``conv``) that rules and patterns are written against.
+Passes annotate ``meta`` dicts instead of growing new fields.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from .errors import FuseError
+
+TENSOR_KINDS = ("input", "parameter", "constant", "activation")
+PHASES = ("forward", "backward")
+
+Dim = int | str | None  # a static size, a symbolic name, or unknown
+
+_DTYPE_BYTES = {
+    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2,
+    "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint64": 8, "uint32": 4, "uint16": 2,
+    "uint8": 1, "bool": 1, "complex64": 8, "complex128": 16, "string": 8,
+    "float8e4m3fn": 1, "float8e4m3fnuz": 1, "float8e5m2": 1, "float8e5m2fnuz": 1,
+    "int4": 1, "uint4": 1, "resource": 0, "variant": 0,
+}
+FLOAT_DTYPES = frozenset({"float64", "float32", "float16", "bfloat16"})
+
+
+def dtype_size(dtype: str) -> int:
+    """Bytes per element of a dtype name (unknown dtypes count 4, the common case)."""
+    return _DTYPE_BYTES.get(dtype, 4)
+
+
+@dataclass(eq=False)
+class Tensor:
+    """A value in the graph: one producer (None for inputs, parameters and constants)."""
+
+    name: str
+    dtype: str = "float32"
+    shape: tuple[Dim, ...] | None = None
+    kind: str = "activation"
+    producer: Node | None = None
+    consumers: list[Node] = field(default_factory=list)
+    meta: dict = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        return f"Tensor({self.name!r}, {self.dtype}, {self.shape}, {self.kind})"
+
+    @property
+    def is_float(self) -> bool:
+        return self.dtype in FLOAT_DTYPES
+
+    @property
+    def shape_known(self) -> bool:
+        """True when every dim is a number or a name (a rank and no unknown dims)."""
+        return self.shape is not None and all(d is not None for d in self.shape)
+
+    @property
+    def is_static(self) -> bool:
+        return self.shape is not None and all(isinstance(d, int) for d in self.shape)
+
+    def resolve_shape(self, batch: int = 1, dims: Mapping[str, int] | None = None) -> tuple[int, ...]:
+        """Concrete dims: named dims from ``dims``; other unknown dims are the batch on axis 0, else 1."""
+        if self.shape is None:
+            return (1,)
+        dims = dims or {}
+        out = []
+        for axis, d in enumerate(self.shape):
+            if isinstance(d, int):
+                out.append(d)
+            elif isinstance(d, str) and d in dims:
+                out.append(dims[d])
+            else:
+                out.append(batch if axis == 0 else 1)
+        return tuple(out)
+
+    def nbytes(self, batch: int = 1, dims: Mapping[str, int] | None = None) -> int:
+        """Size in bytes at a given batch (and symbolic dim values)."""
+        n = 1
+        for d in self.resolve_shape(batch, dims):
+            n *= max(d, 0)
+        return n * dtype_size(self.dtype)
+
+
+@dataclass(eq=False)
+class Node:
+    """An op: source op type, canonical kind, ordered inputs and outputs (None = absent optional)."""
+
+    name: str
+    op_type: str
+    kind: str
+    inputs: list[Tensor | None] = field(default_factory=list)
+    outputs: list[Tensor | None] = field(default_factory=list)
+    attrs: dict = field(default_factory=dict)
+    domain: str = ""
+    phase: str = "forward"
+    meta: dict = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        return f"Node({self.name!r}, {self.op_type}, kind={self.kind}, {self.phase})"
+
+    def input(self, i: int) -> Tensor | None:
+        return self.inputs[i] if i < len(self.inputs) else None
+
+    def output(self, i: int) -> Tensor | None:
+        return self.outputs[i] if i < len(self.outputs) else None
+
+
+class GraphError(FuseError):
+    """The graph breaks an IR invariant (a cycle, a tensor made twice, a dangling reference)."""
+
+
+class Graph:
+    """Nodes in topological order plus the tensors they connect, indexed by name."""
+
+    def __init__(self, name: str = "graph", fmt: str = "onnx") -> None:
+        self.name = name
+        self.format = fmt
+        self.nodes: list[Node] = []
+        self.tensors: dict[str, Tensor] = {}
+        self.inputs: list[Tensor] = []
+        self.outputs: list[Tensor] = []
+        self.meta: dict = {}
+        self._node_names: dict[str, Node] = {}
+
+    # -- building -------------------------------------------------------------------------------
+    def tensor(self, name: str, **fields) -> Tensor:
+        """The tensor of that name, made on first use; ``fields`` fill in a new tensor only."""
+        t = self.tensors.get(name)
+        if t is None:
+            t = self.tensors[name] = Tensor(name, **fields)
+        return t
+
+    def add_node(self, node: Node) -> Node:
+        """Append a node (callers add in topological order) and link its tensors both ways."""
+        if node.name in self._node_names:
+            raise GraphError(f"duplicate node name {node.name!r}")
+        self._node_names[node.name] = node
+        for t in node.inputs:
+            if t is not None:
+                t.consumers.append(node)
+        for t in node.outputs:
+            if t is None:
+                continue
+            if t.producer is not None:
+                raise GraphError(f"tensor {t.name!r} is produced by both {t.producer.name!r} "
+                                 f"and {node.name!r}")
+            t.producer = node
+        self.nodes.append(node)
+        return node
+
+    def unique_node_name(self, base: str) -> str:
+        """``base`` if unused, else ``base_1``, ``base_2``, ..."""
+        name, i = base, 0
+        while name in self._node_names:
+            i += 1
+            name = f"{base}_{i}"
+        return name
+
+    def node(self, name: str) -> Node:
+        return self._node_names[name]
+
+    def has_node(self, name: str) -> bool:
+        return name in self._node_names
+
+    # -- views ----------------------------------------------------------------------------------
+    def forward_nodes(self) -> list[Node]:
+        return [n for n in self.nodes if n.phase == "forward"]
+
+    def backward_nodes(self) -> list[Node]:
+        return [n for n in self.nodes if n.phase == "backward"]
+
+    def op_counts(self, nodes: Iterable[Node] | None = None) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for n in self.nodes if nodes is None else nodes:
+            counts[n.op_type] = counts.get(n.op_type, 0) + 1
+        return counts
+
+    # -- invariants -----------------------------------------------------------------------------
+    def lint(self) -> None:
+        """Check every IR invariant; raise GraphError naming the first one broken."""
+        seen_nodes: set[int] = set()
+        defined: set[int] = {id(t) for t in self.tensors.values() if t.producer is None}
+        names = set()
+        for t in self.tensors.values():
+            if t.kind not in TENSOR_KINDS:
+                raise GraphError(f"tensor {t.name!r} has unknown kind {t.kind!r}")
+        for node in self.nodes:
+            if node.name in names:
+                raise GraphError(f"duplicate node name {node.name!r}")
+            names.add(node.name)
+            if node.phase not in PHASES:
+                raise GraphError(f"node {node.name!r} has unknown phase {node.phase!r}")
+            for t in node.inputs:
+                if t is None:
+                    continue
+                if self.tensors.get(t.name) is not t:
+                    raise GraphError(f"node {node.name!r} reads {t.name!r}, not in the graph")
+                if id(t) not in defined:
+                    raise GraphError(f"node {node.name!r} reads {t.name!r} before it is made "
+                                     "(not topological)")
+                if node not in t.consumers:
+                    raise GraphError(f"{t.name!r} does not list its consumer {node.name!r}")
+            for t in node.outputs:
+                if t is None:
+                    continue
+                if self.tensors.get(t.name) is not t:
+                    raise GraphError(f"node {node.name!r} makes {t.name!r}, not in the graph")
+                if t.producer is not node:
+                    raise GraphError(f"{t.name!r} does not name {node.name!r} as its producer")
+                if t.kind == "input":
+                    raise GraphError(f"input {t.name!r} has a producer {node.name!r}")
+                defined.add(id(t))
+            seen_nodes.add(id(node))
+        for t in self.tensors.values():
+            if t.producer is not None and id(t.producer) not in seen_nodes:
+                raise GraphError(f"{t.name!r} names a producer that is not in the graph")
+            for c in t.consumers:
+                if id(c) not in seen_nodes or not any(x is t for x in c.inputs):
+                    raise GraphError(f"{t.name!r} lists consumer {c.name!r} that does not read it")
+            if t.producer is None and t.kind == "activation":
+                raise GraphError(f"activation {t.name!r} has no producer")
+        for t in self.outputs:
+            if self.tensors.get(t.name) is not t:
+                raise GraphError(f"graph output {t.name!r} is not in the graph")
+
+
+def topological_order(nodes: list[Node]) -> list[Node]:
+    """Kahn's algorithm over producer links, stable for nodes already in order; GraphError on a cycle."""
+    index = {id(n): i for i, n in enumerate(nodes)}
+    indegree = [0] * len(nodes)
+    users: list[list[int]] = [[] for _ in nodes]
+    for i, n in enumerate(nodes):
+        preds = {index[id(t.producer)] for t in n.inputs
+                 if t is not None and t.producer is not None and id(t.producer) in index}
+        indegree[i] = len(preds)
+        for p in preds:
+            users[p].append(i)
+    ready = [i for i, d in enumerate(indegree) if d == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(nodes[i])
+        for u in users[i]:
+            indegree[u] -= 1
+            if indegree[u] == 0:
+                heapq.heappush(ready, u)
+    if len(order) != len(nodes):
+        stuck = next(nodes[i].name for i, d in enumerate(indegree) if d > 0)
+        raise GraphError(f"the graph has a cycle (through node {stuck!r})")
+    return order

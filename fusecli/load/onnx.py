@@ -1,0 +1,267 @@
+"""ONNX file -> forward Graph: shape inference, constant subgraphs, external data never read."""
+
+from __future__ import annotations
+
+import os
+
+import onnx
+from google.protobuf.message import DecodeError
+from onnx import numpy_helper
+
+from ..errors import FuseError
+from ..ir import Graph, GraphError, Node, Tensor, topological_order
+from ..kinds import ONNX_KINDS, ONNX_MS_KINDS
+
+MIN_OPSET = 7
+SMALL_VALUE_ELEMENTS = 64  # constants this small keep their values (Clip bounds, Pow exponents, 1/sqrt(d))
+_MS_DOMAINS = ("com.microsoft", "com.microsoft.nchwc")
+_CONST_OPS = ("Constant", "ConstantOfShape")
+
+
+def dtype_name(elem_type: int) -> str:
+    """ONNX element type enum -> numpy-style dtype name ('float32', 'int64', ...)."""
+    try:
+        name = onnx.TensorProto.DataType.Name(elem_type).lower()
+    except ValueError:
+        return "float32"
+    return {"float": "float32", "double": "float64", "undefined": "float32"}.get(name, name)
+
+
+def _shape_of(value_info: onnx.ValueInfoProto) -> tuple | None:
+    tt = value_info.type.tensor_type
+    if not value_info.type.HasField("tensor_type") or not tt.HasField("shape"):
+        return None
+    return tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                 for d in tt.shape.dim)
+
+
+def read_model(path: str) -> onnx.ModelProto:
+    """Parse the file's protobuf (no external data) or raise FuseError with one line."""
+    if not os.path.isfile(path):
+        raise FuseError(f"{path}: no such file" if not os.path.exists(path) else
+                        f"{path}: not a file")
+    if os.path.getsize(path) == 0:
+        raise FuseError(f"{path}: empty file, not an ONNX model")
+    model = onnx.ModelProto()
+    try:
+        with open(path, "rb") as f:
+            model.ParseFromString(f.read())
+    except (DecodeError, RuntimeWarning, ValueError) as e:
+        raise FuseError(f"{path}: not an ONNX model (protobuf parse failed: {e})") from None
+    if not model.HasField("graph") or (not model.graph.node and not model.graph.output):
+        raise FuseError(f"{path}: not an ONNX model (no graph in the file)")
+    return model
+
+
+def check_external_data(model: onnx.ModelProto, path: str) -> None:
+    """Refuse external data that is missing or whose location leaves the model's folder."""
+    folder = os.path.realpath(os.path.dirname(os.path.abspath(path)))
+    for init in model.graph.initializer:
+        if init.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        location = next((e.value for e in init.external_data if e.key == "location"), "")
+        target = os.path.realpath(os.path.join(folder, location))
+        if not location or os.path.isabs(location) or os.path.commonpath([folder, target]) != folder:
+            raise FuseError(f"{path}: external data of {init.name!r} points outside the model's "
+                            f"folder ({location!r}); refused")
+        if not os.path.isfile(target):
+            raise FuseError(f"{path}: external data file {location!r} of {init.name!r} is missing")
+
+
+def opset_of(model: onnx.ModelProto) -> int:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+
+
+def infer_shapes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str | None]:
+    """ONNX shape inference with data propagation; on failure the model as it was and the reason."""
+    try:
+        return onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True), None
+    except Exception as e:  # onnx raises several C++-mapped types here
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return model, f"shape inference failed, shapes may be missing: {first}"
+
+
+def _attrs(node: onnx.NodeProto) -> dict:
+    out = {}
+    for a in node.attribute:
+        if a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
+            out[a.name] = "<subgraph>"
+        elif a.type == onnx.AttributeProto.TENSOR:
+            out[a.name] = a.t
+        else:
+            out[a.name] = onnx.helper.get_attribute_value(a)
+            if isinstance(out[a.name], bytes):
+                out[a.name] = out[a.name].decode("utf-8", "replace")
+    return out
+
+
+def _small_value(tensor: onnx.TensorProto):
+    n = 1
+    for d in tensor.dims:
+        n *= d
+    if n > SMALL_VALUE_ELEMENTS or tensor.data_location == onnx.TensorProto.EXTERNAL:
+        return None
+    try:
+        return numpy_helper.to_array(tensor)
+    except Exception:
+        return None
+
+
+def load_onnx(path: str) -> Graph:
+    """Read an ONNX file into a forward Graph (weights are never read; small constants are)."""
+    model = read_model(path)
+    check_external_data(model, path)
+    opset = opset_of(model)
+    if opset and opset < MIN_OPSET:
+        raise FuseError(f"{path}: opset {opset} is older than the oldest supported ({MIN_OPSET})")
+    model, warning = infer_shapes(model)
+    graph = build_graph(model, os.path.basename(path))
+    graph.meta["opset"] = opset
+    if warning:
+        graph.meta.setdefault("warnings", []).append(warning)
+    return graph
+
+
+def build_graph(model: onnx.ModelProto, name: str = "model") -> Graph:
+    """The IR graph of a (shape-inferred) ModelProto."""
+    g = model.graph
+    graph = Graph(g.name or name, fmt="onnx")
+    infos = {vi.name: vi for vi in (*g.input, *g.value_info, *g.output)}
+    initializer_names = set()
+
+    def make(name: str, kind: str) -> Tensor:
+        vi = infos.get(name)
+        if vi is not None and vi.type.HasField("tensor_type"):
+            return graph.tensor(name, dtype=dtype_name(vi.type.tensor_type.elem_type),
+                                shape=_shape_of(vi), kind=kind)
+        return graph.tensor(name, shape=None, kind=kind)
+
+    for init in g.initializer:
+        if init.name in initializer_names:
+            raise FuseError(f"initializer {init.name!r} is defined twice")
+        initializer_names.add(init.name)
+        t = graph.tensor(init.name, dtype=dtype_name(init.data_type), shape=tuple(init.dims),
+                         kind="parameter" if dtype_name(init.data_type) in
+                         ("float32", "float16", "bfloat16", "float64") else "constant")
+        value = _small_value(init)
+        if value is not None:
+            t.meta["value"] = value
+    for vi in g.input:
+        if vi.name in initializer_names:
+            continue  # IR < 4 lists initializers as inputs too
+        if vi.name in graph.tensors:
+            raise FuseError(f"graph input {vi.name!r} is listed twice")
+        graph.inputs.append(make(vi.name, "input"))
+
+    for node_proto in g.node:
+        for out in node_proto.output:
+            if out and out in graph.tensors:
+                raise FuseError(f"tensor {out!r} is defined more than once (again by node "
+                                f"{node_proto.name or node_proto.op_type!r})")
+            if out:
+                make(out, "activation")
+    for index, node_proto in enumerate(g.node):
+        for name in node_proto.input:
+            if name and name not in graph.tensors:
+                raise FuseError(f"node {node_proto.name or node_proto.op_type!r} reads {name!r}, "
+                                "which no node, input or initializer defines")
+        domain = node_proto.domain
+        if domain in ("", "ai.onnx"):
+            kind = ONNX_KINDS.get(node_proto.op_type, "unknown")
+        elif domain in _MS_DOMAINS:
+            kind = ONNX_MS_KINDS.get(node_proto.op_type, "unknown")
+        else:
+            kind = "unknown"
+        attrs = _attrs(node_proto)
+        if "<subgraph>" in attrs.values():
+            kind = "unknown"
+        node = Node(name=graph.unique_node_name(node_proto.name or f"{node_proto.op_type}_{index}"),
+                    op_type=node_proto.op_type, kind=kind,
+                    inputs=[graph.tensors[n] if n else None for n in node_proto.input],
+                    outputs=[graph.tensors[n] if n else None for n in node_proto.output],
+                    attrs=attrs, domain=domain)
+        graph.add_node(node)
+    try:
+        graph.nodes = topological_order(graph.nodes)
+    except GraphError as e:
+        raise FuseError(str(e)) from None
+    graph.outputs = [graph.tensors[o.name] for o in g.output if o.name in graph.tensors]
+    missing = [o.name for o in g.output if o.name not in graph.tensors]
+    if missing:
+        raise FuseError(f"graph output {missing[0]!r} is not defined by any node or input")
+    _mark_constant_subgraphs(graph)
+    _fill_missing_shapes(graph)
+    refine_kinds(graph)
+    return graph
+
+
+def _mark_constant_subgraphs(graph: Graph) -> None:
+    """Nodes fed only by initializers/constants make constants; float weights made so are parameters."""
+    for node in graph.nodes:
+        ins = [t for t in node.inputs if t is not None]
+        if node.op_type not in _CONST_OPS and (not ins or node.kind == "random"):
+            continue
+        if any(t.kind in ("input", "activation") for t in ins):
+            continue
+        node.meta["constant"] = True
+        weight = node.op_type == "ConstantOfShape" or any(t.kind == "parameter" for t in ins)
+        for t in node.outputs:
+            if t is None:
+                continue
+            t.kind = "parameter" if weight and t.is_float else "constant"
+            if node.op_type == "Constant" and "value" in node.attrs:
+                value = _small_value(node.attrs["value"])
+                if value is not None:
+                    t.meta["value"] = value
+                if t.shape is None:
+                    t.shape = tuple(node.attrs["value"].dims)
+                    t.dtype = dtype_name(node.attrs["value"].data_type)
+
+
+def _fill_missing_shapes(graph: Graph) -> None:
+    """Shapes ONNX inference leaves out: Dropout's mask is shaped like its input."""
+    for node in graph.nodes:
+        if node.op_type == "Dropout" and len(node.outputs) > 1 and node.outputs[1] is not None:
+            mask, x = node.outputs[1], node.inputs[0]
+            if mask.shape is None and x is not None:
+                mask.shape = x.shape
+                mask.dtype = "bool" if graph.meta.get("opset", 10) >= 10 else x.dtype
+
+
+def constant_value(t: Tensor | None):
+    """The numpy value of a small constant or initializer, else None."""
+    return None if t is None else t.meta.get("value")
+
+
+def is_channel_vector(bias: Tensor, x: Tensor) -> bool:
+    """True when ``bias`` broadcasts over ``x`` along exactly one axis (a per-channel bias)."""
+    if bias.shape is None or x.shape is None or not bias.is_static or len(bias.shape) > len(x.shape):
+        return False
+    aligned = zip(reversed(bias.shape), reversed(x.shape), strict=False)
+    sized = [(b, d) for b, d in aligned if b != 1]
+    return len(sized) == 1 and (sized[0][1] == sized[0][0] or not isinstance(sized[0][1], int))
+
+
+def refine_kinds(graph: Graph) -> None:
+    """Kinds that depend on operands: per-channel constant Add -> bias_add, Clip(0, 6) -> relu6."""
+    for node in graph.nodes:
+        if node.kind == "add" and len(node.inputs) == 2 and None not in node.inputs:
+            a, b = node.inputs
+            for x, bias in ((a, b), (b, a)):
+                if x.kind in ("input", "activation") and bias.kind in ("parameter", "constant") \
+                        and is_channel_vector(bias, x):
+                    node.kind = "bias_add"
+                    node.meta["bias_input"] = node.inputs.index(bias)
+                    break
+        elif node.kind == "clip":
+            lo, hi = node.attrs.get("min"), node.attrs.get("max")
+            if lo is None and len(node.inputs) > 1:
+                lo = constant_value(node.inputs[1])
+                hi = constant_value(node.input(2))
+            lo = None if lo is None else float(lo)
+            hi = None if hi is None else float(hi)
+            node.meta["clip_bounds"] = (lo, hi)
+            if lo == 0.0 and hi == 6.0:
+                node.kind = "relu6"
+            elif lo == 0.0 and hi is None:
+                node.kind = "relu"

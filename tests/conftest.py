@@ -1,0 +1,49 @@
+"""Shared fixtures: the shipped samples, the onnx package's zoo graphs, and small model builders."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLES = ROOT / "samples"
+ZOO = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
+ZOO_MODELS = sorted(ZOO.glob("light_*.onnx"))
+
+
+@pytest.fixture
+def sample():
+    """Path of a shipped sample by name (``sample('conv_bias_relu')``)."""
+
+    def get(name: str) -> str:
+        path = SAMPLES / f"{name}.onnx"
+        assert path.is_file(), f"missing sample {path}; run samples/make_samples.py"
+        return str(path)
+
+    return get
+
+
+def make_model(nodes, inputs, outputs, initializers=(), opset=17, value_info=()):
+    """A checked ModelProto from onnx.helper pieces (IR version readable by onnxruntime)."""
+    graph = helper.make_graph(nodes, "test", inputs, outputs, list(initializers), value_info=value_info)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+
+
+def vi(name, *shape, dtype=TensorProto.FLOAT):
+    return helper.make_tensor_value_info(name, dtype, list(shape))
+
+
+@pytest.fixture
+def save_model(tmp_path):
+    """Write a ModelProto into the test's folder and return its path."""
+
+    def save(model, name="model.onnx") -> str:
+        path = os.path.join(tmp_path, name)
+        onnx.save(model, path)
+        return path
+
+    return save
