@@ -61,16 +61,34 @@ def main() -> None:
               help="Batch size for dynamic first dims (default 1, with a warning).")
 @click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE",
               help="Value of a symbolic dim, e.g. --dim seq=128 (repeatable).")
-def analyze(model: str, as_json: bool, batch: int | None, dims: tuple[str, ...]) -> None:
+@click.option("--wrt", type=click.Choice(["parameters", "inputs"]), default="parameters",
+              show_default=True,
+              help="Differentiate w.r.t. the trainable parameters, or the float graph inputs too.")
+@click.option("--plot", "plot_path", metavar="FILE.png", default=None,
+              help="Draw live bytes along the forward+backward schedule to FILE (.png/.svg/.pdf).")
+@click.option("--patterns", "patterns", default="", metavar="A,B",
+              help="Only these fusion patterns (comma-separated names).")
+def analyze(model: str, as_json: bool, batch: int | None, dims: tuple[str, ...], wrt: str,
+            plot_path: str | None, patterns: str) -> None:
     """Analyze MODEL (an .onnx file or a SavedModel folder)."""
     from .pipeline import Options
     from .pipeline import analyze as run_analysis
     from .report import print_report, to_json
 
-    options = Options(batch=batch or 1, dims=_parse_dims(dims))
+    options = Options(batch=batch or 1, dims=_parse_dims(dims), wrt_inputs=wrt == "inputs",
+                      patterns=tuple(p.strip() for p in patterns.split(",") if p.strip()))
+    if plot_path:
+        from .output import refuse_overwriting_input
+
+        refuse_overwriting_input(plot_path, [model])
     result = run_analysis(model, options, batch_given=batch is not None)
     for w in result.warnings:
         click.echo(f"warning: {w}", err=True)
+    if plot_path:
+        from .plot import plot_timeline
+
+        plot_timeline(result.liveness, plot_path,
+                      f"{os.path.basename(model)}: live memory, batch {options.batch}")
     if as_json:
         click.echo(json.dumps(to_json(result), indent=2))
         return

@@ -165,6 +165,22 @@ class Graph:
     def has_node(self, name: str) -> bool:
         return name in self._node_names
 
+    def copy(self) -> Graph:
+        """A copy with new Node and Tensor objects (meta dicts copied shallowly); linear time."""
+        g = Graph(self.name, self.format)
+        g.meta = dict(self.meta)
+        for t in self.tensors.values():
+            g.tensors[t.name] = Tensor(t.name, t.dtype, t.shape, t.kind, meta=dict(t.meta))
+        m = g.tensors
+        for n in self.nodes:
+            g.add_node(Node(n.name, n.op_type, n.kind,
+                            [None if t is None else m[t.name] for t in n.inputs],
+                            [None if t is None else m[t.name] for t in n.outputs],
+                            n.attrs, n.domain, n.phase, dict(n.meta)))
+        g.inputs = [m[t.name] for t in self.inputs]
+        g.outputs = [m[t.name] for t in self.outputs]
+        return g
+
     # -- views ----------------------------------------------------------------------------------
     def forward_nodes(self) -> list[Node]:
         return [n for n in self.nodes if n.phase == "forward"]

@@ -1,29 +1,48 @@
-"""The one-way flow: load -> (grad -> liveness -> fusion) -> an Analysis that report/render/rewrite read."""
+"""The one-way flow: load -> grad -> liveness -> fusion, as an Analysis that report/render/rewrite read."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .fusion import find_fusions
+from .fusion.match import Match
+from .grad.backward import build_backward
+from .grad.rules import rule_for
 from .ir import Graph
+from .liveness import Liveness, analyze_liveness
 from .load import load_model
 
 
 @dataclass
 class Options:
-    """What the user asked for: batch size and symbolic dims."""
+    """What the user asked for: sizes, and what to differentiate with respect to."""
 
     batch: int = 1
     dims: dict[str, int] = field(default_factory=dict)
+    wrt_inputs: bool = False
+    patterns: tuple[str, ...] = ()
 
 
 @dataclass
 class Analysis:
-    """Everything a command reports: the forward graph and what later passes derive from it."""
+    """Everything a command reports: the forward graph and what the passes derive from it."""
 
     path: str
     graph: Graph
     options: Options
+    joint: Graph
+    liveness: Liveness
+    matches: list[Match] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+
+    def unsupported(self) -> dict[str, int]:
+        """Op types (domain-qualified when not ONNX's) with no gradient rule, and their counts."""
+        counts: dict[str, int] = {}
+        for n in self.graph.nodes:
+            if n.kind == "unknown" or (rule_for(n.kind) is None and not n.meta.get("constant")):
+                key = n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}.{n.op_type}"
+                counts[key] = counts.get(key, 0) + 1
+        return counts
 
 
 def symbolic_dims(graph: Graph) -> list[str]:
@@ -38,11 +57,19 @@ def symbolic_dims(graph: Graph) -> list[str]:
     return found
 
 
+def analyze_graph(path: str, graph: Graph, options: Options) -> Analysis:
+    """Every pass over an already loaded forward graph."""
+    joint = build_backward(graph, wrt_inputs=options.wrt_inputs)
+    liveness = analyze_liveness(joint, options.batch, options.dims)
+    matches = find_fusions(graph, joint, liveness, options.batch, options.dims, options.patterns)
+    return Analysis(path, graph, options, joint, liveness, matches, list(graph.meta.get("warnings", [])))
+
+
 def analyze(path: str, options: Options | None = None, batch_given: bool = True) -> Analysis:
-    """Run every pass on the model at ``path``."""
+    """Load the model at ``path`` and run every pass."""
     options = options or Options()
     graph = load_model(path)
-    result = Analysis(path, graph, options, warnings=list(graph.meta.get("warnings", [])))
+    result = analyze_graph(path, graph, options)
     unset = [d for d in symbolic_dims(graph) if d not in options.dims]
     if unset and not batch_given:
         result.warnings.append(f"the model has dynamic dims ({', '.join(unset)}); sizes assume "

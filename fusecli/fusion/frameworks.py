@@ -1,0 +1,114 @@
+"""Would TensorFlow's Grappler remapper or ONNX Runtime fuse this match, on CPU and on GPU, and why not.
+
+Facts from Grappler's remapper (seed post "Fused Operations in Tensorflow": Conv2D+BiasAdd+act on
+GPU through cuDNN's cudnnConvolutionBiasActivationForward, Relu only, float32, not for 1x1 filters;
+Conv2D+FusedBatchNorm(+act) on CPU in inference only; Conv2D+Squeeze+BiasAdd on CPU only) and
+from ONNX Runtime's graph transformers (ConvActivationFusion: FusedConv with Relu/Sigmoid/Tanh/
+LeakyRelu/Clip/HardSigmoid on CPU, Relu only in the CUDA FusedConv kernel; FusedGemm CPU only;
+MatMulScaleFusion, GeluFusion, BiasGeluFusion, LayerNormFusion, SkipLayerNormFusion).
+"""
+
+from __future__ import annotations
+
+from .match import Match
+
+TF_CPU_ACTS = frozenset({"relu", "relu6", "elu", "leaky_relu"})
+ORT_CPU_CONV_ACTS = frozenset({"relu", "sigmoid", "tanh", "leaky_relu", "relu6", "clip", "hard_sigmoid"})
+
+
+def _verdict(cpu: bool | None, gpu: bool | None, note: str) -> dict:
+    return {"cpu": cpu, "gpu": gpu, "note": note}
+
+
+def _act(m: Match) -> str | None:
+    a = m.roles.get("act")
+    return None if a is None else a.kind
+
+
+def _is_1x1(m: Match) -> bool:
+    conv = m.roles.get("conv")
+    w = conv.input(1) if conv is not None else None
+    return bool(w is not None and w.shape and len(w.shape) >= 3 and all(d == 1 for d in _spatial(m, w)))
+
+
+def _spatial(m: Match, w) -> tuple:
+    """Spatial dims of a filter: ONNX OIHW -> dims 2+, TensorFlow HWIO -> dims :-2."""
+    conv = m.roles["conv"]
+    return tuple(w.shape[:-2]) if conv.op_type in ("Conv2D", "Conv3D", "DepthwiseConv2dNative") \
+        else tuple(w.shape[2:])
+
+
+def _has_bias(m: Match) -> bool:
+    conv = m.roles.get("conv")
+    return "bias" in m.roles or (conv is not None and conv.input(2) is not None)
+
+
+def _tensorflow(m: Match) -> dict:
+    name, act = m.pattern.name, _act(m)
+    dtype = m.root.outputs[0].dtype if m.root.outputs and m.root.outputs[0] is not None else "float32"
+    if name == "conv_bias_act":
+        if not _has_bias(m):
+            return _verdict(False, False, "the remapper needs a BiasAdd between the conv and the activation")
+        cpu = act in TF_CPU_ACTS
+        gpu = act == "relu" and dtype == "float32" and not _is_1x1(m)
+        why = [] if gpu else [r for r, bad in (
+            (f"GPU fuses only Relu (not {act})", act != "relu"),
+            (f"GPU fuses float32 only (not {dtype})", dtype != "float32"),
+            ("GPU skips 1x1 filters", _is_1x1(m))) if bad]
+        return _verdict(cpu, gpu, "_FusedConv2D" + (f"; {'; '.join(why)}" if why else "")
+                        + ("" if cpu else f"; CPU fuses {', '.join(sorted(TF_CPU_ACTS))} only"))
+    if name == "conv_bias":
+        return _verdict(True, False, "_FusedConv2D on CPU; on GPU the remapper needs an activation")
+    if name in ("conv_bn_act", "conv_bn"):
+        if m.roles["bn"].kind != "batch_norm":
+            return _verdict(False, False, "a decomposed BatchNorm (Mul/Add) is not a remapper pattern")
+        if act is not None and act not in TF_CPU_ACTS:
+            return _verdict(False, False, f"the CPU remap takes {', '.join(sorted(TF_CPU_ACTS))}, not {act}")
+        return _verdict(True, False, "CPU only, in inference only (FusedBatchNorm with is_training=False): "
+                        "BatchNorm's backward needs the conv output")
+    if name == "conv_squeeze_bias":
+        return _verdict(True, False, "_FusedConv2D with Squeeze, CPU only")
+    if name in ("bn_act", "bn_add_act"):
+        if m.roles["bn"].kind != "batch_norm":
+            return _verdict(False, False, "a decomposed BatchNorm (Mul/Add) is not a remapper pattern")
+        return _verdict(False, act == "relu", "_FusedBatchNormEx on GPU only (cuDNN, NHWC), Relu only"
+                        + ("" if act == "relu" else f", not {act}"))
+    if name in ("matmul_bias_act", "matmul_bias"):
+        return _verdict(act is None or act in TF_CPU_ACTS | {"tanh", "sigmoid", "gelu"}, None,
+                        "_FusedMatMul on CPU; on GPU it depends on the TensorFlow build's cuBLASLt epilogues")
+    if name in ("gelu", "bias_gelu", "layer_norm"):
+        return _verdict(None, False, "remapped only in oneDNN CPU builds")
+    if name == "bn_grad_relu_grad":
+        return _verdict(False, True, "_FusedBatchNormGradEx on GPU (the backward of _FusedBatchNormEx)")
+    return _verdict(False, False, "not a Grappler remapper pattern")
+
+
+def _onnxruntime(m: Match) -> dict:
+    name, act = m.pattern.name, _act(m)
+    if name in ("conv_bias_act", "conv_bias_add_act", "conv_bn_act"):
+        prefix = "BatchNorm folds into the Conv (ConvBNFusion); then " if name == "conv_bn_act" else ""
+        cpu = act in ORT_CPU_CONV_ACTS
+        return _verdict(cpu, act == "relu", prefix + "com.microsoft FusedConv"
+                        + ("" if cpu else f"; its CPU kernel has no {act}")
+                        + ("; the CUDA FusedConv kernel takes Relu only" if act != "relu" else
+                           "; on CUDA recent releases no longer fuse it themselves (fusecli rewrite does)"))
+    if name in ("conv_bias", "conv_bn"):
+        return _verdict(True, True, "folded into the Conv's weights and bias (ConvAddFusion, ConvBNFusion, "
+                        "ConvMulFusion), inference only")
+    if name == "matmul_bias":
+        return _verdict(True, True, "MatMulAddFusion makes a Gemm (2-D inputs)")
+    if name == "matmul_bias_act":
+        return _verdict(True, False, "FusedGemm exists on CPU only")
+    if name == "matmul_scale":
+        return _verdict(True, True, "com.microsoft FusedMatMul with alpha (MatMulScaleFusion)")
+    if name in ("gelu", "bias_gelu", "layer_norm", "skip_layer_norm"):
+        op = {"gelu": "Gelu", "bias_gelu": "BiasGelu", "layer_norm": "LayerNormalization",
+              "skip_layer_norm": "SkipLayerNormalization"}[name]
+        return _verdict(True, True, f"{op} ({op}Fusion at ORT_ENABLE_EXTENDED)")
+    if m.pattern.phase == "backward":
+        return _verdict(False, False, "ONNX Runtime inference runs no backward")
+    return _verdict(False, False, "no ONNX Runtime fusion for this pattern")
+
+
+def framework_notes(m: Match) -> dict:
+    return {"tensorflow": _tensorflow(m), "onnxruntime": _onnxruntime(m)}

@@ -1,0 +1,200 @@
+"""Root-anchored matching of expression-tree patterns, walking producers from the last op (as Grappler).
+
+A pattern is a tree of ``Op`` (a node of some kinds, its operands below it) and ``Var`` (any tensor,
+optionally constrained). A name on an ``Op`` or ``Var`` binds the tensor; a later ``Var`` of the same
+name must be that same tensor, which is how shared operands (x in GELU, x - mean in LayerNorm) match.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..ir import Graph, Node, Tensor
+
+TensorCheck = Callable[[Tensor], bool]
+
+
+@dataclass(frozen=True)
+class Var:
+    """Any tensor (if ``check`` accepts it); ``name`` binds it for later use."""
+
+    name: str | None = None
+    check: TensorCheck | None = None
+
+
+@dataclass(frozen=True)
+class Op:
+    """A node whose kind (forward) or op type (backward) is in ``kinds``, with operands ``args``.
+
+    ``commutative``: two operands that may come in either order; ``more``: extra trailing inputs are
+    allowed and left unmatched; ``role``: the name the node gets in the match.
+    """
+
+    kinds: frozenset[str]
+    args: tuple[Op | Var, ...] = ()
+    role: str | None = None
+    name: str | None = None
+    commutative: bool = False
+    more: bool = False
+    check: Callable[[Node], bool] | None = None
+
+
+def op(kinds: str | frozenset[str] | set[str], *args: Op | Var, **kw) -> Op:
+    ks = frozenset({kinds}) if isinstance(kinds, str) else frozenset(kinds)
+    return Op(ks, tuple(args), **kw)
+
+
+@dataclass
+class Match:
+    """One occurrence of a pattern: its nodes in data-flow order, roles and bound tensors."""
+
+    pattern: object  # fusion.patterns.Pattern
+    nodes: list[Node]
+    roles: dict[str, Node] = field(default_factory=dict)
+    bound: dict[str, Tensor] = field(default_factory=dict)
+    verdict: object = None  # fusion.verdict.Verdict, filled by the verdict pass
+
+    @property
+    def root(self) -> Node:
+        return self.nodes[-1]
+
+    def interior(self) -> list[Tensor]:
+        """Tensors made inside the match: every output of every node but the root's own."""
+        return [t for n in self.nodes[:-1] for t in n.outputs if t is not None]
+
+    def inputs(self) -> list[Tensor]:
+        """Tensors read by the match and made outside it."""
+        made = {id(t) for n in self.nodes for t in n.outputs if t is not None}
+        seen, out = set(), []
+        for n in self.nodes:
+            for t in n.inputs:
+                if t is not None and id(t) not in made and id(t) not in seen:
+                    seen.add(id(t))
+                    out.append(t)
+        return out
+
+
+class _State:
+    __slots__ = ("nodes", "roles", "bound")
+
+    def __init__(self) -> None:
+        self.nodes: list[Node] = []
+        self.roles: dict[str, Node] = {}
+        self.bound: dict[str, Tensor] = {}
+
+    def save(self):
+        return len(self.nodes), dict(self.roles), dict(self.bound)
+
+    def restore(self, saved) -> None:
+        n, self.roles, self.bound = saved
+        del self.nodes[n:]
+
+
+def _node_key(node: Node) -> str:
+    return node.op_type if node.phase == "backward" else node.kind
+
+
+def _match_tensor(pat: Op | Var, t: Tensor | None, st: _State) -> bool:
+    if t is None:
+        return False
+    if isinstance(pat, Var):
+        if pat.name is not None and pat.name in st.bound:
+            return st.bound[pat.name] is t
+        if pat.check is not None and not pat.check(t):
+            return False
+        if pat.name is not None:
+            st.bound[pat.name] = t
+        return True
+    if pat.name is not None and pat.name in st.bound:
+        return st.bound[pat.name] is t
+    node = t.producer
+    if node is None or node.outputs[0] is not t or not _match_node(pat, node, st):
+        return False
+    if pat.name is not None:
+        st.bound[pat.name] = t
+    return True
+
+
+def _match_node(pat: Op, node: Node, st: _State) -> bool:
+    if _node_key(node) not in pat.kinds or node.meta.get("constant"):
+        return False
+    if any(n is node for n in st.nodes):  # a node appears once per match
+        return False
+    inputs = [t for t in node.inputs if t is not None]
+    if len(inputs) < len(pat.args) or (not pat.more and len(inputs) != len(pat.args)):
+        return False
+    if pat.check is not None and not pat.check(node):
+        return False
+    orders = [inputs]
+    if pat.commutative and len(pat.args) == 2:
+        orders.append([inputs[1], inputs[0], *inputs[2:]])
+    for order in orders:
+        saved = st.save()
+        st.nodes.append(node)
+        if pat.role:
+            st.roles[pat.role] = node
+        if all(_match_tensor(a, t, st) for a, t in zip(pat.args, order, strict=False)):
+            return True
+        st.restore(saved)
+    return False
+
+
+def match_at(pattern_root: Op, node: Node) -> tuple[list[Node], dict[str, Node], dict[str, Tensor]] | None:
+    """Match the tree rooted at ``node``; its nodes in data-flow order, roles and bindings, or None."""
+    st = _State()
+    if not _match_node(pattern_root, node, st):
+        return None
+    return list(reversed(st.nodes)), st.roles, st.bound
+
+
+def find_matches(graph: Graph, patterns, phase: str = "forward") -> list[Match]:
+    """Every occurrence of every pattern, trying each node of ``phase`` as a root (linear in nodes).
+
+    The first form of a pattern that matches at a root wins; each pattern matches a root once.
+    """
+    by_root: dict[str, list] = {}
+    for p in patterns:
+        if p.phase == phase:
+            for k in p.root.kinds:
+                by_root.setdefault(k, []).append(p)
+    found: list[Match] = []
+    for node in graph.nodes:
+        if node.phase != phase:
+            continue
+        for p in by_root.get(_node_key(node), ()):
+            for form in p.forms:
+                m = match_at(form, node)
+                if m is None:
+                    continue
+                nodes, roles, bound = m
+                if p.require is not None and not p.require(roles, bound):
+                    continue
+                for name in p.include_producers:
+                    t = bound.get(name)
+                    if t is not None and t.producer is not None and all(n is not t.producer for n in nodes):
+                        nodes.insert(0, t.producer)
+                found.append(Match(p, _dataflow_order(nodes), roles, bound))
+                break
+    return found
+
+
+def _dataflow_order(nodes: list[Node]) -> list[Node]:
+    """Nodes of one match in topological order, the root last."""
+    root = nodes[-1] if nodes else None
+    ids = {id(n) for n in nodes}
+    order, done = [], set()
+
+    def visit(n: Node) -> None:
+        if id(n) in done:
+            return
+        done.add(id(n))
+        for t in n.inputs:
+            if t is not None and t.producer is not None and id(t.producer) in ids:
+                visit(t.producer)
+        order.append(n)
+
+    visit(root)
+    for n in nodes:
+        visit(n)
+    return order

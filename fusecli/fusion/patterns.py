@@ -1,0 +1,188 @@
+"""The fusion catalogue: one short declarative entry per pattern (forms are alternative op trees).
+
+Adding a pattern is one ``Pattern(...)`` entry here plus its tests in tests/fusion/.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..ir import Tensor
+from .match import Op, Var, op
+
+
+@dataclass(frozen=True)
+class Pattern:
+    name: str
+    forms: tuple[Op, ...]  # alternatives, most complete first
+    kernel: str  # what the match becomes
+    doc: str  # one-line math or seed comment
+    phase: str = "forward"
+    fused_kind: str | None = None  # becomes an op with its own gradient rule (judge training by it)
+    include_producers: tuple[str, ...] = ()  # bound tensors whose producers join the match
+    require: Callable | None = None  # (roles, bound) -> bool
+
+    @property
+    def root(self) -> Op:
+        return Op(frozenset().union(*(f.kinds for f in self.forms)))
+
+
+# -- tensor checks ----------------------------------------------------------------------------------
+def is_param(t: Tensor) -> bool:
+    return t.kind in ("parameter", "constant")
+
+
+def is_activation(t: Tensor) -> bool:
+    return t.kind in ("input", "activation")
+
+
+def is_channel_param(t: Tensor) -> bool:
+    """A per-channel weight: a parameter with exactly one dim larger than 1."""
+    return is_param(t) and t.shape is not None and sum(1 for d in t.shape if d != 1) == 1
+
+
+def scalar(value: float | None = None, rel: float = 1e-3) -> Callable[[Tensor], bool]:
+    """A one-element constant (equal to ``value`` within ``rel`` when given)."""
+
+    def check(t: Tensor) -> bool:
+        v = t.meta.get("value")
+        if v is None or np.size(v) != 1 or not is_param(t):
+            return False
+        return value is None or math.isclose(float(np.reshape(v, -1)[0]), value, rel_tol=rel)
+
+    return check
+
+
+def made_by(*kinds: str) -> Callable[[Tensor], bool]:
+    return lambda t: t.producer is not None and t.producer.kind in kinds
+
+
+ACTIVATIONS = frozenset({"relu", "relu6", "clip", "leaky_relu", "elu", "sigmoid", "tanh", "gelu"})
+ADD = frozenset({"add", "sum"})
+X, W = Var(), Var()
+BIAS = Var(check=is_param)
+Z = Var(check=is_activation)  # a residual side input: an activation, not a constant
+
+
+def act(arg: Op) -> Op:
+    return op(ACTIVATIONS, arg, role="act")
+
+
+def conv(*, role: str = "conv") -> Op:
+    return op("conv", X, W, role=role, more=True)  # Conv's own bias B, if any, is its third input
+
+
+def bias(arg: Op) -> Op:
+    return op("bias_add", arg, BIAS, role="bias", commutative=True)
+
+
+def bn_forms(arg: Op) -> tuple[Op, ...]:
+    """BatchNorm as one op, or decomposed as Keras 3 exports it: x * (gamma rsqrt(var + eps)) + shift."""
+    scale = op("mul", arg, Var(check=is_channel_param), role="bn_scale", commutative=True)
+    return (op("batch_norm", arg, role="bn", more=True),
+            op("bias_add", scale, BIAS, role="bn", commutative=True),
+            op("sub", scale, Var(check=is_channel_param), role="bn"))
+
+
+def residual_add(arg: Op) -> Op:
+    return op(ADD, arg, Z, role="add", commutative=True)
+
+
+# -- GELU forms: 0.5 x (1 + erf(x / sqrt 2)) and 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) ---------
+def _gelu_trees(one_plus: Op) -> tuple[Op, ...]:
+    xv, half = Var("x"), Var(check=scalar(0.5))
+    return (op("mul", op("mul", xv, half, commutative=True), one_plus, commutative=True, role="gelu"),
+            op("mul", op("mul", xv, one_plus, commutative=True), half, commutative=True, role="gelu"),
+            op("mul", xv, op("mul", one_plus, half, commutative=True), commutative=True, role="gelu"))
+
+
+_ERF_ARG = (op("div", Var("x"), Var(check=scalar(math.sqrt(2)))),
+            op("mul", Var("x"), Var(check=scalar(1 / math.sqrt(2))), commutative=True))
+_ONE = Var(check=scalar(1.0))
+GELU_ERF = tuple(t for a in _ERF_ARG
+                 for t in _gelu_trees(op(ADD | {"bias_add"}, op("erf", a), _ONE, commutative=True)))
+_CUBE = op("pow", Var("x"), Var(check=scalar(3.0)))
+_TANH_ARG = op("mul", op(ADD | {"bias_add"}, Var("x"),
+                         op("mul", _CUBE, Var(check=scalar(0.044715)), commutative=True),
+                         commutative=True),
+               Var(check=scalar(math.sqrt(2 / math.pi))), commutative=True)
+GELU_TANH = _gelu_trees(op(ADD | {"bias_add"}, op("tanh", _TANH_ARG), _ONE, commutative=True))
+
+
+# -- LayerNorm decomposed: (x - mean(x)) / sqrt(mean((x - mean)^2) + eps) * gamma + beta --------------------
+def _layer_norm_trees() -> tuple[Op, ...]:
+    d = op("sub", Var("x"), op("reduce_mean", Var("x"), more=True), name="d")
+    sq = (op("pow", Var("d"), Var(check=scalar(2.0))), op("mul", Var("d"), Var("d")))
+    trees = []
+    for s in sq:
+        var = op("reduce_mean", s, more=True)
+        std = op("sqrt", op(ADD | {"bias_add"}, var, Var(check=scalar()), commutative=True))
+        normed = op("div", d, std, role="normalize")
+        affine = op(ADD | {"bias_add"}, op("mul", normed, Var(check=is_param), commutative=True),
+                    Var(check=is_param), commutative=True, role="layer_norm")
+        trees += [affine, normed]
+    return tuple(trees)
+
+
+LAYER_NORM = _layer_norm_trees()
+RESIDUAL_X = Var("x", check=lambda t: made_by("add", "sum")(t)
+                 and all(is_activation(i) for i in t.producer.inputs if i is not None))
+
+# -- the catalogue ----------------------------------------------------------------------------------------
+CATALOGUE: tuple[Pattern, ...] = (
+    Pattern("conv_bias_add_act", (act(residual_add(bias(conv()))), act(residual_add(conv()))),
+            "FusedConv with Z / cudnnConvolutionBiasActivationForward",
+            "y = act(conv(x, w) + b + z): cuDNN's fused conv with a side input"),
+    Pattern("conv_bias_act", (act(bias(conv())), act(conv())),
+            "FusedConv / _FusedConv2D / cudnnConvolutionBiasActivationForward",
+            "y = act(conv(x, w) + b): backward reads x, w and y only [seed post 1]"),
+    Pattern("conv_bias", (bias(conv()),), "Conv with bias / _FusedConv2D",
+            "y = conv(x, w) + b: the bias joins the conv's epilogue"),
+    Pattern("conv_bn_act", tuple(act(f) for f in bn_forms(conv())), "Conv with folded BatchNorm + act",
+            "y = act(bn(conv(x, w))): BN's backward reads conv(x, w), so inference only [seed post 1]"),
+    Pattern("conv_bn", bn_forms(conv()), "Conv with folded BatchNorm",
+            "y = bn(conv(x, w)) = conv(x, w * s) + t in inference"),
+    Pattern("bn_add_act", tuple(act(residual_add(f)) for f in bn_forms(X)), "_FusedBatchNormEx (side input)",
+            "y = relu(bn(x) + z): BN reads x, Add reads nothing, ReLU reads y [seed post 2]"),
+    Pattern("bn_act", tuple(act(f) for f in bn_forms(X)), "_FusedBatchNormEx",
+            "y = act(bn(x)): BN reads x and its statistics, ReLU reads y"),
+    Pattern("conv_squeeze_bias", (bias(op("squeeze", conv(), role="squeeze", more=True)),),
+            "_FusedConv2D (Squeeze + BiasAdd)", "y = squeeze(conv(x, w)) + b: Grappler's CPU-only remap"),
+    Pattern("matmul_bias_act", (act(bias(op("matmul", X, W, role="matmul"))),
+                                act(op("gemm", X, W, role="matmul", more=True))),
+            "FusedGemm / _FusedMatMul", "y = act(x @ w + b): backward reads x, w and y"),
+    Pattern("matmul_bias", (bias(op("matmul", X, W, role="matmul")),), "Gemm / _FusedMatMul",
+            "y = x @ w + b: the bias joins the GEMM's epilogue"),
+    Pattern("matmul_scale", (
+        op({"mul", "div"}, op("matmul", X, W, role="matmul"), Var(check=scalar()), role="scale",
+           commutative=True),
+        op("matmul", op({"mul", "div"}, X, Var(check=scalar()), role="scale"), W, role="matmul"),
+        op("matmul", X, op({"mul", "div"}, W, Var(check=scalar()), role="scale"), role="matmul")),
+        "FusedMatMul (alpha)", "y = alpha (a @ b): attention's Q K^T / sqrt(d) [ORT MatMulScaleFusion]"),
+    Pattern("bias_gelu", GELU_ERF + GELU_TANH, "BiasGelu / FastGelu with bias",
+            "y = gelu(x + b)", fused_kind="bias_gelu", include_producers=("x",),
+            require=lambda roles, bound: made_by("bias_add")(bound["x"])),
+    Pattern("gelu", GELU_ERF + GELU_TANH, "Gelu / FastGelu",
+            "y = x Phi(x): erf form, or the tanh approximation", fused_kind="gelu"),
+    Pattern("skip_layer_norm", (op("layer_norm", op("add", Z, Z, role="add"), role="layer_norm",
+                                   more=True),) + LAYER_NORM, "SkipLayerNormalization",
+            "y = layer_norm(x + skip)", fused_kind="layer_norm", include_producers=("x",),
+            require=lambda roles, bound: "add" in roles or RESIDUAL_X.check(bound["x"])),
+    Pattern("layer_norm", LAYER_NORM, "LayerNormalization",
+            "y = (x - mean) / sqrt(var + eps) * gamma + beta", fused_kind="layer_norm"),
+    # backward (joint graph): the second seed post's fused backward
+    Pattern("relu_grad_bias_grad", (op("BiasAddGrad", op("ReluGrad", Var(), Var(), role="relu_grad"),
+                                       role="bias_grad"),),
+            "ReluGrad + BiasAddGrad in one pass", "db = sum(dy * (y > 0)): one read of dy",
+            phase="backward"),
+    Pattern("bn_grad_relu_grad", (op("BatchNormGrad", op("ReluGrad", Var(), Var(), role="relu_grad"),
+                                     role="bn_grad", more=True),),
+            "cudnnBatchNormalizationBackwardEx (BN_ADD_ACTIVATION)",
+            "dx, dgamma, dbeta, dz from dy and y in one kernel [seed post 2]", phase="backward"),
+)
+
+BY_NAME = {p.name: p for p in CATALOGUE}

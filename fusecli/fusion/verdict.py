@@ -1,0 +1,142 @@
+"""A verdict per match: fusable at all, safe for inference, safe for training, what blocks it, and why."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from ..ir import Graph, Node, Tensor
+from ..liveness import Liveness
+from .frameworks import framework_notes
+from .match import Match
+
+
+@dataclass
+class Blocking:
+    """An interior tensor that backward reads: the fused kernel would have to write it out."""
+
+    tensor: Tensor
+    needed_by: list[str]
+    bytes: int
+
+
+@dataclass
+class Verdict:
+    inference_safe: bool
+    training_safe: bool
+    reason: str
+    blocking: list[Blocking] = field(default_factory=list)
+    traffic_bytes: int = 0  # interior bytes written and read back that fusion saves
+    frameworks: dict = field(default_factory=dict)
+
+
+def _fmt_bytes(n: int) -> str:
+    from ..report import format_bytes
+
+    return format_bytes(n)
+
+
+def _outside_readers(m: Match, outputs: set[str]) -> tuple[Tensor, list[Node], bool] | None:
+    """The first interior tensor read outside the match (or a graph output), with those readers."""
+    inside = {id(n) for n in m.nodes}
+    for t in m.interior():
+        others = [c for c in t.consumers if id(c) not in inside]
+        if others or t.name in outputs:
+            return t, others, t.name in outputs
+    return None
+
+
+def _dtype_clash(m: Match) -> str | None:
+    dtypes = {t.dtype for n in m.nodes for t in n.outputs[:1] if t is not None}
+    return None if len(dtypes) <= 1 else ", ".join(sorted(dtypes))
+
+
+def _edge_reads(m: Match, live: Liveness) -> str:
+    """'ConvBackpropFilter reads x; ReluGrad reads y': backward reads of the match's edge activations."""
+    names = {n.name for n in m.nodes}
+    by_op: dict[str, list[str]] = {}
+    for t in [*m.inputs(), *(x for x in m.root.outputs if x is not None)]:
+        s = live.saved_by_name.get(t.name)
+        if s is None or s.reads != "value" or t.kind in ("parameter", "constant"):
+            continue
+        for op in sorted({b.op_type for b in s.needed_by if b.meta.get("forward") in names}):
+            by_op.setdefault(op, []).append(t.name)
+    return "; ".join(f"{op} reads {', '.join(ts)}" for op, ts in sorted(by_op.items()))
+
+
+def judge(m: Match, graph: Graph, live: Liveness, batch: int = 1,
+          dims: Mapping[str, int] | None = None) -> Verdict:
+    """Judge one forward or backward match against the structure and the liveness result."""
+    outputs = {t.name for t in graph.outputs}
+    notes = framework_notes(m)
+    clash = _dtype_clash(m)
+    if clash:
+        return Verdict(False, False, f"not fusable: the chain mixes dtypes ({clash})", frameworks=notes)
+    if m.pattern.phase == "backward":
+        return _judge_backward(m, batch, dims, notes)
+    outside = _outside_readers(m, outputs)
+    if outside:
+        t, readers, is_output = outside
+        who = "is a graph output" if is_output and not readers else \
+            f"is also read by {', '.join(r.name for r in readers[:3])} outside the match"
+        return Verdict(False, False, f"not fusable: {t.name} (made by {t.producer.name}) {who}, "
+                       "so the fused kernel would have to write it out anyway", frameworks=notes)
+    traffic = sum(t.nbytes(batch, dims) * (1 + len(t.consumers)) for t in m.interior())
+    edge = _edge_reads(m, live)
+    if m.pattern.fused_kind:
+        return Verdict(True, True, f"training-safe: becomes {m.pattern.kernel}, an op with its own "
+                       "gradient that reads only the fused op's inputs (and statistics it writes out)"
+                       + (f"; today {edge}" if edge else ""), traffic_bytes=traffic, frameworks=notes)
+    blocking = []
+    for t in m.interior():
+        s = live.saved_by_name.get(t.name)
+        if s is not None and s.reads == "value":
+            blocking.append(Blocking(t, [n.name for n in s.needed_by], s.bytes))
+    if blocking:
+        b = blocking[0]
+        readers = [live_node for live_node in live.saved_by_name[b.tensor.name].needed_by]
+        what = ", ".join(sorted({f"{n.op_type} (backward of {n.meta.get('forward', '?')})"
+                                 for n in readers}))
+        return Verdict(True, False, f"inference only: {what} reads {b.tensor.name}, made inside the "
+                       f"fused kernel by {b.tensor.producer.name} ({_fmt_bytes(b.bytes)} at batch {batch}); "
+                       "to train fused, the kernel must also write it out or recompute it",
+                       blocking, traffic, notes)
+    return Verdict(True, True, "training-safe: no tensor inside the fused kernel is read by backward"
+                   + (f" ({edge})" if edge else ""), traffic_bytes=traffic, frameworks=notes)
+
+
+def _judge_backward(m: Match, batch: int, dims, notes: dict) -> Verdict:
+    inside = {id(n) for n in m.nodes}
+    emitted = []
+    traffic = 0
+    for t in m.interior():
+        others = [c for c in t.consumers if id(c) not in inside]
+        n = t.nbytes(batch, dims)
+        traffic += n * (1 if others else 2)  # the re-read always; the write too when nobody else reads it
+        if others:
+            emitted.append(f"{t.name} (also read by {', '.join(sorted({c.op_type for c in others}))})")
+    reason = f"backward fusion: {' + '.join(n.op_type for n in m.nodes)} run as one kernel"
+    if emitted:
+        reason += "; the kernel also writes out " + "; ".join(emitted)
+    return Verdict(False, True, reason, traffic_bytes=traffic, frameworks=notes)
+
+
+def suppress_dominated(matches: list[Match]) -> list[Match]:
+    """Drop a match whose nodes lie inside a larger match that is at least as safe (bias in conv_bias_act)."""
+    def safety(m: Match) -> tuple[bool, bool]:
+        return (m.verdict.inference_safe, m.verdict.training_safe)
+
+    by_node: dict[int, list[Match]] = {}
+    for m in matches:
+        for n in m.nodes:
+            by_node.setdefault(id(n), []).append(m)
+    kept = []
+    for m in matches:
+        ids = {id(n) for n in m.nodes}
+        candidates = by_node[id(m.nodes[0])]
+        dominated = any(o is not m and len(o.nodes) > len(m.nodes) and ids <= {id(n) for n in o.nodes}
+                        and all(a >= b for a, b in zip(safety(o), safety(m), strict=True))
+                        for o in candidates)
+        if not dominated:
+            kept.append(m)
+    return kept

@@ -1,0 +1,1 @@
+"""Gradient rules (one table) and the backward builder."""

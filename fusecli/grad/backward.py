@@ -1,0 +1,143 @@
+"""Forward Graph -> joint forward+backward Graph, by the rules table, in reverse topological order.
+
+The loss is the sum of the graph outputs (its gradient is ones shaped like each output). Only what a
+trainable parameter (or, with ``wrt_inputs``, a float graph input) needs gets a backward op; several
+consumers of a tensor have their gradients summed by an ``AddN``.
+"""
+
+from __future__ import annotations
+
+from ..ir import Graph, Node, Tensor
+from .rules import Grad, grad_for_input, rule_for
+
+GRAD_PREFIX = "gradients"
+
+
+def requires_grad(graph: Graph, wrt_inputs: bool = False) -> set[str]:
+    """Names of tensors on a path from a trainable leaf: float parameters (and float inputs)."""
+    rg = {t.name for t in graph.tensors.values()
+          if t.is_float and (t.kind == "parameter" or (wrt_inputs and t.kind == "input"))}
+    for node in graph.nodes:
+        if node.meta.get("constant"):
+            continue
+        rule = rule_for(node.kind)
+        if rule == {}:
+            continue
+        if any(t is not None and t.name in rg and (rule is None or grad_for_input(rule, i))
+               for i, t in enumerate(node.inputs)):
+            rg.update(t.name for t in node.outputs if t is not None and t.is_float)
+    return rg
+
+
+class _Builder:
+    """Adds backward nodes and tensors to the joint graph, and sums partial gradients."""
+
+    def __init__(self, joint: Graph) -> None:
+        self.joint = joint
+        self.partials: dict[str, list[Tensor]] = {}
+        self.totals: dict[str, Tensor] = {}
+
+    def node(self, scope: str, op: str, inputs: list[Tensor], like: list[Tensor],
+             shape_reads: list[Tensor] = (), forward: Node | None = None) -> list[Tensor]:
+        """One backward node reading ``inputs`` and making one gradient shaped like each of ``like``."""
+        name = self.joint.unique_node_name(f"{GRAD_PREFIX}/{scope}/{op}")
+        outs = [self.joint.tensor(f"{name}:{k}", dtype=t.dtype, shape=t.shape, kind="activation")
+                for k, t in enumerate(like)]
+        node = Node(name, op, "grad", list(inputs), outs, phase="backward",
+                    meta={"shape_reads": list(shape_reads)})
+        if forward is not None:
+            node.meta["forward"] = forward.name
+        self.joint.add_node(node)
+        return outs
+
+    def add_partial(self, target: Tensor, grad: Tensor) -> None:
+        self.partials.setdefault(target.name, []).append(grad)
+
+    def total(self, t: Tensor) -> Tensor | None:
+        """The full gradient of ``t``: its one partial, or the AddN of several."""
+        if t.name in self.totals:
+            return self.totals[t.name]
+        parts = self.partials.get(t.name)
+        if not parts:
+            return None
+        total = parts[0] if len(parts) == 1 else self.node(t.name, "AddN", parts, [t])[0]
+        self.totals[t.name] = total
+        return total
+
+
+def _resolve(node: Node, read: str) -> list[tuple[Tensor, bool]]:
+    """A rule's read -> [(tensor, shape_only)]; reads of absent optional tensors drop out."""
+    if read == "stats":
+        return [r for ref in node.meta.get("stats", ("x3", "x4")) for r in _resolve(node, ref)]
+    shape_only = read.endswith(".shape")
+    ref = read.removesuffix(".shape")
+    if ref == "*":
+        return [(t, shape_only) for t in node.inputs if t is not None]
+    pool = node.inputs if ref[0] == "x" else node.outputs
+    i = int(ref[1:])
+    t = pool[i] if i < len(pool) else None
+    return [] if t is None else [(t, shape_only)]
+
+
+def _broadcast(x: Tensor, y: Tensor | None) -> bool:
+    """True unless x and y are known to have the same shape."""
+    return y is None or x.shape is None or x.shape != y.shape
+
+
+def build_backward(forward: Graph, wrt_inputs: bool = False) -> Graph:
+    """The joint graph: a copy of ``forward`` followed by the backward ops of ``loss = sum(outputs)``."""
+    joint = forward.copy()
+    joint.meta["wrt_inputs"] = wrt_inputs
+    rg = requires_grad(joint, wrt_inputs)
+    b = _Builder(joint)
+    for y in joint.outputs:
+        if y.name in rg:  # d(sum y)/dy = ones_like(y)
+            b.add_partial(y, b.node(y.name, "OnesLike", [], [y], shape_reads=[y])[0])
+    for node in reversed(joint.forward_nodes()):
+        if node.meta.get("constant"):
+            continue
+        out_grads = [None if t is None else b.total(t) for t in node.outputs]
+        dys = [g for g in out_grads if g is not None]
+        if not dys:
+            continue
+        rule = rule_for(node.kind)
+        wanted = [i for i, t in enumerate(node.inputs) if t is not None and t.name in rg
+                  and (rule is None or grad_for_input(rule, i) is not None)]
+        if not wanted:
+            continue
+        if rule is None:  # unsupported: assume its backward reads every input and output
+            reads = [t for t in (*node.inputs, *node.outputs) if t is not None]
+            grads = b.node(node.name, f"{node.op_type}Grad", [*dys, *reads],
+                           [node.inputs[i] for i in wanted], forward=node)
+            for i, g in zip(wanted, grads, strict=True):
+                b.add_partial(node.inputs[i], g)
+            node.meta["unsupported"] = True
+            continue
+        groups: dict[str, list[tuple[int, Grad]]] = {}
+        for i in wanted:
+            g = grad_for_input(rule, i)
+            x = node.inputs[i]
+            if g.op is None or (g.broadcast_only and len(dys) == 1
+                                and not _broadcast(x, node.outputs[0])):
+                b.add_partial(x, dys[0])  # pass-through: no op, reads nothing
+                continue
+            groups.setdefault(g.op, []).append((i, g))
+        for op, items in groups.items():
+            values: dict[str, Tensor] = {}
+            shapes: dict[str, Tensor] = {}
+            for _, g in items:
+                for read in g.reads:
+                    for t, shape_only in _resolve(node, read):
+                        (shapes if shape_only else values)[t.name] = t
+            grads = b.node(node.name, op, [*dys, *values.values()],
+                           [node.inputs[i] for i, _ in items],
+                           shape_reads=[t for n, t in shapes.items() if n not in values], forward=node)
+            for (i, _), g in zip(items, grads, strict=True):
+                b.add_partial(node.inputs[i], g)
+    for name in sorted(rg):
+        t = joint.tensors[name]
+        if t.kind in ("parameter", "input") and b.partials.get(name):
+            total = b.total(t)
+            total.meta["grad_of"] = name
+            joint.outputs.append(total)
+    return joint

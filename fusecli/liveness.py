@@ -1,0 +1,121 @@
+"""Liveness over the joint graph: the schedule, each tensor's lifetime, the saved set, peak and timeline.
+
+Schedule = forward topological order, then the backward ops in the order they were made. A forward
+tensor that a backward op reads is *saved*: it stays alive across the forward/backward boundary.
+Parameters and constants are alive throughout; graph outputs at least until the loss (the boundary);
+parameter gradients until the end (the optimizer reads them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from .ir import Graph, Node, Tensor
+
+
+@dataclass
+class Saved:
+    """A forward tensor kept for backward: who reads it, and whether its value or only its shape."""
+
+    tensor: Tensor
+    needed_by: list[Node]
+    reads: str  # "value" | "shape"
+    bytes: int
+
+
+@dataclass
+class Liveness:
+    schedule: list[Node]
+    boundary: int  # index of the first backward op (== len(schedule) when there is none)
+    saved: list[Saved]
+    timeline: list[int]  # live bytes after each step
+    peak_bytes: int
+    peak_step: int
+    resident_bytes: int  # parameters and constants, alive throughout
+    saved_by_name: dict[str, Saved] = field(default_factory=dict)
+
+    @property
+    def saved_bytes(self) -> int:
+        return sum(s.bytes for s in self.saved)
+
+    @property
+    def saved_activation_bytes(self) -> int:
+        return sum(s.bytes for s in self.saved if s.tensor.kind == "activation")
+
+    @property
+    def peak_node(self) -> Node | None:
+        return self.schedule[self.peak_step] if 0 <= self.peak_step < len(self.schedule) else None
+
+
+def analyze_liveness(joint: Graph, batch: int = 1, dims: Mapping[str, int] | None = None,
+                     keeps_for_shape: Callable[[Tensor], bool] | None = None) -> Liveness:
+    """Lifetimes and the saved set of ``joint`` at ``batch``/``dims``, in one pass over its edges.
+
+    ``keeps_for_shape(t)``: whether a backward read of t's shape keeps the whole tensor alive (as
+    TensorFlow does where a dim is unknown in its graph); by default a shape read costs nothing.
+    """
+    schedule = joint.nodes
+    step = {id(n): i for i, n in enumerate(schedule)}
+    boundary = next((i for i, n in enumerate(schedule) if n.phase == "backward"), len(schedule))
+    end = len(schedule) - 1
+    sizes: dict[str, int] = {}
+    born: dict[str, int] = {}
+    last: dict[str, int] = {}
+    readers: dict[str, list[Node]] = {}
+    shape_readers: dict[str, list[Node]] = {}
+    resident = 0
+    for t in joint.tensors.values():
+        sizes[t.name] = n = t.nbytes(batch, dims)
+        if t.kind in ("parameter", "constant"):
+            resident += n
+            continue
+        born[t.name] = -1 if t.producer is None else step[id(t.producer)]
+        last[t.name] = born[t.name]
+    for node in schedule:
+        i = step[id(node)]
+        for t in node.inputs:
+            if t is not None and t.name in last and last[t.name] < i:
+                last[t.name] = i
+        if node.phase == "backward":
+            for t in node.inputs:
+                if t is not None and (t.producer is None or t.producer.phase == "forward"):
+                    readers.setdefault(t.name, []).append(node)
+            for t in node.meta.get("shape_reads", ()):
+                if keeps_for_shape is not None and keeps_for_shape(t):
+                    shape_readers.setdefault(t.name, []).append(node)
+                    if t.name in last and last[t.name] < i:
+                        last[t.name] = i
+    for t in joint.outputs:
+        if t.name in last:
+            last[t.name] = max(last[t.name], boundary if t.meta.get("grad_of") is None else end)
+
+    saved = []
+    for name, nodes in readers.items():
+        saved.append(Saved(joint.tensors[name], _unique(nodes), "value", sizes[name]))
+    for name, nodes in shape_readers.items():
+        if name not in readers:
+            saved.append(Saved(joint.tensors[name], _unique(nodes), "shape", sizes[name]))
+    saved.sort(key=lambda s: (-s.bytes, s.tensor.name))
+
+    delta = [0] * (len(schedule) + 2)
+    for name, b in born.items():
+        delta[b + 1] += sizes[name]
+        delta[max(last[name], b) + 2] -= sizes[name]
+    timeline, live = [], resident + delta[0]
+    for i in range(len(schedule)):
+        live += delta[i + 1]
+        timeline.append(live)
+    peak_step = max(range(len(timeline)), key=timeline.__getitem__) if timeline else -1
+    peak = timeline[peak_step] if timeline else resident + delta[0]
+    return Liveness(schedule, boundary, saved, timeline, peak, peak_step, resident,
+                    {s.tensor.name: s for s in saved})
+
+
+def _unique(nodes: list[Node]) -> list[Node]:
+    seen, out = set(), []
+    for n in nodes:
+        if id(n) not in seen:
+            seen.add(id(n))
+            out.append(n)
+    return out
