@@ -95,3 +95,69 @@ def analyze(model: str, as_json: bool, batch: int | None, dims: tuple[str, ...],
     from rich.console import Console
 
     print_report(result, Console())
+
+
+def _common_options(f):
+    """--batch and --dim, shared by the commands that size tensors."""
+    f = click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE",
+                     help="Value of a symbolic dim, e.g. --dim seq=128 (repeatable).")(f)
+    return click.option("--batch", type=click.IntRange(min=1), default=None,
+                        help="Batch size for dynamic first dims (default 1).")(f)
+
+
+@main.command()
+@click.argument("model", type=click.Path(dir_okay=True, path_type=str))
+@click.option("--view", type=click.Choice(["before", "after", "backward"]), default="after",
+              show_default=True, help="The forward graph, the fused graph, or forward+backward.")
+@click.option("--dot", "as_dot", is_flag=True, help="Write DOT source (to stdout without -o).")
+@click.option("-o", "--output", default=None, metavar="FILE",
+              help="FILE.svg, .png, .pdf (drawn by Graphviz's dot) or .dot.")
+@click.option("--mode", type=click.Choice(["inference", "training"]), default="inference",
+              show_default=True, help="after view: draw fused what is safe for inference, or for training.")
+@click.option("--focus", default=None, metavar="NODE|PATTERN[:K]",
+              help="Draw only around a node, or the K-th match of a pattern.")
+@click.option("--hops", type=click.IntRange(min=0), default=2, show_default=True,
+              help="How far around --focus to draw.")
+@click.option("--collapse", type=click.IntRange(min=0), default=0, metavar="DEPTH",
+              help="Draw each '/'-separated name scope of this depth as one node (0: off).")
+@click.option("--max-nodes", type=click.IntRange(min=1), default=1500, show_default=True,
+              help="Refuse to lay out more nodes than this (use --focus, --collapse or --dot).")
+@_common_options
+@click.option("--wrt", type=click.Choice(["parameters", "inputs"]), default="parameters",
+              show_default=True, help="What the backward view differentiates with respect to.")
+def render(model: str, view: str, as_dot: bool, output: str | None, mode: str, focus: str | None,
+           hops: int,
+           collapse: int, max_nodes: int, batch: int | None, dims: tuple[str, ...], wrt: str) -> None:
+    """Draw MODEL's before / after / backward view (Graphviz)."""
+    from .output import atomic_write, refuse_overwriting_input
+    from .pipeline import Options
+    from .pipeline import analyze as run_analysis
+    from .render import build_dot, output_format, run_dot
+
+    if output is None and not as_dot:
+        stem = os.path.splitext(os.path.basename(os.path.normpath(model)))[0]
+        output = f"{stem}.{view}.svg"
+    if output is not None:
+        refuse_overwriting_input(output, [model])
+    fmt = "dot" if output is None else output_format(output)
+    if as_dot and output is not None and fmt != "dot":
+        raise click.BadParameter("--dot writes DOT source: give -o FILE.dot or no -o", param_hint="--dot")
+    options = Options(batch=batch or 1, dims=_parse_dims(dims), wrt_inputs=wrt == "inputs")
+    result = run_analysis(model, options, batch_given=batch is not None)
+    for w in result.warnings:
+        click.echo(f"warning: {w}", err=True)
+    source, count = build_dot(result, view, focus, hops, collapse, mode)
+    if fmt == "dot":
+        if output is None:
+            click.echo(source)
+            return
+        data = source.encode()
+    else:
+        if count > max_nodes:
+            raise FuseError(f"{count} nodes are too many to lay out (--max-nodes {max_nodes}); draw part "
+                            "with --focus NODE --hops N, collapse scopes with --collapse DEPTH, or write "
+                            "--dot and lay it out yourself")
+        data = run_dot(source, fmt)
+    with atomic_write(output) as f:
+        f.write(data)
+    click.echo(f"wrote {output} ({view} view, {count} nodes)", err=True)

@@ -51,3 +51,50 @@ ONNX_MS_KINDS: dict[str, str] = {
     "Gelu": "gelu", "FastGelu": "gelu", "BiasGelu": "bias_gelu",
     "SkipLayerNormalization": "skip_layer_norm", "LayerNormalization": "layer_norm",
 }
+
+# TensorFlow op types (SavedModel function bodies). Inputs keep TensorFlow's order, except ``Split``
+# (axis, value), whose loader puts the value first as ``split`` rules expect. ``ReadVariableOp`` has no
+# kind: the SavedModel loader turns a variable read into a parameter (see fusecli/load/savedmodel.py).
+TF_KINDS: dict[str, str] = {
+    # convolution, matmul, normalisation
+    "Conv2D": "conv", "Conv3D": "conv", "DepthwiseConv2dNative": "conv",
+    "Conv2DBackpropInput": "conv_backprop_input", "Conv2DBackpropInputV2": "conv_backprop_input",
+    "Conv3DBackpropInputV2": "conv_backprop_input",
+    "MatMul": "matmul", "BatchMatMul": "matmul", "BatchMatMulV2": "matmul", "BatchMatMulV3": "matmul",
+    "Einsum": "einsum", "BiasAdd": "bias_add", "BiasAddV1": "bias_add",
+    "FusedBatchNorm": "batch_norm", "FusedBatchNormV2": "batch_norm", "FusedBatchNormV3": "batch_norm",
+    "LRN": "lrn",
+    # elementwise arithmetic
+    "AddV2": "add", "Add": "add", "AddN": "sum", "Sub": "sub", "Mul": "mul", "RealDiv": "div",
+    "Div": "div", "Neg": "neg", "Reciprocal": "reciprocal", "Inv": "reciprocal", "Abs": "abs",
+    "Sqrt": "sqrt", "Rsqrt": "rsqrt", "Square": "square", "SquaredDifference": "squared_difference",
+    "Pow": "pow", "Exp": "exp", "Log": "log", "Erf": "erf", "Erfc": "erfc", "Sin": "sin",
+    "Cos": "cos", "Maximum": "maximum", "Minimum": "minimum", "Select": "where", "SelectV2": "where",
+    "Floor": "step", "Ceil": "step", "Round": "step", "Sign": "step", "FloorDiv": "step",
+    # activations
+    "Relu": "relu", "Relu6": "relu6", "LeakyRelu": "leaky_relu", "Elu": "elu", "Selu": "selu",
+    "Sigmoid": "sigmoid", "Tanh": "tanh", "Softplus": "softplus", "Softmax": "softmax",
+    "LogSoftmax": "log_softmax",
+    # pooling and reductions
+    "MaxPool": "max_pool", "MaxPoolV2": "max_pool", "MaxPool3D": "max_pool", "AvgPool": "avg_pool",
+    "AvgPool3D": "avg_pool", "Mean": "reduce_mean", "Sum": "reduce_sum", "Max": "reduce_max",
+    "Min": "reduce_min", "Prod": "reduce_prod",
+    # data movement
+    "Reshape": "reshape", "Transpose": "transpose", "Squeeze": "squeeze", "ExpandDims": "unsqueeze",
+    "ConcatV2": "concat", "Pack": "pack", "Unpack": "unpack", "Split": "split", "SplitV": "split",
+    "StridedSlice": "slice", "Slice": "slice", "GatherV2": "gather", "ResourceGather": "gather",
+    "Pad": "pad", "PadV2": "pad", "MirrorPad": "pad", "BroadcastTo": "expand", "Tile": "tile",
+    "Identity": "identity", "IdentityN": "identity", "Snapshot": "identity", "EnsureShape": "identity",
+    "CheckNumerics": "identity", "StopGradient": "stop_gradient", "PreventGradient": "stop_gradient",
+    "Cast": "cast", "ResizeBilinear": "resize", "ResizeNearestNeighbor": "resize",
+    "DepthToSpace": "depth_to_space", "SpaceToDepth": "space_to_depth",
+    # shapes, indices and constants
+    "Shape": "shape", "ShapeN": "shape", "Rank": "shape", "Size": "size", "Const": "constant",
+    "Fill": "constant_of_shape", "ZerosLike": "constant_of_shape", "OnesLike": "constant_of_shape",
+    "Range": "range", "Where": "nonzero", "ArgMax": "argmax", "ArgMin": "argmax",
+    "Equal": "compare", "NotEqual": "compare", "Less": "compare", "LessEqual": "compare",
+    "Greater": "compare", "GreaterEqual": "compare", "LogicalNot": "logical", "LogicalAnd": "logical",
+    "LogicalOr": "logical", "RandomUniform": "random", "RandomStandardNormal": "random",
+    "TruncatedNormal": "random", "StatelessRandomUniformV2": "random",
+    "StatelessRandomNormalV2": "random",
+}

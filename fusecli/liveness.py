@@ -88,7 +88,7 @@ def analyze_liveness(joint: Graph, batch: int = 1, dims: Mapping[str, int] | Non
                         last[t.name] = i
     for t in joint.outputs:
         if t.name in last:
-            last[t.name] = max(last[t.name], boundary if t.meta.get("grad_of") is None else end)
+            last[t.name] = max(last[t.name], min(boundary, end) if t.meta.get("grad_of") is None else end)
 
     saved = []
     for name, nodes in readers.items():

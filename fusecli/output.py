@@ -19,6 +19,9 @@ def atomic_write(path: str, mode: str = "wb"):
     try:
         with os.fdopen(fd, mode) as f:
             yield f
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; outputs get the usual permissions
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

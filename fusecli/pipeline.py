@@ -60,7 +60,8 @@ def symbolic_dims(graph: Graph) -> list[str]:
 def analyze_graph(path: str, graph: Graph, options: Options) -> Analysis:
     """Every pass over an already loaded forward graph."""
     joint = build_backward(graph, wrt_inputs=options.wrt_inputs)
-    liveness = analyze_liveness(joint, options.batch, options.dims)
+    liveness = analyze_liveness(joint, options.batch, options.dims, keeps_for_shape=(
+        (lambda t: not t.shape_known) if graph.format == "savedmodel" else None))
     matches = find_fusions(graph, joint, liveness, options.batch, options.dims, options.patterns)
     return Analysis(path, graph, options, joint, liveness, matches, list(graph.meta.get("warnings", [])))
 

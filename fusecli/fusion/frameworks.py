@@ -104,6 +104,8 @@ def _onnxruntime(m: Match) -> dict:
     if name in ("gelu", "bias_gelu", "layer_norm", "skip_layer_norm"):
         op = {"gelu": "Gelu", "bias_gelu": "BiasGelu", "layer_norm": "LayerNormalization",
               "skip_layer_norm": "SkipLayerNormalization"}[name]
+        if name in ("gelu", "bias_gelu") and any(n.kind == "tanh" for n in m.nodes):
+            op = "FastGelu"  # the tanh approximation
         return _verdict(True, True, f"{op} ({op}Fusion at ORT_ENABLE_EXTENDED)")
     if m.pattern.phase == "backward":
         return _verdict(False, False, "ONNX Runtime inference runs no backward")

@@ -69,7 +69,7 @@ Z = Var(check=is_activation)  # a residual side input: an activation, not a cons
 
 
 def act(arg: Op) -> Op:
-    return op(ACTIVATIONS, arg, role="act")
+    return op(ACTIVATIONS, arg, role="act", more=True)  # Clip's min and max are inputs from opset 11
 
 
 def conv(*, role: str = "conv") -> Op:
@@ -86,6 +86,12 @@ def bn_forms(arg: Op) -> tuple[Op, ...]:
     return (op("batch_norm", arg, role="bn", more=True),
             op("bias_add", scale, BIAS, role="bn", commutative=True),
             op("sub", scale, Var(check=is_channel_param), role="bn"))
+
+
+def scaled(arg: Op | Var) -> tuple[Op, Op]:
+    """arg * alpha (either order) or arg / alpha, for a scalar constant alpha (alpha / arg is no scale)."""
+    alpha = Var(check=scalar())
+    return (op("mul", arg, alpha, role="scale", commutative=True), op("div", arg, alpha, role="scale"))
 
 
 def residual_add(arg: Op) -> Op:
@@ -157,11 +163,9 @@ CATALOGUE: tuple[Pattern, ...] = (
             "FusedGemm / _FusedMatMul", "y = act(x @ w + b): backward reads x, w and y"),
     Pattern("matmul_bias", (bias(op("matmul", X, W, role="matmul")),), "Gemm / _FusedMatMul",
             "y = x @ w + b: the bias joins the GEMM's epilogue"),
-    Pattern("matmul_scale", (
-        op({"mul", "div"}, op("matmul", X, W, role="matmul"), Var(check=scalar()), role="scale",
-           commutative=True),
-        op("matmul", op({"mul", "div"}, X, Var(check=scalar()), role="scale"), W, role="matmul"),
-        op("matmul", X, op({"mul", "div"}, W, Var(check=scalar()), role="scale"), role="matmul")),
+    Pattern("matmul_scale", (*scaled(op("matmul", X, W, role="matmul")),
+                             *(op("matmul", s, W, role="matmul") for s in scaled(X)),
+                             *(op("matmul", X, s, role="matmul") for s in scaled(W))),
         "FusedMatMul (alpha)", "y = alpha (a @ b): attention's Q K^T / sqrt(d) [ORT MatMulScaleFusion]"),
     Pattern("bias_gelu", GELU_ERF + GELU_TANH, "BiasGelu / FastGelu with bias",
             "y = gelu(x + b)", fused_kind="bias_gelu", include_producers=("x",),

@@ -73,7 +73,7 @@ RULES: dict[str, dict[int | str, Grad]] = {
     "where": {1: G("SelectGrad", "x0"), 2: G("SelectGrad", "x0")},
     # activations: ReLU reads its output y, the seed's fusion-friendly choice          [seed post 1]
     "relu": {0: G("ReluGrad", "y0")},
-    "relu6": {0: G("Relu6Grad", "x0")},  # TF and PyTorch both read the input
+    "relu6": {0: G("Relu6Grad", "y0")},  # TF reads y (PyTorch's hardtanh reads x)
     "clip": {0: G("ClipGrad", "x0")},
     "leaky_relu": {0: G("LeakyReluGrad", "x0")},
     "elu": {0: G("EluGrad", "y0")},  # TF reads y (PyTorch's elu reads x)
@@ -129,6 +129,16 @@ RULES: dict[str, dict[int | str, Grad]] = {
     "identity": {0: G(None)},
     "cast": {0: G("Cast")},
     "dropout": {0: G("DropoutGrad", "y1")},  # dy * mask / (1 - p)
+    # TensorFlow kinds (TF_KINDS) that the ONNX vocabulary lacks, read as TensorFlow's gradient functions do
+    "conv_backprop_input": {1: G("Conv2DBackpropFilter", "x2", "x1.shape"), 2: G("Conv2D", "x1")},  # TF
+    "einsum": {0: G("EinsumGrad", "x1", "x0.shape"), 1: G("EinsumGrad", "x0", "x1.shape")},  # TF Einsum
+    "squared_difference": {0: G("SquaredDifferenceGrad", "x0", "x1", "x0.shape"),
+                           1: G("SquaredDifferenceGrad", "x0", "x1", "x1.shape")},  # TF: 2 (x - y) dy
+    "pack": {"*": G("Unpack")},  # TF Pack (tf.stack): unstack dy, reads nothing
+    "unpack": {0: G("Pack")},  # TF Unpack (tf.unstack): stack the dys, reads nothing
+    "erfc": {0: G("ErfcGrad", "x0")},  # TF Erfc (Keras 3's exact GELU): -2/sqrt(pi) exp(-x^2) dy
+    "stop_gradient": {},  # TF StopGradient/PreventGradient: no gradient flows
+    "step": {},  # TF Floor, Ceil, Round, Sign, FloorDiv: zero or no gradient
     # no gradient flows through shapes, indices, constants or comparisons
     **{kind: {} for kind in ("shape", "size", "constant", "constant_of_shape", "range", "nonzero",
                              "random", "argmax", "compare", "logical", "eye")},

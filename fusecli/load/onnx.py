@@ -233,13 +233,20 @@ def constant_value(t: Tensor | None):
     return None if t is None else t.meta.get("value")
 
 
-def is_channel_vector(bias: Tensor, x: Tensor) -> bool:
-    """True when ``bias`` broadcasts over ``x`` along exactly one axis (a per-channel bias)."""
+CHANNEL_FIRST_KINDS = frozenset({"conv", "conv_transpose", "batch_norm", "max_pool", "avg_pool",
+                                 "instance_norm", "group_norm", "lrn"})  # ONNX: NCHW, channel = axis 1
+
+
+def is_channel_vector(bias: Tensor, x: Tensor, axis: int | None = None) -> bool:
+    """True when ``bias`` broadcasts over ``x`` along exactly one axis (``axis`` of x, when given)."""
     if bias.shape is None or x.shape is None or not bias.is_static or len(bias.shape) > len(x.shape):
         return False
     aligned = zip(reversed(bias.shape), reversed(x.shape), strict=False)
-    sized = [(b, d) for b, d in aligned if b != 1]
-    return len(sized) == 1 and (sized[0][1] == sized[0][0] or not isinstance(sized[0][1], int))
+    sized = [(len(x.shape) - 1 - k, b, d) for k, (b, d) in enumerate(aligned) if b != 1]
+    if len(sized) != 1:
+        return False
+    x_axis, b, d = sized[0]
+    return (axis is None or x_axis == axis) and (d == b or not isinstance(d, int))
 
 
 def refine_kinds(graph: Graph) -> None:
@@ -248,8 +255,9 @@ def refine_kinds(graph: Graph) -> None:
         if node.kind == "add" and len(node.inputs) == 2 and None not in node.inputs:
             a, b = node.inputs
             for x, bias in ((a, b), (b, a)):
+                channel_first = x.producer is not None and x.producer.kind in CHANNEL_FIRST_KINDS
                 if x.kind in ("input", "activation") and bias.kind in ("parameter", "constant") \
-                        and is_channel_vector(bias, x):
+                        and is_channel_vector(bias, x, 1 if channel_first else None):
                     node.kind = "bias_add"
                     node.meta["bias_input"] = node.inputs.index(bias)
                     break

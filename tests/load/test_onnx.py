@@ -129,3 +129,17 @@ def test_folder_is_not_an_onnx_file(tmp_path):
     with pytest.raises(FuseError, match="without saved_model.pb"):
         load_model(str(tmp_path))
     assert os.path.isdir(tmp_path)
+
+
+def test_bias_after_a_conv_must_lie_on_the_channel_axis(save_model):
+    w = numpy_helper.from_array(np.ones((4, 3, 1, 1), np.float32), "w")
+    along_width = numpy_helper.from_array(np.ones((8,), np.float32), "b_w")
+    along_channel = numpy_helper.from_array(np.ones((4, 1, 1), np.float32), "b_c")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], "conv"),
+             helper.make_node("Add", ["c", "b_w"], ["a"], "add_width"),
+             helper.make_node("Conv", ["x", "w"], ["c2"], "conv2"),
+             helper.make_node("Add", ["c2", "b_c"], ["y2"], "add_channel")]
+    path = save_model(make_model(nodes, [vi("x", 2, 3, 8, 8)], [vi("a", 2, 4, 8, 8), vi("y2", 2, 4, 8, 8)],
+                                 [w, along_width, along_channel]))
+    kinds = {n.name: n.kind for n in load_model(path).nodes}
+    assert kinds["add_width"] == "add" and kinds["add_channel"] == "bias_add"

@@ -1,0 +1,526 @@
+"""Framework oracles: run an ONNX graph with PyTorch's or TensorFlow's own ops and list what autodiff saves.
+
+Each executor walks the ONNX nodes in order and computes each with the framework's op, remembering
+which framework tensor is which ONNX tensor. PyTorch's saved set comes from ``saved_tensors_hooks``;
+TensorFlow's from the extra outputs of the ``__forward_*`` function that ``tf.function`` splits off
+for its ``__backward_*`` function. A view of an ONNX tensor (a reshape, or a transpose the executor
+makes for TF's weight layout) counts as that tensor. Saved values that are no ONNX tensor (pooling
+indices, batch statistics, composite ops' intermediates) are listed as ``internal``; TensorFlow's
+captured constants and shapes are never activations and are left out.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from fusecli.grad.backward import build_backward
+from fusecli.ir import Graph
+from fusecli.liveness import analyze_liveness
+from fusecli.load.onnx import build_graph, infer_shapes
+
+_FLOAT = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE)
+
+
+@dataclass
+class Oracle:
+    """What one framework's backward reads: ONNX tensor names, other saved values, forward outputs."""
+
+    named: set[str]
+    internal: list[str]
+    outputs: list[np.ndarray]
+
+
+# -- fusecli side ----------------------------------------------------------------------------------
+def fusecli_joint(model: onnx.ModelProto) -> Graph:
+    """The linted joint graph of ``model``, differentiated w.r.t. parameters and float inputs."""
+    joint = build_backward(build_graph(infer_shapes(model)[0]), wrt_inputs=True)
+    joint.lint()
+    return joint
+
+
+def fusecli_saved(model: onnx.ModelProto) -> set[str]:
+    """Names of the forward tensors whose values fusecli's backward reads."""
+    live = analyze_liveness(fusecli_joint(model), batch=2)
+    return {s.tensor.name for s in live.saved if s.reads == "value"}
+
+
+def fusecli_reads_by_node(joint: Graph) -> dict[str, set[str]]:
+    """Forward node name -> the forward tensors its backward ops read by value."""
+    reads: dict[str, set[str]] = {}
+    for node in joint.backward_nodes():
+        if "forward" in node.meta:
+            reads.setdefault(node.meta["forward"], set()).update(
+                t.name for t in node.inputs if t.producer is None or t.producer.phase == "forward")
+    return reads
+
+
+# -- inputs and the reference -----------------------------------------------------------------------
+def make_feeds(model: onnx.ModelProto, positive: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
+    """Seeded values for the graph inputs: normal floats (``positive`` ones in [0.5, 1.5)), random bools."""
+    rng = np.random.default_rng(0)
+    feeds = {}
+    for vi in model.graph.input:
+        shape = [d.dim_value for d in vi.type.tensor_type.shape.dim]
+        dtype = helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
+        if dtype == np.bool_:
+            feeds[vi.name] = rng.random(shape) < 0.5
+        elif vi.name in positive:
+            feeds[vi.name] = rng.uniform(0.5, 1.5, shape).astype(dtype)
+        else:
+            feeds[vi.name] = rng.standard_normal(shape).astype(dtype)
+    return feeds
+
+
+def onnxruntime_outputs(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)
+
+
+def _leaves(model: onnx.ModelProto, feeds: dict[str, np.ndarray]):
+    """(graph inputs and float initializers: the differentiable leaves, other initializers)."""
+    leaves = dict(feeds)
+    consts = {}
+    for init in model.graph.initializer:
+        (leaves if init.data_type in _FLOAT else consts)[init.name] = numpy_helper.to_array(init)
+    return leaves, consts
+
+
+# -- the node walk ----------------------------------------------------------------------------------
+@dataclass
+class Call:
+    """One ONNX node's operands: framework tensors, initializer values (else None) and attributes."""
+
+    ins: list
+    values: list
+    attrs: dict
+
+    def inp(self, i: int):
+        return self.ins[i] if i < len(self.ins) else None
+
+    def value(self, i: int):
+        return self.values[i] if i < len(self.values) else None
+
+    def ints(self, name: str, i: int, default=None):
+        """An int-list operand given as attribute ``name`` (older opsets) or as input ``i``."""
+        v = self.attrs.get(name, self.value(i))
+        return default if v is None else [int(a) for a in np.atleast_1d(v)]
+
+
+def _attrs(node: onnx.NodeProto) -> dict:
+    out = {}
+    for a in node.attribute:
+        v = helper.get_attribute_value(a)
+        out[a.name] = v.decode() if isinstance(v, bytes) else v
+    return out
+
+
+def run_graph(model: onnx.ModelProto, ops: dict, env: dict, values: dict) -> dict:
+    """ONNX name -> framework tensor, after computing every node with ``ops[op_type](Call)``."""
+    for node in model.graph.node:
+        call = Call([env[n] if n else None for n in node.input], [values.get(n) for n in node.input],
+                    _attrs(node))
+        outs = ops[node.op_type](call)
+        outs = list(outs) if isinstance(outs, tuple | list) else [outs]
+        env.update((n, t) for n, t in zip(node.output, outs, strict=False) if n)
+    return env
+
+
+# -- ops shared by both frameworks (Python operators, indexing) -------------------------------------
+def _slice(c: Call):
+    x = c.ins[0]
+    starts, ends = c.ints("starts", 1), c.ints("ends", 2)
+    axes = c.ints("axes", 3, list(range(len(starts))))
+    steps = c.ints("steps", 4, [1] * len(starts))
+    index = [slice(None)] * len(x.shape)
+    for a, s, e, st in zip(axes, starts, ends, steps, strict=True):
+        index[a] = slice(s, min(e, x.shape[a]), st)
+    return x[tuple(index)]
+
+
+_SHARED = {
+    "Add": lambda c: c.ins[0] + c.ins[1], "Sub": lambda c: c.ins[0] - c.ins[1],
+    "Mul": lambda c: c.ins[0] * c.ins[1], "Div": lambda c: c.ins[0] / c.ins[1],
+    "Identity": lambda c: c.ins[0], "Slice": _slice,
+}
+
+
+def _sym_pads(c: Call, rank: int) -> list[int]:
+    """Symmetric ONNX ``pads`` as one number per spatial axis."""
+    pads = c.attrs.get("pads", [0] * 2 * rank)
+    assert pads[:rank] == pads[rank:], "only symmetric pads are supported"
+    return pads[:rank]
+
+
+def _reduce_axes(c: Call, rank: int) -> list[int]:
+    return c.ints("axes", 1, list(range(rank)))
+
+
+def _clip_bounds(c: Call) -> tuple[float, float]:
+    lo, hi = c.attrs.get("min", c.value(1)), c.attrs.get("max", c.value(2))
+    return float(-np.inf if lo is None else lo), float(np.inf if hi is None else hi)
+
+
+def _split_sizes(c: Call, dim: int) -> list[int]:
+    sizes = c.ints("split", 1)
+    n = c.attrs.get("num_outputs")
+    return sizes or [dim // n] * n
+
+
+# -- PyTorch ----------------------------------------------------------------------------------------
+@functools.cache
+def _torch_ops() -> dict:
+    import torch
+    import torch.nn.functional as F
+
+    def conv(c):
+        x, w, b = c.ins[0], c.ins[1], c.inp(2)
+        r = x.dim() - 2
+        return (F.conv1d, F.conv2d, F.conv3d)[r - 1](
+            x, w, b, c.attrs.get("strides", 1), _sym_pads(c, r), c.attrs.get("dilations", 1),
+            c.attrs.get("group", 1))
+
+    def conv_transpose(c):
+        x, w, b = c.ins[0], c.ins[1], c.inp(2)
+        r = x.dim() - 2
+        return (F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d)[r - 1](
+            x, w, b, c.attrs.get("strides", 1), _sym_pads(c, r), c.attrs.get("output_padding", 0),
+            c.attrs.get("group", 1), c.attrs.get("dilations", 1))
+
+    def gemm(c):
+        a, b, bias = c.ins[0], c.ins[1], c.inp(2)
+        a = a.t() if c.attrs.get("transA") else a
+        b = b.t() if c.attrs.get("transB") else b
+        return torch.matmul(a, b) if bias is None else torch.addmm(bias, a, b)
+
+    def batch_norm(c):
+        x, scale, bias, mean, var = c.ins
+        return F.batch_norm(x, mean.detach(), var.detach(), scale, bias,
+                            training=bool(c.attrs.get("training_mode", 0)),
+                            eps=c.attrs.get("epsilon", 1e-5))
+
+    def layer_norm(c):
+        x = c.ins[0]
+        axis = c.attrs.get("axis", -1) % x.dim()
+        return F.layer_norm(x, x.shape[axis:], c.ins[1], c.inp(2), c.attrs.get("epsilon", 1e-5))
+
+    def clip(c):
+        lo, hi = _clip_bounds(c)
+        return F.relu6(c.ins[0]) if (lo, hi) == (0, 6) else torch.clamp(c.ins[0], lo, hi)
+
+    def pool(fns, c):
+        x = c.ins[0]
+        r = x.dim() - 2
+        return fns[r - 1](x, c.attrs["kernel_shape"], c.attrs.get("strides"), _sym_pads(c, r))
+
+    def pad(c):
+        p = c.ints("pads", 1)
+        r = len(p) // 2
+        return F.pad(c.ins[0], [v for i in reversed(range(r)) for v in (p[i], p[r + i])],
+                     value=float(c.value(2) or 0))
+
+    def unsqueeze(c):
+        x = c.ins[0]
+        for a in sorted(v % (x.dim() + len(c.ints("axes", 1))) for v in c.ints("axes", 1)):
+            x = x.unsqueeze(a)
+        return x
+
+    def reduce(fn, c):
+        x = c.ins[0]
+        return fn(x, _reduce_axes(c, x.dim()), keepdim=bool(c.attrs.get("keepdims", 1)))
+
+    dtypes = {onnx.TensorProto.FLOAT: torch.float32, onnx.TensorProto.DOUBLE: torch.float64}
+    return {
+        **_SHARED,
+        "Conv": conv, "ConvTranspose": conv_transpose, "Gemm": gemm,
+        "MatMul": lambda c: torch.matmul(c.ins[0], c.ins[1]),
+        "BatchNormalization": batch_norm, "LayerNormalization": layer_norm,
+        "Relu": lambda c: F.relu(c.ins[0]), "Clip": clip,
+        "LeakyRelu": lambda c: F.leaky_relu(c.ins[0], c.attrs.get("alpha", 0.01)),
+        "Elu": lambda c: F.elu(c.ins[0], c.attrs.get("alpha", 1.0)),
+        "Sigmoid": lambda c: torch.sigmoid(c.ins[0]), "Tanh": lambda c: torch.tanh(c.ins[0]),
+        "Gelu": lambda c: F.gelu(c.ins[0], approximate=c.attrs.get("approximate", "none")),
+        "Erf": lambda c: torch.erf(c.ins[0]),
+        "Softmax": lambda c: F.softmax(c.ins[0], c.attrs.get("axis", -1)),
+        "LogSoftmax": lambda c: F.log_softmax(c.ins[0], c.attrs.get("axis", -1)),
+        "MaxPool": functools.partial(pool, (F.max_pool1d, F.max_pool2d, F.max_pool3d)),
+        "AveragePool": functools.partial(pool, (F.avg_pool1d, F.avg_pool2d, F.avg_pool3d)),
+        "GlobalAveragePool": lambda c: (F.adaptive_avg_pool1d, F.adaptive_avg_pool2d,
+                                        F.adaptive_avg_pool3d)[c.ins[0].dim() - 3](c.ins[0], 1),
+        "Reshape": lambda c: c.ins[0].reshape([int(v) for v in c.value(1)]),
+        # ONNX tensors are their own buffers: on a permuted view, torch.matmul would save a copy
+        "Transpose": lambda c: c.ins[0].permute(c.attrs["perm"]).contiguous(),
+        "Squeeze": lambda c: c.ins[0].squeeze(tuple(c.ints("axes", 1))),
+        "Unsqueeze": unsqueeze,
+        "Flatten": lambda c: c.ins[0].reshape(int(np.prod(c.ins[0].shape[:c.attrs.get("axis", 1)])), -1),
+        "Concat": lambda c: torch.cat(c.ins, c.attrs["axis"]),
+        "Split": lambda c: torch.split(c.ins[0], _split_sizes(c, c.ins[0].shape[c.attrs.get("axis", 0)]),
+                                       c.attrs.get("axis", 0)),
+        "Gather": lambda c: torch.index_select(c.ins[0], c.attrs.get("axis", 0), c.ins[1]),
+        "Pad": pad,
+        "ReduceMean": functools.partial(reduce, torch.mean),
+        "ReduceSum": functools.partial(reduce, torch.sum),
+        "ReduceMax": functools.partial(reduce, torch.amax),
+        "Sqrt": lambda c: torch.sqrt(c.ins[0]), "Pow": lambda c: torch.pow(c.ins[0], c.ins[1]),
+        "Exp": lambda c: torch.exp(c.ins[0]), "Log": lambda c: torch.log(c.ins[0]),
+        "Reciprocal": lambda c: torch.reciprocal(c.ins[0]),
+        # the kernel F.dropout runs on GPUs (on CPUs it multiplies by a float mask instead)
+        "Dropout": lambda c: torch.native_dropout(c.ins[0], float(c.value(1)), True),
+        "Cast": lambda c: c.ins[0].to(dtypes[c.attrs["to"]]),
+        "Where": lambda c: torch.where(c.ins[0], c.ins[1], c.ins[2]),
+        "Expand": lambda c: c.ins[0].expand(np.broadcast_shapes(tuple(c.ins[0].shape),
+                                                                 tuple(int(v) for v in c.value(1)))),
+    }
+
+
+def _torch_match(t, env: dict, made: int) -> str | None:
+    """The ONNX name of a saved tensor: the same object, else the same view, else the latest tensor
+    made before the op (``made`` = how many there were) of which it views all elements."""
+    for name, x in env.items():
+        if t is x:
+            return name
+    if t.numel() == 0:
+        return None
+    exact = (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype)
+    for name, x in env.items():
+        if (x.data_ptr(), tuple(x.shape), x.stride(), x.dtype) == exact:
+            return name
+    whole = (t.data_ptr(), t.numel(), t.dtype)
+    before = list(env.items())[:made]
+    return next((n for n, x in reversed(before) if (x.data_ptr(), x.numel(), x.dtype) == whole), None)
+
+
+def torch_saved(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> Oracle:
+    """PyTorch's saved tensors for ``loss = sum(outputs)``, by ONNX name."""
+    import torch
+
+    leaves, consts = _leaves(model, feeds)
+    env = {n: torch.tensor(v, requires_grad=v.dtype.kind == "f") for n, v in leaves.items()}
+    env.update((n, torch.tensor(v)) for n, v in consts.items())
+    packed = []
+
+    def pack(t):
+        packed.append((t, len(env)))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        run_graph(model, _torch_ops(), env, {**consts, **leaves})
+    outs = [env[o.name] for o in model.graph.output]
+    sum(y.sum() for y in outs if y.requires_grad).backward()
+    named, internal = set(), []
+    for t, made in packed:
+        name = _torch_match(t, env, made)
+        if name is None:
+            internal.append(f"{tuple(t.shape)} {t.dtype}")
+        else:
+            named.add(name)
+    return Oracle(named, internal, [y.detach().numpy() for y in outs])
+
+
+# -- TensorFlow -------------------------------------------------------------------------------------
+_TF_FORMATS = {3: "NCW", 4: "NCHW", 5: "NCDHW"}
+
+
+def _tf_padding(c: Call, kernel: list[int]) -> str:
+    """ONNX pads as TF's VALID or SAME (explicit pads break TF's NCHW filter gradient on CPUs)."""
+    r = len(kernel)
+    pads = c.attrs.get("pads", [0] * 2 * r)
+    if not any(pads):
+        return "VALID"
+    same = [(k - 1) // 2 for k in kernel] + [k - 1 - (k - 1) // 2 for k in kernel]
+    assert pads == same and set(c.attrs.get("strides", [1])) == {1}, "pads must be VALID or SAME"
+    return "SAME"
+
+
+@functools.cache
+def _tf_ops() -> dict:
+    import tensorflow as tf
+
+    def layout(t, perm):
+        """A layout transpose for TF's weight order: the oracle maps its output to its input."""
+        return tf.transpose(t, perm, name="layout")
+
+    def spatial(c, rank, name):
+        return list(c.attrs.get(name, [1] * rank))
+
+    def conv(c):
+        x, w, b = c.ins[0], c.ins[1], c.inp(2)
+        r = len(x.shape) - 2
+        kernel = list(w.shape[2:])
+        fmt = _TF_FORMATS[r + 2]
+        if c.attrs.get("group", 1) == x.shape[1] > 1 and w.shape[1] == 1 and w.shape[0] == x.shape[1]:
+            y = tf.nn.depthwise_conv2d(x, layout(w, [2, 3, 0, 1]), [1, 1, *spatial(c, r, "strides")],
+                                       _tf_padding(c, kernel), data_format=fmt,
+                                       dilations=spatial(c, r, "dilations"))
+        else:
+            y = tf.nn.convolution(x, layout(w, [*range(2, r + 2), 1, 0]), spatial(c, r, "strides"),
+                                  _tf_padding(c, kernel), data_format=fmt,
+                                  dilations=spatial(c, r, "dilations"))
+        return y if b is None else tf.nn.bias_add(y, b, data_format="NC...")
+
+    def conv_transpose(c):
+        x, w, b = c.ins[0], c.ins[1], c.inp(2)
+        r = len(x.shape) - 2
+        kernel, strides = list(w.shape[2:]), spatial(c, r, "strides")
+        assert _tf_padding(c, kernel) == "VALID", "ConvTranspose: only zero pads"
+        out = [x.shape[0], w.shape[1], *((n - 1) * s + k for n, s, k in
+                                         zip(x.shape[2:], strides, kernel, strict=True))]
+        y = tf.nn.conv_transpose(x, layout(w, [*range(2, r + 2), 1, 0]), out, strides, "VALID",
+                                 data_format=_TF_FORMATS[r + 2])
+        return y if b is None else tf.nn.bias_add(y, b, data_format="NC...")
+
+    def gemm(c):
+        y = tf.matmul(c.ins[0], c.ins[1], transpose_a=bool(c.attrs.get("transA")),
+                      transpose_b=bool(c.attrs.get("transB")))
+        return y if c.inp(2) is None else y + c.inp(2)
+
+    def batch_norm(c):
+        x, scale, bias, mean, var = c.ins
+        return tf.raw_ops.FusedBatchNormV3(x=x, scale=scale, offset=bias, mean=mean, variance=var,
+                                           epsilon=c.attrs.get("epsilon", 1e-5), data_format="NCHW",
+                                           is_training=bool(c.attrs.get("training_mode", 0)))[0]
+
+    def layer_norm(c):
+        x = c.ins[0]
+        axes = list(range(c.attrs.get("axis", -1) % len(x.shape), len(x.shape)))
+        mean, var = tf.nn.moments(x, axes, keepdims=True)
+        return tf.nn.batch_normalization(x, mean, var, c.inp(2), c.ins[1], c.attrs.get("epsilon", 1e-5))
+
+    def clip(c):
+        lo, hi = _clip_bounds(c)
+        return tf.nn.relu6(c.ins[0]) if (lo, hi) == (0, 6) else tf.clip_by_value(c.ins[0], lo, hi)
+
+    def pool(fn, c):
+        x = c.ins[0]
+        r = len(x.shape) - 2
+        return fn(x, c.attrs["kernel_shape"], spatial(c, r, "strides"),
+                  _tf_padding(c, c.attrs["kernel_shape"]), data_format=_TF_FORMATS[r + 2])
+
+    def pad(c):
+        p = c.ints("pads", 1)
+        r = len(p) // 2
+        return tf.pad(c.ins[0], [[p[i], p[r + i]] for i in range(r)],
+                      constant_values=float(c.value(2) or 0))
+
+    def unsqueeze(c):
+        x = c.ins[0]
+        for a in sorted(v % (len(x.shape) + len(c.ints("axes", 1))) for v in c.ints("axes", 1)):
+            x = tf.expand_dims(x, a)
+        return x
+
+    def reduce(fn, c):
+        x = c.ins[0]
+        return fn(x, _reduce_axes(c, len(x.shape)), keepdims=bool(c.attrs.get("keepdims", 1)))
+
+    def flatten(c):
+        axis = c.attrs.get("axis", 1)
+        return tf.reshape(c.ins[0], [int(np.prod(c.ins[0].shape[:axis])), -1])
+
+    dtypes = {onnx.TensorProto.FLOAT: tf.float32, onnx.TensorProto.DOUBLE: tf.float64}
+    return {
+        **_SHARED,
+        "Conv": conv, "ConvTranspose": conv_transpose, "Gemm": gemm,
+        "MatMul": lambda c: tf.matmul(c.ins[0], c.ins[1]),
+        "BatchNormalization": batch_norm, "LayerNormalization": layer_norm,
+        "Relu": lambda c: tf.nn.relu(c.ins[0]), "Clip": clip,
+        "LeakyRelu": lambda c: tf.nn.leaky_relu(c.ins[0], c.attrs.get("alpha", 0.01)),
+        "Elu": lambda c: tf.nn.elu(c.ins[0]),
+        "Sigmoid": lambda c: tf.sigmoid(c.ins[0]), "Tanh": lambda c: tf.tanh(c.ins[0]),
+        "Gelu": lambda c: tf.nn.gelu(c.ins[0], approximate=c.attrs.get("approximate") == "tanh"),
+        "Erf": lambda c: tf.math.erf(c.ins[0]),
+        "Softmax": lambda c: tf.nn.softmax(c.ins[0], c.attrs.get("axis", -1)),
+        "LogSoftmax": lambda c: tf.nn.log_softmax(c.ins[0], c.attrs.get("axis", -1)),
+        "MaxPool": functools.partial(pool, tf.nn.max_pool),
+        "AveragePool": functools.partial(pool, tf.nn.avg_pool),
+        "GlobalAveragePool": lambda c: tf.reduce_mean(c.ins[0], list(range(2, len(c.ins[0].shape))),
+                                                      keepdims=True),
+        "Reshape": lambda c: tf.reshape(c.ins[0], [int(v) for v in c.value(1)]),
+        "Transpose": lambda c: tf.transpose(c.ins[0], c.attrs["perm"]),
+        "Squeeze": lambda c: tf.squeeze(c.ins[0], c.ints("axes", 1)),
+        "Unsqueeze": unsqueeze, "Flatten": flatten,
+        "Concat": lambda c: tf.concat(c.ins, c.attrs["axis"]),
+        "Split": lambda c: tf.split(c.ins[0], _split_sizes(c, c.ins[0].shape[c.attrs.get("axis", 0)]),
+                                    c.attrs.get("axis", 0)),
+        "Gather": lambda c: tf.gather(c.ins[0], c.ins[1], axis=c.attrs.get("axis", 0)),
+        "Pad": pad,
+        "ReduceMean": functools.partial(reduce, tf.reduce_mean),
+        "ReduceSum": functools.partial(reduce, tf.reduce_sum),
+        "ReduceMax": functools.partial(reduce, tf.reduce_max),
+        "Sqrt": lambda c: tf.sqrt(c.ins[0]), "Pow": lambda c: tf.pow(c.ins[0], c.ins[1]),
+        "Exp": lambda c: tf.exp(c.ins[0]), "Log": lambda c: tf.math.log(c.ins[0]),
+        "Reciprocal": lambda c: tf.math.reciprocal(c.ins[0]),
+        "Identity": lambda c: tf.identity(c.ins[0]),
+        "Rsqrt": lambda c: tf.math.rsqrt(c.ins[0]),  # TF only (no ONNX op): for the rsqrt rule
+        "Dropout": lambda c: tf.nn.dropout(c.ins[0], float(c.value(1)), seed=0),
+        "Cast": lambda c: tf.cast(c.ins[0], dtypes[c.attrs["to"]]),
+        "Where": lambda c: tf.where(c.ins[0], c.ins[1], c.ins[2]),
+        "Expand": lambda c: tf.broadcast_to(c.ins[0], np.broadcast_shapes(
+            tuple(c.ins[0].shape), tuple(int(v) for v in c.value(1)))),
+    }
+
+
+_TF_VIEWS = ("Reshape", "ExpandDims", "Squeeze")  # TF ops that share their input's buffer
+
+
+def _tf_aliases(graph, names: dict[str, str]) -> None:
+    """Name a view (or layout transpose) of an ONNX tensor after it, and the tensor it views."""
+    for op in graph.get_operations():
+        if op.type in _TF_VIEWS or (op.type == "Transpose" and op.name.startswith("layout")):
+            src, dst = op.inputs[0].name, op.outputs[0].name
+            if src in names:
+                names.setdefault(dst, names[src])
+            elif dst in names:
+                names[src] = names[dst]
+
+
+def tf_saved(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> Oracle:
+    """TensorFlow's saved tensors for ``loss = sum(outputs)``, by ONNX name.
+
+    Tracing the tape gradient of a ``tf.function`` call splits the function into ``__forward_*`` and
+    ``__backward_*`` functions and appends what the backward reads to the traced graph's outputs.
+    """
+    import tensorflow as tf
+
+    leaves, consts = _leaves(model, feeds)
+    specs = [tf.TensorSpec(v.shape, tf.as_dtype(v.dtype)) for v in leaves.values()]
+    names: dict[str, str] = {}
+
+    @tf.function(input_signature=specs, autograph=False)
+    def onnx_graph(*args):
+        env = dict(zip(leaves, args, strict=True))
+        env.update((n, tf.constant(v)) for n, v in consts.items())
+        run_graph(model, _tf_ops(), env, {**consts, **leaves})
+        for n, t in env.items():
+            names.setdefault(t.name, n)
+        return [env[o.name] for o in model.graph.output]
+
+    @tf.function(input_signature=specs, autograph=False)
+    def train_step(*args):
+        watched = [a for a in args if a.dtype.is_floating]
+        with tf.GradientTape() as tape:
+            tape.watch(watched)
+            loss = tf.add_n([tf.reduce_sum(tf.cast(y, tf.float32)) for y in onnx_graph(*args)])
+        return [g for g in tape.gradient(loss, watched) if g is not None]
+
+    graph = onnx_graph.get_concrete_function().graph
+    library = train_step.get_concrete_function().graph.as_graph_def().library.function
+    forward = [f for f in library if f.signature.name.startswith("__forward_onnx_graph")]
+    assert [len(f.signature.output_arg) for f in forward] == [len(graph.outputs)]
+    _tf_aliases(graph, names)
+    named, internal = set(), []
+    for t in graph.outputs[len(model.graph.output):]:
+        if t.name in names:
+            named.add(names[t.name])
+        elif t.op.type not in ("Const", "Shape"):
+            internal.append(f"{t.name} ({t.op.type})")
+    outputs = [np.asarray(y) for y in onnx_graph(*leaves.values())]
+    return Oracle(named, internal, outputs)
+
+
+ORACLES = {"tf": ("tensorflow", tf_saved), "torch": ("torch", torch_saved)}  # name -> (module, oracle)
