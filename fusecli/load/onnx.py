@@ -11,6 +11,7 @@ from onnx import numpy_helper
 from ..errors import FuseError
 from ..ir import Graph, GraphError, Node, Tensor, topological_order
 from ..kinds import ONNX_KINDS, ONNX_MS_KINDS
+from .onnx_wire import WireError, read_structure
 
 MIN_OPSET = 7
 SMALL_VALUE_ELEMENTS = 64  # constants this small keep their values (Clip bounds, Pow exponents, 1/sqrt(d))
@@ -35,22 +36,23 @@ def _shape_of(value_info: onnx.ValueInfoProto) -> tuple | None:
                  for d in tt.shape.dim)
 
 
-def read_model(path: str) -> onnx.ModelProto:
-    """Parse the file's protobuf (no external data) or raise FuseError with one line."""
+def read_model(path: str) -> tuple[onnx.ModelProto, set[str]]:
+    """The file's structure (large weights and external data left unread) and the names of the
+    initializers read without their data; FuseError with one line on bad input."""
     if not os.path.isfile(path):
         raise FuseError(f"{path}: no such file" if not os.path.exists(path) else
                         f"{path}: not a file")
     if os.path.getsize(path) == 0:
         raise FuseError(f"{path}: empty file, not an ONNX model")
-    model = onnx.ModelProto()
     try:
-        with open(path, "rb") as f:
-            model.ParseFromString(f.read())
-    except (DecodeError, RuntimeWarning, ValueError) as e:
+        model, omitted = read_structure(path)
+    except (DecodeError, WireError, RuntimeWarning, ValueError) as e:
         raise FuseError(f"{path}: not an ONNX model (protobuf parse failed: {e})") from None
+    except OSError as e:
+        raise FuseError(f"{path}: cannot read ({e.strerror or e})") from None
     if not model.HasField("graph") or (not model.graph.node and not model.graph.output):
         raise FuseError(f"{path}: not an ONNX model (no graph in the file)")
-    return model
+    return model, omitted
 
 
 def check_external_data(model: onnx.ModelProto, path: str) -> None:
@@ -109,7 +111,7 @@ def _small_value(tensor: onnx.TensorProto):
 
 def load_onnx(path: str) -> Graph:
     """Read an ONNX file into a forward Graph (weights are never read; small constants are)."""
-    model = read_model(path)
+    model, omitted = read_model(path)
     check_external_data(model, path)
     opset = opset_of(model)
     if opset and opset < MIN_OPSET:
@@ -117,6 +119,8 @@ def load_onnx(path: str) -> Graph:
     model, warning = infer_shapes(model)
     graph = build_graph(model, os.path.basename(path))
     graph.meta["opset"] = opset
+    for name in omitted:
+        graph.tensors[name].meta["data_omitted"] = True
     if warning:
         graph.meta.setdefault("warnings", []).append(warning)
     return graph
