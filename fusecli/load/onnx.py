@@ -13,7 +13,7 @@ from ..ir import Graph, GraphError, Node, Tensor, topological_order
 from ..kinds import ONNX_KINDS, ONNX_MS_KINDS
 from .onnx_wire import WireError, read_structure
 
-MIN_OPSET = 7
+MIN_OPSET = 7  # older models are analyzed too, with a warning: their ops are read by today's kinds
 SMALL_VALUE_ELEMENTS = 64  # constants this small keep their values (Clip bounds, Pow exponents, 1/sqrt(d))
 _MS_DOMAINS = ("com.microsoft", "com.microsoft.nchwc")
 _CONST_OPS = ("Constant", "ConstantOfShape")
@@ -114,11 +114,13 @@ def load_onnx(path: str) -> Graph:
     model, omitted = read_model(path)
     check_external_data(model, path)
     opset = opset_of(model)
-    if opset and opset < MIN_OPSET:
-        raise FuseError(f"{path}: opset {opset} is older than the oldest supported ({MIN_OPSET})")
     model, warning = infer_shapes(model)
     graph = build_graph(model, os.path.basename(path))
     graph.meta["opset"] = opset
+    if opset and opset < MIN_OPSET:
+        graph.meta.setdefault("warnings", []).append(
+            f"opset {opset} is older than the oldest fusecli is checked on ({MIN_OPSET}); "
+            "its ops are read with today's semantics")
     for name in omitted:
         graph.tensors[name].meta["data_omitted"] = True
     if warning:
