@@ -10,10 +10,16 @@ from ..ir import Graph
 
 def load_model(path: str) -> Graph:
     """Load an ONNX file or a SavedModel folder into a forward Graph; FuseError on bad input."""
+    if os.path.basename(path) == "saved_model.pb" and os.path.isfile(path):
+        path = os.path.dirname(path) or "."  # the SavedModel's own file names its folder
     if os.path.isdir(path):
-        if os.path.isfile(os.path.join(path, "saved_model.pb")):
-            raise FuseError(f"{path}: SavedModel loading is not available yet in this version")
-        raise FuseError(f"{path}: a folder without saved_model.pb is not a SavedModel")
+        if not os.path.isfile(os.path.join(path, "saved_model.pb")):
+            raise FuseError(f"{path}: a folder without saved_model.pb is not a SavedModel")
+        from .savedmodel import load_savedmodel
+
+        graph = load_savedmodel(path)
+        graph.lint()
+        return graph
     from .onnx import load_onnx
 
     graph = load_onnx(path)

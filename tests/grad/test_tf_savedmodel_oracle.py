@@ -1,0 +1,269 @@
+"""fusecli's saved set of a SavedModel against TensorFlow's own, computed from the same SavedModel.
+
+TensorFlow's side: ``tf.saved_model.load`` the model, call its signature function under a
+``tf.GradientTape`` inside a ``tf.function`` and take the gradient of ``sum(outputs)`` w.r.t. the
+trainable variables. Tracing that splits the signature function into ``__forward_*`` and
+``__backward_*`` functions; the forward function's outputs past the signature's own are exactly the
+tensors the backward reads. Each is followed through the forward FunctionDefs' ``ret`` maps (a
+``StatefulPartitionedCall`` into a nested ``__forward_*`` function adds its node name and ``/``) to the
+node that makes it. The forward functions are made from the loaded functions' graphs, which keep the
+node names of the SavedModel's function bodies, so the path is fusecli's node name
+(``StatefulPartitionedCall/functional_1/conv2d_1/BiasAdd``), though the functions themselves are renamed
+(``__forward___call___412`` for ``__inference___call___284``).
+
+fusecli's side: ``load_model`` -> ``build_backward(wrt_inputs=False)`` -> ``analyze_liveness`` with
+``keeps_for_shape`` true for tensors with an unknown dim (as ``analyze_graph`` does for SavedModels).
+
+Compared by tensor name (``node:index``, stricter than by producer node name), activations only:
+TensorFlow's function arguments (the graph input), ``ReadVariableOp`` and ``Const`` outputs, and
+tensors of weight-only subgraphs (fusecli's parameters: Keras 3's BatchNorm ``rsqrt(var + eps) *
+gamma``) are left out on both sides, as are fusecli's graph outputs (TensorFlow returns them as the
+forward function's own outputs, never as extra ones).
+
+Three differences remain; none comes from the loader. Each is named tensor by tensor, and TensorFlow's
+backward functions confirm it (the op types that read each saved tensor are followed into them):
+
+- ``add_shape`` (fusecli's rules): TensorFlow's ``AddV2``/``Sub`` gradient calls ``shape(x)`` and
+  ``shape(y)`` unless both shapes are fully known and equal (``SmartBroadcastGradientArgs``), so with an
+  unknown batch it keeps both inputs alive even when their shapes are equal. fusecli's backward
+  (``grad/backward.py: _broadcast``) takes equal shapes with ``None`` dims as known-equal and passes the
+  gradient through without a shape read. TF-only; TensorFlow reads them only with ``Shape``.
+- ``zeros_like`` (TensorFlow internals): an op with several outputs, some without a gradient
+  (``FusedBatchNormV3``'s batch statistics and reserve spaces), gets ``zeros_like(output)`` for those
+  (``gradients_util`` with ``optimize=False``), which keeps them alive. TF-only; read only by
+  ``ZerosLike``; per-channel vectors.
+- ``reshape_wildcard`` (fusecli's rules): TensorFlow's ``Reshape`` gradient reshapes back with a ``-1``
+  wildcard when exactly one dim of the input is unknown, reading nothing; fusecli's ``reshape`` rule
+  reads ``x0.shape``, which ``keeps_for_shape`` turns into keeping the tensor. fusecli-only.
+
+Every other difference fails the test: precision and recall over what is left must be >= 0.99, and the
+raw numbers (the named differences counted as errors) must not fall below what this version reaches.
+Where both keep a tensor, TensorFlow may read its value where fusecli reads only its shape: graph-mode
+gradient functions also compute the gradient of a constant operand (``Mul(x, 0.5)`` reads ``x``).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from fusecli.grad.backward import build_backward
+from fusecli.liveness import analyze_liveness
+from fusecli.load import load_model
+from fusecli.pipeline import Options, analyze_graph
+
+tf = pytest.importorskip("tensorflow")
+from tests.load.test_savedmodel import KERAS3, SEEDS, saved_models  # noqa: E402
+
+_CALLS = ("StatefulPartitionedCall", "PartitionedCall")
+_NOT_ACTIVATIONS = ("ReadVariableOp", "Const", "VarHandleOp")
+_BROADCAST_ADDS = ("AddV2", "Add", "Sub")
+
+# (precision, recall) this version reaches with the named differences counted as errors
+RAW_FLOOR = {
+    "conv_bias_relu": (1.0, 1.0), "conv_bn_relu": (1.0, 0.71), "bn_add_relu": (1.0, 0.33),
+    "matmul_bias_relu": (1.0, 1.0), "keras3_cnn": (1.0, 0.75), "keras3_resnet": (1.0, 0.71),
+    "keras3_transformer": (0.75, 0.64), "tf_keras_cnn": (1.0, 0.5),
+}
+
+
+@pytest.fixture(scope="module")
+def models():
+    return saved_models()
+
+
+def _output_index(node, out_arg: str, k: int) -> int:
+    """The flat output index of a FunctionDef reference ``node:out_arg:k``, from TensorFlow's OpDef."""
+    from tensorflow.python.framework import op_def_registry
+
+    index = 0
+    for arg in op_def_registry.get(node.op).output_arg:
+        if arg.name == out_arg:
+            return index + k
+        if arg.number_attr:
+            index += node.attr[arg.number_attr].i
+        elif arg.type_list_attr:
+            index += len(node.attr[arg.type_list_attr].list.type)
+        else:
+            index += 1
+    raise KeyError(out_arg)
+
+
+def tf_saved(path: str, signature: str = "serving_default") -> dict[str, tuple[str, frozenset]]:
+    """TensorFlow's saved tensors: fusecli's name (``node:index``) -> (producer op type or 'arg', the op
+    types in the backward functions that read it)."""
+    loaded = tf.saved_model.load(path)  # keeps the variables alive while the function is traced
+    fn = loaded.signatures[signature]
+    trainable = [v for v in fn.variables if v.trainable]
+    specs = fn.structured_input_signature[1]
+
+    @tf.function
+    def train_step(**inputs):
+        with tf.GradientTape() as tape:
+            loss = tf.add_n([tf.reduce_sum(tf.cast(y, tf.float32)) for y in fn(**inputs).values()])
+        return tape.gradient(loss, trainable)
+
+    graph_def = train_step.get_concrete_function(**specs).graph.as_graph_def()
+    n_outputs = len(fn.structured_outputs)
+    del loaded
+    library = {f.signature.name: f for f in graph_def.library.function}
+
+    def called(prefix: str):
+        found = [n for n in graph_def.node
+                 if n.op in _CALLS and n.attr["f"].func.name.startswith(prefix)]
+        assert len(found) == 1, [n.name for n in found]
+        return found[0]
+
+    forward_call, backward_call = called("__forward_"), called("__inference___backward_")
+    forward = library[forward_call.attr["f"].func.name]
+
+    def producer(fdef, index: int, prefix: str) -> tuple[str, str]:
+        ref = fdef.ret[fdef.signature.output_arg[index].name]
+        if ":" not in ref:
+            return "arg", prefix + ref
+        node_name, out_arg, k = ref.split(":")
+        node = next(n for n in fdef.node_def if n.name == node_name)
+        if node.op in _CALLS:
+            return producer(library[node.attr["f"].func.name], int(k), f"{prefix}{node.name}/")
+        return node.op, f"{prefix}{node.name}:{_output_index(node, out_arg, int(k))}"
+
+    def readers(fdef, arg: str) -> set[str]:
+        """Op types that read argument ``arg`` of ``fdef``, through nested calls."""
+        ops = set()
+        for node in fdef.node_def:
+            for j, ref in enumerate(node.input):
+                if ref != arg:
+                    continue
+                if node.op in _CALLS:
+                    inner = library[node.attr["f"].func.name]
+                    ops |= readers(inner, inner.signature.input_arg[j].name)
+                else:
+                    ops.add(node.op)
+        return ops
+
+    backward = library[backward_call.attr["f"].func.name]
+    read_by = {}  # forward output index -> op types of the backward that read it
+    for j, ref in enumerate(backward_call.input):
+        name, _, k = ref.partition(":")
+        if name == forward_call.name:
+            read_by[int(k or 0)] = frozenset(readers(backward, backward.signature.input_arg[j].name))
+    saved = {}
+    for i in range(n_outputs, len(forward.signature.output_arg)):
+        op, name = producer(forward, i, "")
+        saved[name] = (op, read_by.get(i, frozenset()))
+        assert saved[name][1], f"{name}: a forward output that no backward op reads"
+    return saved
+
+
+def compare(path: str) -> dict:
+    """Both saved sets (activations by tensor name), the named differences, and the numbers."""
+    graph = load_model(path)
+    joint = build_backward(graph, wrt_inputs=False)
+    live = analyze_liveness(joint, 2, None, keeps_for_shape=lambda t: not t.shape_known)
+    theirs, tf_reads = {}, {}
+    for name, (op, reads) in tf_saved(path).items():
+        if op == "arg" or op in _NOT_ACTIVATIONS:
+            continue
+        t = graph.tensors.get(name)
+        assert t is not None and t.producer is not None, \
+            f"TensorFlow saves {name!r} ({op}), which fusecli's graph lacks"
+        if t.producer.meta.get("constant"):
+            continue  # a weight-only subgraph: fusecli's parameters
+        theirs[name], tf_reads[name] = op, reads
+    outputs = {t.name for t in graph.outputs}
+    ours = {s.tensor.name: s for s in live.saved
+            if s.tensor.kind == "activation" and s.tensor.name not in outputs}
+
+    def add_shape(name: str) -> bool:  # TensorFlow reads only its shape, for an AddV2/Sub gradient
+        t = graph.tensors[name]
+        return (tf_reads[name] <= {"Shape", "ShapeN"} and not t.shape_known
+                and any(c.op_type in _BROADCAST_ADDS for c in t.consumers))
+
+    def zeros_like(name: str) -> bool:  # an output without a gradient, read only by ZerosLike
+        t = graph.tensors[name]
+        return (tf_reads[name] == {"ZerosLike"} and t.is_float and not t.consumers
+                and len(t.producer.outputs) > 1)
+
+    def reshape_wildcard(name: str) -> bool:
+        s = ours[name]
+        return (s.reads == "shape" and s.tensor.shape is not None
+                and sum(d is None for d in s.tensor.shape) == 1
+                and all(graph.node(n.meta["forward"]).op_type == "Reshape" for n in s.needed_by))
+
+    tf_only, ours_only = set(theirs) - set(ours), set(ours) - set(theirs)
+    named = {"add_shape": sorted(n for n in tf_only if add_shape(n)),
+             "zeros_like": sorted(n for n in tf_only if zeros_like(n)),
+             "reshape_wildcard": sorted(n for n in ours_only if reshape_wildcard(n))}
+    common = len(set(theirs) & set(ours))
+    left_tf = tf_only - set(named["add_shape"]) - set(named["zeros_like"])
+    left_ours = ours_only - set(named["reshape_wildcard"])
+    return {"theirs": theirs, "tf_reads": tf_reads, "ours": ours, "named": named,
+            "tf_only": left_tf, "ours_only": left_ours,
+            "raw": (common / max(len(ours), 1), common / max(len(theirs), 1)),
+            "adjusted": (common / max(common + len(left_ours), 1), common / max(common + len(left_tf), 1))}
+
+
+@pytest.mark.parametrize("name", [*SEEDS, *KERAS3, "tf_keras_cnn"])
+def test_saved_set_matches_tensorflow(models, name):
+    if name not in models:
+        pytest.skip("tf_keras is not installed")
+    r = compare(models[name])
+    assert r["theirs"], "TensorFlow saves no activation: the oracle found nothing to compare"
+    assert not r["tf_only"] and not r["ours_only"], (r["tf_only"], r["ours_only"])
+    precision, recall = r["adjusted"]
+    assert precision >= 0.99 and recall >= 0.99
+    floor = RAW_FLOOR[name]
+    assert r["raw"][0] >= floor[0] and r["raw"][1] >= floor[1], r["raw"]
+    graph = load_model(models[name])
+    for t in set(r["theirs"]) & set(r["ours"]):  # a shape-only read on one side is one on the other,
+        tf_shape_only = r["tf_reads"][t] <= {"Shape", "ShapeN"}  # or a constant operand's gradient
+        const_operand = any(c.op_type == "Mul" and any(i.kind == "constant" for i in c.inputs)
+                            for c in graph.tensors[t].consumers)
+        assert tf_shape_only == (r["ours"][t].reads == "shape") or const_operand, t
+
+
+def test_named_differences_are_the_expected_ones(models):
+    """Seeds without AddV2, Reshape or BatchNorm agree exactly; BatchNorm and residual adds differ."""
+    for name in ("conv_bias_relu", "matmul_bias_relu"):
+        r = compare(models[name])
+        assert r["named"] == {"add_shape": [], "zeros_like": [], "reshape_wildcard": []}, name
+        assert r["raw"] == (1.0, 1.0)
+    cnn = compare(models["keras3_cnn"])
+    assert cnn["named"]["add_shape"] == [
+        "StatefulPartitionedCall/functional_1/batch_normalization_1/batchnorm/mul_1:0"]
+    # what both sides save for Conv -> BatchNorm (inference form) -> ReLU -> mean -> Dense
+    assert set(cnn["ours"]) == {f"StatefulPartitionedCall/functional_1/{n}:0" for n in (
+        "conv2d_1/BiasAdd", "re_lu_1/Relu", "global_average_pooling2d_1/Mean")}
+    bn_add = compare(models["bn_add_relu"])["named"]  # TF keeps both operands of the residual add
+    assert bn_add["add_shape"] == ["StatefulPartitionedCall/Conv2D_1:0",
+                                   "StatefulPartitionedCall/FusedBatchNormV3:0"]
+    assert bn_add["zeros_like"] == [f"StatefulPartitionedCall/FusedBatchNormV3:{i}" for i in (1, 2, 3, 4)]
+
+
+def test_training_batch_norm_saves_reserve_space_not_its_input_twice(models):
+    """FusedBatchNormV3(is_training=True): both read x, gamma and the saved batch statistics."""
+    r = compare(models["conv_bn_relu"])
+    bn = "StatefulPartitionedCall/FusedBatchNormV3"
+    assert set(r["ours"]) == {"StatefulPartitionedCall/Conv2D:0", f"{bn}:3", f"{bn}:4", f"{bn}:5",
+                              "StatefulPartitionedCall/Relu:0"}
+    assert set(r["theirs"]) == set(r["ours"]) | {f"{bn}:1", f"{bn}:2"}  # zeros_like(batch mean, var)
+    graph = load_model(models["conv_bn_relu"])
+    live = analyze_graph(models["conv_bn_relu"], graph, Options(batch=2)).liveness
+    kept = {s.tensor.name for s in live.saved}
+    assert {f"{bn}:{i}" for i in (3, 4, 5)} <= kept and f"{bn}:0" not in kept
+
+
+def test_pipeline_keeps_tensors_read_for_an_unknown_shape(models):
+    """analyze_graph passes keeps_for_shape for SavedModels: shape-only reads are listed as 'shape'."""
+    path = models["keras3_resnet"]
+    live = analyze_graph(path, load_model(path), Options(batch=2)).liveness
+    shape_reads = [s for s in live.saved if s.reads == "shape"]
+    assert shape_reads and all(not s.tensor.shape_known for s in shape_reads)
+    assert all(s.bytes == s.tensor.nbytes(2) for s in shape_reads)
+
+
+def test_oracle_sees_nested_function_names(models):
+    """Keras 3's serving function calls the traced model function: names carry the call node's name."""
+    saved = tf_saved(models["keras3_cnn"])
+    op, reads = saved["StatefulPartitionedCall/functional_1/re_lu_1/Relu:0"]  # read by value, for
+    assert op == "Relu" and "ReluGrad" in reads  # ReLU's gradient (and its shape, for the mean's)
+    assert all(n.startswith("StatefulPartitionedCall/") for n in saved)
