@@ -5,6 +5,10 @@ Each format's op types map to a kind here; loaders refine a few by attributes or
 An op type missing from its map gets kind ``unknown`` and is reported as unsupported.
 """
 
+from __future__ import annotations
+
+from .ir import Tensor
+
 # Ops that compute nothing differentiable from float activations: shapes, indices, constants.
 SHAPE_KINDS = frozenset({"shape", "constant", "constant_of_shape", "range", "size", "nonzero",
                          "random", "argmax", "compare", "logical", "eye"})
@@ -98,3 +102,15 @@ TF_KINDS: dict[str, str] = {
     "TruncatedNormal": "random", "StatelessRandomUniformV2": "random",
     "StatelessRandomNormalV2": "random",
 }
+
+
+def is_channel_vector(bias: Tensor, x: Tensor, axis: int | None = None) -> bool:
+    """True when ``bias`` broadcasts over ``x`` along exactly one axis (``axis`` of x, when given)."""
+    if bias.shape is None or x.shape is None or not bias.is_static or len(bias.shape) > len(x.shape):
+        return False
+    aligned = zip(reversed(bias.shape), reversed(x.shape), strict=False)
+    sized = [(len(x.shape) - 1 - k, b, d) for k, (b, d) in enumerate(aligned) if b != 1]
+    if len(sized) != 1:
+        return False
+    x_axis, b, d = sized[0]
+    return (axis is None or x_axis == axis) and (d == b or not isinstance(d, int))

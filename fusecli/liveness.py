@@ -49,11 +49,12 @@ class Liveness:
 
 
 def analyze_liveness(joint: Graph, batch: int = 1, dims: Mapping[str, int] | None = None,
-                     keeps_for_shape: Callable[[Tensor], bool] | None = None) -> Liveness:
+                     keeps_for_shape: Callable[[Tensor, Node], bool] | None = None) -> Liveness:
     """Lifetimes and the saved set of ``joint`` at ``batch``/``dims``, in one pass over its edges.
 
-    ``keeps_for_shape(t)``: whether a backward read of t's shape keeps the whole tensor alive (as
-    TensorFlow does where a dim is unknown in its graph); by default a shape read costs nothing.
+    ``keeps_for_shape(t, reader)``: whether the backward op ``reader``'s read of t's shape keeps the
+    whole tensor alive (as TensorFlow does where a dim is unknown in its graph); by default a shape
+    read costs nothing.
     """
     schedule = joint.nodes
     step = {id(n): i for i, n in enumerate(schedule)}
@@ -82,7 +83,7 @@ def analyze_liveness(joint: Graph, batch: int = 1, dims: Mapping[str, int] | Non
                 if t is not None and (t.producer is None or t.producer.phase == "forward"):
                     readers.setdefault(t.name, []).append(node)
             for t in node.meta.get("shape_reads", ()):
-                if keeps_for_shape is not None and keeps_for_shape(t):
+                if keeps_for_shape is not None and keeps_for_shape(t, node):
                     shape_readers.setdefault(t.name, []).append(node)
                     if t.name in last and last[t.name] < i:
                         last[t.name] = i

@@ -8,7 +8,7 @@ from .fusion import find_fusions
 from .fusion.match import Match
 from .grad.backward import build_backward
 from .grad.rules import rule_for
-from .ir import Graph
+from .ir import Graph, Node, Tensor
 from .liveness import Liveness, analyze_liveness
 from .load import load_model
 
@@ -57,11 +57,21 @@ def symbolic_dims(graph: Graph) -> list[str]:
     return found
 
 
+def tensorflow_keeps_for_shape(t: Tensor, reader: Node) -> bool:
+    """TensorFlow captures a tensor to take its shape in backward when a dim is unknown in its graph;
+    its Reshape gradient needs none with one unknown dim (it reshapes to a -1 wildcard)."""
+    if t.shape is None:
+        return True
+    unknown = sum(d is None for d in t.shape)
+    return unknown > (1 if reader.op_type == "ReshapeGrad" and 0 not in t.shape else 0)
+
+
 def analyze_graph(path: str, graph: Graph, options: Options) -> Analysis:
-    """Every pass over an already loaded forward graph."""
-    joint = build_backward(graph, wrt_inputs=options.wrt_inputs)
-    liveness = analyze_liveness(joint, options.batch, options.dims, keeps_for_shape=(
-        (lambda t: not t.shape_known) if graph.format == "savedmodel" else None))
+    """Every pass over an already loaded forward graph (modelling TensorFlow's autodiff for SavedModels)."""
+    tensorflow = graph.format == "savedmodel"
+    joint = build_backward(graph, wrt_inputs=options.wrt_inputs, zeros_for_unused_outputs=tensorflow)
+    liveness = analyze_liveness(joint, options.batch, options.dims,
+                                keeps_for_shape=tensorflow_keeps_for_shape if tensorflow else None)
     matches = find_fusions(graph, joint, liveness, options.batch, options.dims, options.patterns)
     return Analysis(path, graph, options, joint, liveness, matches, list(graph.meta.get("warnings", [])))
 

@@ -13,6 +13,12 @@ from .rules import Grad, grad_for_input, rule_for
 GRAD_PREFIX = "gradients"
 
 
+def grad_kind(node: Node) -> str:
+    """The kind whose rule differentiates ``node``: its own, unless the loader names another
+    (TensorFlow's AddV2 keeps its broadcasting gradient when it adds a bias)."""
+    return node.meta.get("grad_kind", node.kind)
+
+
 def requires_grad(graph: Graph, wrt_inputs: bool = False) -> set[str]:
     """Names of tensors on a path from a trainable leaf: float parameters (and float inputs)."""
     rg = {t.name for t in graph.tensors.values()
@@ -20,7 +26,7 @@ def requires_grad(graph: Graph, wrt_inputs: bool = False) -> set[str]:
     for node in graph.nodes:
         if node.meta.get("constant"):
             continue
-        rule = rule_for(node.kind)
+        rule = rule_for(grad_kind(node))
         if rule == {}:
             continue
         if any(t is not None and t.name in rg and (rule is None or grad_for_input(rule, i))
@@ -80,12 +86,16 @@ def _resolve(node: Node, read: str) -> list[tuple[Tensor, bool]]:
 
 
 def _broadcast(x: Tensor, y: Tensor | None) -> bool:
-    """True unless x and y are known to have the same shape."""
-    return y is None or x.shape is None or x.shape != y.shape
+    """True unless x and y are known to have the same shape (equal dims, none unknown)."""
+    return y is None or x.shape is None or x.shape != y.shape or None in x.shape
 
 
-def build_backward(forward: Graph, wrt_inputs: bool = False) -> Graph:
-    """The joint graph: a copy of ``forward`` followed by the backward ops of ``loss = sum(outputs)``."""
+def build_backward(forward: Graph, wrt_inputs: bool = False, zeros_for_unused_outputs: bool = False) -> Graph:
+    """The joint graph: a copy of ``forward`` followed by the backward ops of ``loss = sum(outputs)``.
+
+    ``zeros_for_unused_outputs``: as TensorFlow does, an op with several float outputs, some without a
+    gradient, gets ``ZerosLike(output)`` for those, which reads (and keeps) them.
+    """
     joint = forward.copy()
     joint.meta["wrt_inputs"] = wrt_inputs
     rg = requires_grad(joint, wrt_inputs)
@@ -100,7 +110,11 @@ def build_backward(forward: Graph, wrt_inputs: bool = False) -> Graph:
         dys = [g for g in out_grads if g is not None]
         if not dys:
             continue
-        rule = rule_for(node.kind)
+        if zeros_for_unused_outputs and len(dys) < len(node.outputs):
+            dys += [b.node(t.name, "ZerosLike", [t], [t])[0] for t, g in zip(node.outputs, out_grads,
+                                                                           strict=True)
+                    if g is None and t is not None and t.is_float]
+        rule = rule_for(grad_kind(node))
         wanted = [i for i, t in enumerate(node.inputs) if t is not None and t.name in rg
                   and (rule is None or grad_for_input(rule, i) is not None)]
         if not wanted:

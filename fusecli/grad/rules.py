@@ -30,7 +30,7 @@ def G(op: str | None, *reads: str, broadcast_only: bool = False) -> Grad:
     return Grad(op, tuple(reads), broadcast_only)
 
 
-_SHAPE0 = G("ReshapeGrad", "x0.shape")  # d/dx reshape(x) = reshape(dy, shape(x))
+_SHAPE0 = G("ReshapeToInput", "x0.shape")  # d/dx squeeze(x) = reshape(dy, shape(x))
 _REDUCE = G("ReduceGrad", "x0.shape")  # d/dx sum(x) = broadcast(dy, shape(x))
 
 
@@ -48,7 +48,7 @@ RULES: dict[str, dict[int | str, Grad]] = {
     "gemm": {0: G("MatMulGradA", "x1"), 1: G("MatMulGradB", "x0"), 2: _sum_to_shape(2)},
     "matmul": {0: G("MatMulGradA", "x1", "x0.shape"), 1: G("MatMulGradB", "x0", "x1.shape")},
     # bias: d/dx = dy, d/db = sum of dy over all but the channel axis: reads nothing   [seed post 1]
-    "bias_add": {0: _sum_to_shape(0), 1: G("BiasAddGrad", "x1.shape")},
+    "bias_add": {0: G(None), 1: G("BiasAddGrad", "x1.shape")},
     # elementwise arithmetic (broadcasting reads shapes only)
     "add": {0: _sum_to_shape(0), 1: _sum_to_shape(1)},
     "sum": {"*": G(None)},  # Sum/AddN of equal shapes: dy to every input
@@ -111,7 +111,7 @@ RULES: dict[str, dict[int | str, Grad]] = {
     "reduce_l2": {0: G("ReduceL2Grad", "x0", "y0")},
     "reduce_sum_square": {0: G("ReduceSumSquareGrad", "x0")},
     # data movement: gradients move dy back, reading shapes or indices only
-    "reshape": {0: _SHAPE0},
+    "reshape": {0: G("ReshapeGrad", "x0.shape")},  # TF: a -1 wildcard where one dim is unknown
     "flatten": {0: _SHAPE0},
     "squeeze": {0: _SHAPE0},
     "unsqueeze": {0: _SHAPE0},
@@ -125,7 +125,7 @@ RULES: dict[str, dict[int | str, Grad]] = {
     "split": {0: G("ConcatGrad")},
     "slice": {0: G("SliceGrad", "x0.shape")},
     "gather": {0: G("GatherGrad", "x1", "x0.shape")},
-    "pad": {0: G("PadGrad")},
+    "pad": {0: G("PadGrad", "x0.shape")},  # slice dy back to shape(x)
     "identity": {0: G(None)},
     "cast": {0: G("Cast")},
     "dropout": {0: G("DropoutGrad", "y1")},  # dy * mask / (1 - p)

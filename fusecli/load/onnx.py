@@ -10,7 +10,7 @@ from onnx import numpy_helper
 
 from ..errors import FuseError
 from ..ir import Graph, GraphError, Node, Tensor, topological_order
-from ..kinds import ONNX_KINDS, ONNX_MS_KINDS
+from ..kinds import ONNX_KINDS, ONNX_MS_KINDS, is_channel_vector
 from .onnx_wire import WireError, read_structure
 
 MIN_OPSET = 7  # older models are analyzed too, with a warning: their ops are read by today's kinds
@@ -241,18 +241,6 @@ def constant_value(t: Tensor | None):
 
 CHANNEL_FIRST_KINDS = frozenset({"conv", "conv_transpose", "batch_norm", "max_pool", "avg_pool",
                                  "instance_norm", "group_norm", "lrn"})  # ONNX: NCHW, channel = axis 1
-
-
-def is_channel_vector(bias: Tensor, x: Tensor, axis: int | None = None) -> bool:
-    """True when ``bias`` broadcasts over ``x`` along exactly one axis (``axis`` of x, when given)."""
-    if bias.shape is None or x.shape is None or not bias.is_static or len(bias.shape) > len(x.shape):
-        return False
-    aligned = zip(reversed(bias.shape), reversed(x.shape), strict=False)
-    sized = [(len(x.shape) - 1 - k, b, d) for k, (b, d) in enumerate(aligned) if b != 1]
-    if len(sized) != 1:
-        return False
-    x_axis, b, d = sized[0]
-    return (axis is None or x_axis == axis) and (d == b or not isinstance(d, int))
 
 
 def refine_kinds(graph: Graph) -> None:

@@ -47,7 +47,7 @@ from google.protobuf.message import DecodeError
 
 from ..errors import FuseError
 from ..ir import Graph, Node, Tensor
-from ..kinds import TF_KINDS
+from ..kinds import TF_KINDS, is_channel_vector
 from . import tf_proto
 
 SMALL_VALUE_ELEMENTS = 64  # constants this small keep their values, as the ONNX loader does
@@ -557,17 +557,9 @@ def _mark_constant_subgraphs(graph: Graph) -> None:
                 t.kind = "parameter" if weight and t.is_float else "constant"
 
 
-def is_channel_vector(bias: Tensor, x: Tensor) -> bool:
-    """True when ``bias`` broadcasts over ``x`` along exactly one axis (a per-channel bias)."""
-    if bias.shape is None or x.shape is None or not bias.is_static or len(bias.shape) > len(x.shape):
-        return False
-    aligned = zip(reversed(bias.shape), reversed(x.shape), strict=False)
-    sized = [(b, d) for b, d in aligned if b != 1]
-    return len(sized) == 1 and (sized[0][1] == sized[0][0] or not isinstance(sized[0][1], int))
-
-
 def refine_kinds(graph: Graph) -> None:
-    """A per-channel parameter or constant added to an activation (``AddV2``) is a ``bias_add``."""
+    """A per-channel parameter or constant added to an activation (``AddV2``) is a ``bias_add``, whose
+    gradient stays AddV2's (``grad_kind`` add: TensorFlow takes both shapes unless they are static)."""
     for node in graph.nodes:
         if node.kind == "add" and len(node.inputs) == 2 and None not in node.inputs:
             a, b = node.inputs
@@ -575,5 +567,6 @@ def refine_kinds(graph: Graph) -> None:
                 if x.kind in ("input", "activation") and bias.kind in ("parameter", "constant") \
                         and is_channel_vector(bias, x):
                     node.kind = "bias_add"
+                    node.meta["grad_kind"] = "add"
                     node.meta["bias_input"] = node.inputs.index(bias)
                     break

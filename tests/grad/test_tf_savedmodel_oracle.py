@@ -20,24 +20,15 @@ tensors of weight-only subgraphs (fusecli's parameters: Keras 3's BatchNorm ``rs
 gamma``) are left out on both sides, as are fusecli's graph outputs (TensorFlow returns them as the
 forward function's own outputs, never as extra ones).
 
-Three differences remain; none comes from the loader. Each is named tensor by tensor, and TensorFlow's
-backward functions confirm it (the op types that read each saved tensor are followed into them):
+fusecli models three TensorFlow habits for SavedModels (``pipeline.analyze_graph``), each once a
+difference this oracle found: ``AddV2``/``Sub`` gradients take ``shape(x)`` and ``shape(y)`` unless both
+shapes are fully known and equal, which keeps both inputs alive under an unknown batch; an op with
+several outputs gets ``zeros_like`` for the outputs without a gradient (``FusedBatchNormV3``'s batch
+statistics), which keeps them; ``Reshape``'s gradient reshapes to a ``-1`` wildcard when one dim is
+unknown, which keeps nothing. The differences are still named tensor by tensor below, so that a
+regression says which habit it broke; the test asserts that none is left.
 
-- ``add_shape`` (fusecli's rules): TensorFlow's ``AddV2``/``Sub`` gradient calls ``shape(x)`` and
-  ``shape(y)`` unless both shapes are fully known and equal (``SmartBroadcastGradientArgs``), so with an
-  unknown batch it keeps both inputs alive even when their shapes are equal. fusecli's backward
-  (``grad/backward.py: _broadcast``) takes equal shapes with ``None`` dims as known-equal and passes the
-  gradient through without a shape read. TF-only; TensorFlow reads them only with ``Shape``.
-- ``zeros_like`` (TensorFlow internals): an op with several outputs, some without a gradient
-  (``FusedBatchNormV3``'s batch statistics and reserve spaces), gets ``zeros_like(output)`` for those
-  (``gradients_util`` with ``optimize=False``), which keeps them alive. TF-only; read only by
-  ``ZerosLike``; per-channel vectors.
-- ``reshape_wildcard`` (fusecli's rules): TensorFlow's ``Reshape`` gradient reshapes back with a ``-1``
-  wildcard when exactly one dim of the input is unknown, reading nothing; fusecli's ``reshape`` rule
-  reads ``x0.shape``, which ``keeps_for_shape`` turns into keeping the tensor. fusecli-only.
-
-Every other difference fails the test: precision and recall over what is left must be >= 0.99, and the
-raw numbers (the named differences counted as errors) must not fall below what this version reaches.
+Precision and recall by tensor name must be >= 0.99.
 Where both keep a tensor, TensorFlow may read its value where fusecli reads only its shape: graph-mode
 gradient functions also compute the gradient of a constant operand (``Mul(x, 0.5)`` reads ``x``).
 """
@@ -46,8 +37,6 @@ from __future__ import annotations
 
 import pytest
 
-from fusecli.grad.backward import build_backward
-from fusecli.liveness import analyze_liveness
 from fusecli.load import load_model
 from fusecli.pipeline import Options, analyze_graph
 
@@ -57,14 +46,6 @@ from tests.load.test_savedmodel import KERAS3, SEEDS, saved_models  # noqa: E402
 _CALLS = ("StatefulPartitionedCall", "PartitionedCall")
 _NOT_ACTIVATIONS = ("ReadVariableOp", "Const", "VarHandleOp")
 _BROADCAST_ADDS = ("AddV2", "Add", "Sub")
-
-# (precision, recall) this version reaches with the named differences counted as errors
-RAW_FLOOR = {
-    "conv_bias_relu": (1.0, 1.0), "conv_bn_relu": (1.0, 0.71), "bn_add_relu": (1.0, 0.33),
-    "matmul_bias_relu": (1.0, 1.0), "keras3_cnn": (1.0, 0.75), "keras3_resnet": (1.0, 0.71),
-    "keras3_transformer": (0.75, 0.64), "tf_keras_cnn": (1.0, 0.5),
-}
-
 
 @pytest.fixture(scope="module")
 def models():
@@ -157,8 +138,7 @@ def tf_saved(path: str, signature: str = "serving_default") -> dict[str, tuple[s
 def compare(path: str) -> dict:
     """Both saved sets (activations by tensor name), the named differences, and the numbers."""
     graph = load_model(path)
-    joint = build_backward(graph, wrt_inputs=False)
-    live = analyze_liveness(joint, 2, None, keeps_for_shape=lambda t: not t.shape_known)
+    live = analyze_graph(path, graph, Options(batch=2)).liveness
     theirs, tf_reads = {}, {}
     for name, (op, reads) in tf_saved(path).items():
         if op == "arg" or op in _NOT_ACTIVATIONS:
@@ -209,10 +189,9 @@ def test_saved_set_matches_tensorflow(models, name):
     r = compare(models[name])
     assert r["theirs"], "TensorFlow saves no activation: the oracle found nothing to compare"
     assert not r["tf_only"] and not r["ours_only"], (r["tf_only"], r["ours_only"])
-    precision, recall = r["adjusted"]
-    assert precision >= 0.99 and recall >= 0.99
-    floor = RAW_FLOOR[name]
-    assert r["raw"][0] >= floor[0] and r["raw"][1] >= floor[1], r["raw"]
+    assert r["named"] == {"add_shape": [], "zeros_like": [], "reshape_wildcard": []}, r["named"]
+    precision, recall = r["raw"]
+    assert precision >= 0.99 and recall >= 0.99, r["raw"]
     graph = load_model(models[name])
     for t in set(r["theirs"]) & set(r["ours"]):  # a shape-only read on one side is one on the other,
         tf_shape_only = r["tf_reads"][t] <= {"Shape", "ShapeN"}  # or a constant operand's gradient
@@ -221,31 +200,28 @@ def test_saved_set_matches_tensorflow(models, name):
         assert tf_shape_only == (r["ours"][t].reads == "shape") or const_operand, t
 
 
-def test_named_differences_are_the_expected_ones(models):
-    """Seeds without AddV2, Reshape or BatchNorm agree exactly; BatchNorm and residual adds differ."""
-    for name in ("conv_bias_relu", "matmul_bias_relu"):
-        r = compare(models[name])
-        assert r["named"] == {"add_shape": [], "zeros_like": [], "reshape_wildcard": []}, name
-        assert r["raw"] == (1.0, 1.0)
+def test_tensorflow_habits_are_modelled(models):
+    """The residual add keeps both operands (shapes under an unknown batch); BatchNorm's unused outputs
+    are kept by zeros_like; the Keras 3 BatchNorm's scaled conv output is kept for an add's shape."""
     cnn = compare(models["keras3_cnn"])
-    assert cnn["named"]["add_shape"] == [
-        "StatefulPartitionedCall/functional_1/batch_normalization_1/batchnorm/mul_1:0"]
-    # what both sides save for Conv -> BatchNorm (inference form) -> ReLU -> mean -> Dense
-    assert set(cnn["ours"]) == {f"StatefulPartitionedCall/functional_1/{n}:0" for n in (
-        "conv2d_1/BiasAdd", "re_lu_1/Relu", "global_average_pooling2d_1/Mean")}
-    bn_add = compare(models["bn_add_relu"])["named"]  # TF keeps both operands of the residual add
-    assert bn_add["add_shape"] == ["StatefulPartitionedCall/Conv2D_1:0",
-                                   "StatefulPartitionedCall/FusedBatchNormV3:0"]
-    assert bn_add["zeros_like"] == [f"StatefulPartitionedCall/FusedBatchNormV3:{i}" for i in (1, 2, 3, 4)]
+    scaled = "StatefulPartitionedCall/functional_1/batch_normalization_1/batchnorm/mul_1:0"
+    assert cnn["ours"][scaled].reads == "shape" and scaled in cnn["theirs"]
+    assert {f"StatefulPartitionedCall/functional_1/{n}:0" for n in (
+        "conv2d_1/BiasAdd", "re_lu_1/Relu", "global_average_pooling2d_1/Mean")} <= set(cnn["ours"])
+    bn_add = compare(models["bn_add_relu"])
+    bn = "StatefulPartitionedCall/FusedBatchNormV3"
+    assert {"StatefulPartitionedCall/Conv2D_1:0", f"{bn}:0"} <= set(bn_add["ours"])
+    assert {f"{bn}:{i}" for i in (1, 2, 3, 4)} <= set(bn_add["ours"])
+    assert bn_add["ours"][f"{bn}:0"].reads == "shape"
 
 
 def test_training_batch_norm_saves_reserve_space_not_its_input_twice(models):
     """FusedBatchNormV3(is_training=True): both read x, gamma and the saved batch statistics."""
     r = compare(models["conv_bn_relu"])
     bn = "StatefulPartitionedCall/FusedBatchNormV3"
-    assert set(r["ours"]) == {"StatefulPartitionedCall/Conv2D:0", f"{bn}:3", f"{bn}:4", f"{bn}:5",
-                              "StatefulPartitionedCall/Relu:0"}
-    assert set(r["theirs"]) == set(r["ours"]) | {f"{bn}:1", f"{bn}:2"}  # zeros_like(batch mean, var)
+    assert set(r["ours"]) == {"StatefulPartitionedCall/Conv2D:0", f"{bn}:1", f"{bn}:2", f"{bn}:3",
+                              f"{bn}:4", f"{bn}:5", "StatefulPartitionedCall/Relu:0"}
+    assert set(r["theirs"]) == set(r["ours"])
     graph = load_model(models["conv_bn_relu"])
     live = analyze_graph(models["conv_bn_relu"], graph, Options(batch=2)).liveness
     kept = {s.tensor.name for s in live.saved}
