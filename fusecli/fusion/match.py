@@ -60,8 +60,13 @@ class Match:
         return self.nodes[-1]
 
     def interior(self) -> list[Tensor]:
-        """Tensors made inside the match: every output of every node but the root's own."""
-        return [t for n in self.nodes[:-1] for t in n.outputs if t is not None]
+        """Tensors made and read inside the match: what the fused kernel no longer writes out.
+
+        Other outputs of matched nodes (BatchNorm's batch statistics) are side outputs the fused
+        kernel still writes, like the root's output."""
+        inside = {id(n) for n in self.nodes}
+        return [t for n in self.nodes[:-1] for t in n.outputs
+                if t is not None and any(id(c) in inside for c in t.consumers)]
 
     def inputs(self) -> list[Tensor]:
         """Tensors read by the match and made outside it."""

@@ -111,6 +111,11 @@ _ERF_ARG = (op("div", Var("x"), Var(check=scalar(math.sqrt(2)))),
 _ONE = Var(check=scalar(1.0))
 GELU_ERF = tuple(t for a in _ERF_ARG
                  for t in _gelu_trees(op(ADD | {"bias_add"}, op("erf", a), _ONE, commutative=True)))
+# TensorFlow writes the erf form as 0.5 x erfc(-x / sqrt 2)
+_ERFC_ARG = (op("mul", op("neg", Var("x")), Var(check=scalar(1 / math.sqrt(2))), commutative=True),
+             op("mul", Var("x"), Var(check=scalar(-1 / math.sqrt(2))), commutative=True))
+GELU_ERFC = tuple(op("mul", op("mul", Var("x"), Var(check=scalar(0.5)), commutative=True), op("erfc", a),
+                     commutative=True, role="gelu") for a in _ERFC_ARG)
 _CUBE = op("pow", Var("x"), Var(check=scalar(3.0)))
 _TANH_ARG = op("mul", op(ADD | {"bias_add"}, Var("x"),
                          op("mul", _CUBE, Var(check=scalar(0.044715)), commutative=True),
@@ -134,7 +139,23 @@ def _layer_norm_trees() -> tuple[Op, ...]:
     return tuple(trees)
 
 
-LAYER_NORM = _layer_norm_trees()
+def _moments_layer_norm_trees() -> tuple[Op, ...]:
+    """Keras 3 / TensorFlow: x * inv + (beta - mean * inv), inv = rsqrt(var(x) + eps) * gamma."""
+    mean = op("reduce_mean", Var("x"), more=True, name="mean")
+    var = op("reduce_mean", op("squared_difference", Var("x"), op("stop_gradient", mean)), more=True)
+    rsqrt = op("rsqrt", op(ADD | {"bias_add"}, var, Var(check=scalar()), commutative=True))
+    trees = []
+    for inv in (op("mul", rsqrt, Var(check=is_param), commutative=True, name="inv"),
+                op("rsqrt", rsqrt.args[0], name="inv")):
+        neg_mean_inv = op("mul", op("neg", Var("mean")), Var("inv"), commutative=True)
+        for shift in (op(ADD | {"bias_add"}, neg_mean_inv, Var(check=is_param), commutative=True),
+                      neg_mean_inv):
+            trees.append(op(ADD, op("mul", Var("x"), inv, commutative=True), shift, commutative=True,
+                            role="layer_norm"))
+    return tuple(trees)
+
+
+LAYER_NORM = _layer_norm_trees() + _moments_layer_norm_trees()
 RESIDUAL_X = Var("x", check=lambda t: made_by("add", "sum")(t)
                  and all(is_activation(i) for i in t.producer.inputs if i is not None))
 
@@ -167,10 +188,10 @@ CATALOGUE: tuple[Pattern, ...] = (
                              *(op("matmul", s, W, role="matmul") for s in scaled(X)),
                              *(op("matmul", X, s, role="matmul") for s in scaled(W))),
         "FusedMatMul (alpha)", "y = alpha (a @ b): attention's Q K^T / sqrt(d) [ORT MatMulScaleFusion]"),
-    Pattern("bias_gelu", GELU_ERF + GELU_TANH, "BiasGelu / FastGelu with bias",
+    Pattern("bias_gelu", GELU_ERF + GELU_ERFC + GELU_TANH, "BiasGelu / FastGelu with bias",
             "y = gelu(x + b)", fused_kind="bias_gelu", include_producers=("x",),
             require=lambda roles, bound: made_by("bias_add")(bound["x"])),
-    Pattern("gelu", GELU_ERF + GELU_TANH, "Gelu / FastGelu",
+    Pattern("gelu", GELU_ERF + GELU_ERFC + GELU_TANH, "Gelu / FastGelu",
             "y = x Phi(x): erf form, or the tanh approximation", fused_kind="gelu"),
     Pattern("skip_layer_norm", (op("layer_norm", op("add", Z, Z, role="add"), role="layer_norm",
                                    more=True),) + LAYER_NORM, "SkipLayerNormalization",
