@@ -48,6 +48,16 @@ def _parse_dims(values: tuple[str, ...]) -> dict[str, int]:
     return dims
 
 
+def _common_options(f):
+    """--batch, --dim and --signature, shared by the commands that load and size a model."""
+    f = click.option("--signature", default=None, metavar="NAME",
+                     help="SavedModels: the signature to analyze (default serving_default).")(f)
+    f = click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE",
+                     help="Value of a symbolic dim, e.g. --dim seq=128 (repeatable).")(f)
+    return click.option("--batch", type=click.IntRange(min=1), default=None,
+                        help="Batch size for dynamic first dims (default 1).")(f)
+
+
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="fusecli")
 def main() -> None:
@@ -57,10 +67,7 @@ def main() -> None:
 @main.command()
 @click.argument("model", type=click.Path(dir_okay=True, path_type=str))
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON document on stdout.")
-@click.option("--batch", type=click.IntRange(min=1), default=None,
-              help="Batch size for dynamic first dims (default 1, with a warning).")
-@click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE",
-              help="Value of a symbolic dim, e.g. --dim seq=128 (repeatable).")
+@_common_options
 @click.option("--wrt", type=click.Choice(["parameters", "inputs"]), default="parameters",
               show_default=True,
               help="Differentiate w.r.t. the trainable parameters, or the float graph inputs too.")
@@ -68,15 +75,16 @@ def main() -> None:
               help="Draw live bytes along the forward+backward schedule to FILE (.png/.svg/.pdf).")
 @click.option("--patterns", "patterns", default="", metavar="A,B",
               help="Only these fusion patterns (comma-separated names).")
-def analyze(model: str, as_json: bool, batch: int | None, dims: tuple[str, ...], wrt: str,
-            plot_path: str | None, patterns: str) -> None:
+def analyze(model: str, as_json: bool, batch: int | None, dims: tuple[str, ...], signature: str | None,
+            wrt: str, plot_path: str | None, patterns: str) -> None:
     """Analyze MODEL (an .onnx file or a SavedModel folder)."""
     from .pipeline import Options
     from .pipeline import analyze as run_analysis
     from .report import print_report, to_json
 
     options = Options(batch=batch or 1, dims=_parse_dims(dims), wrt_inputs=wrt == "inputs",
-                      patterns=tuple(p.strip() for p in patterns.split(",") if p.strip()))
+                      patterns=tuple(p.strip() for p in patterns.split(",") if p.strip()),
+                      signature=signature)
     if plot_path:
         from .output import refuse_overwriting_input
 
@@ -95,14 +103,6 @@ def analyze(model: str, as_json: bool, batch: int | None, dims: tuple[str, ...],
     from rich.console import Console
 
     print_report(result, Console())
-
-
-def _common_options(f):
-    """--batch and --dim, shared by the commands that size tensors."""
-    f = click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE",
-                     help="Value of a symbolic dim, e.g. --dim seq=128 (repeatable).")(f)
-    return click.option("--batch", type=click.IntRange(min=1), default=None,
-                        help="Batch size for dynamic first dims (default 1).")(f)
 
 
 @main.command()
@@ -127,7 +127,8 @@ def _common_options(f):
               show_default=True, help="What the backward view differentiates with respect to.")
 def render(model: str, view: str, as_dot: bool, output: str | None, mode: str, focus: str | None,
            hops: int,
-           collapse: int, max_nodes: int, batch: int | None, dims: tuple[str, ...], wrt: str) -> None:
+           collapse: int, max_nodes: int, batch: int | None, dims: tuple[str, ...], signature: str | None,
+           wrt: str) -> None:
     """Draw MODEL's before / after / backward view (Graphviz)."""
     from .output import atomic_write, refuse_overwriting_input
     from .pipeline import Options
@@ -142,7 +143,8 @@ def render(model: str, view: str, as_dot: bool, output: str | None, mode: str, f
     fmt = "dot" if output is None else output_format(output)
     if as_dot and output is not None and fmt != "dot":
         raise click.BadParameter("--dot writes DOT source: give -o FILE.dot or no -o", param_hint="--dot")
-    options = Options(batch=batch or 1, dims=_parse_dims(dims), wrt_inputs=wrt == "inputs")
+    options = Options(batch=batch or 1, dims=_parse_dims(dims), wrt_inputs=wrt == "inputs",
+                      signature=signature)
     result = run_analysis(model, options, batch_given=batch is not None)
     for w in result.warnings:
         click.echo(f"warning: {w}", err=True)

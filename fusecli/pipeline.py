@@ -21,6 +21,7 @@ class Options:
     dims: dict[str, int] = field(default_factory=dict)
     wrt_inputs: bool = False
     patterns: tuple[str, ...] = ()
+    signature: str | None = None  # SavedModels: which signature (default serving_default)
 
 
 @dataclass
@@ -79,7 +80,7 @@ def analyze_graph(path: str, graph: Graph, options: Options) -> Analysis:
 def analyze(path: str, options: Options | None = None, batch_given: bool = True) -> Analysis:
     """Load the model at ``path`` and run every pass."""
     options = options or Options()
-    graph = load_model(path)
+    graph = load_model(path, options.signature)
     result = analyze_graph(path, graph, options)
     unset = [d for d in symbolic_dims(graph) if d not in options.dims]
     if unset and not batch_given:

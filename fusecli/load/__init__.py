@@ -8,8 +8,9 @@ from ..errors import FuseError
 from ..ir import Graph
 
 
-def load_model(path: str) -> Graph:
-    """Load an ONNX file or a SavedModel folder into a forward Graph; FuseError on bad input."""
+def load_model(path: str, signature: str | None = None) -> Graph:
+    """Load an ONNX file or a SavedModel folder (its ``signature``, default serving_default) into a
+    forward Graph; FuseError on bad input."""
     if os.path.basename(path) == "saved_model.pb" and os.path.isfile(path):
         path = os.path.dirname(path) or "."  # the SavedModel's own file names its folder
     if os.path.isdir(path):
@@ -17,9 +18,11 @@ def load_model(path: str) -> Graph:
             raise FuseError(f"{path}: a folder without saved_model.pb is not a SavedModel")
         from .savedmodel import load_savedmodel
 
-        graph = load_savedmodel(path)
+        graph = load_savedmodel(path, signature or "serving_default")
         graph.lint()
         return graph
+    if signature is not None:
+        raise FuseError(f"{path}: --signature applies to SavedModel folders only")
     from .onnx import load_onnx
 
     graph = load_onnx(path)
