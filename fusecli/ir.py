@@ -108,6 +108,15 @@ class Node:
         return self.outputs[i] if i < len(self.outputs) else None
 
 
+def unique_name(base: str, taken) -> str:
+    """``base`` if not in ``taken``, else ``base_1``, ``base_2``, ..."""
+    name, i = base, 0
+    while name in taken:
+        i += 1
+        name = f"{base}_{i}"
+    return name
+
+
 class GraphError(FuseError):
     """The graph breaks an IR invariant (a cycle, a tensor made twice, a dangling reference)."""
 
@@ -152,12 +161,7 @@ class Graph:
         return node
 
     def unique_node_name(self, base: str) -> str:
-        """``base`` if unused, else ``base_1``, ``base_2``, ..."""
-        name, i = base, 0
-        while name in self._node_names:
-            i += 1
-            name = f"{base}_{i}"
-        return name
+        return unique_name(base, self._node_names)
 
     def node(self, name: str) -> Node:
         return self._node_names[name]

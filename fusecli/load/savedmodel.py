@@ -46,7 +46,7 @@ import numpy as np
 from google.protobuf.message import DecodeError
 
 from ..errors import FuseError
-from ..ir import Graph, Node, Tensor
+from ..ir import Graph, Node, Tensor, unique_name
 from ..kinds import TF_KINDS, is_channel_vector
 from . import tf_proto
 
@@ -496,18 +496,12 @@ class _Loader:
         return v
 
     def unique(self, base: str) -> str:
-        name, i = base, 0
-        while name in self.node_names:
-            i += 1
-            name = f"{base}_{i}"
+        name = unique_name(base, self.node_names)
         self.node_names.add(name)
         return name
 
     def new_tensor(self, name: str, dtype: str, shape, kind: str) -> Tensor:
-        base, i = name, 0
-        while name in self.tensors:
-            i += 1
-            name = f"{base}_{i}"
+        name = unique_name(name, self.tensors)
         t = self.tensors[name] = Tensor(name, dtype, shape, kind)
         return t
 
