@@ -163,3 +163,37 @@ def render(model: str, view: str, as_dot: bool, output: str | None, mode: str, f
     with atomic_write(output) as f:
         f.write(data)
     click.echo(f"wrote {output} ({view} view, {count} nodes)", err=True)
+
+
+@main.command("rewrite")
+@click.argument("model", type=click.Path(dir_okay=True, path_type=str))
+@click.option("-o", "--output", required=True, metavar="OUT.onnx", help="Where to write the rewritten model.")
+@click.option("--target", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+              help="Emit only kernels that ONNX Runtime's CPU or CUDA provider has.")
+@click.option("--mode", type=click.Choice(["inference", "training"]), default="inference", show_default=True,
+              help="Rewrite inference-safe matches (BatchNorm folded), or training-safe ones only.")
+@click.option("--patterns", "patterns", default="", metavar="A,B",
+              help="Only these fusion patterns (comma-separated names).")
+@_common_options
+@click.option("--no-verify", "no_verify", is_flag=True,
+              help="Skip the onnxruntime comparison of original and rewritten outputs.")
+@click.option("--bench", is_flag=True, help="Time original and rewritten in onnxruntime (medians).")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="intra-op threads for --bench (default: the CPUs this process may use).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the summary.")
+def rewrite_command(model: str, output: str, target: str, mode: str, patterns: str, batch: int | None,
+                    dims: tuple[str, ...], signature: str | None, no_verify: bool, bench: bool,
+                    threads: int | None, as_json: bool) -> None:
+    """Rewrite MODEL's fusion matches as ONNX Runtime kernels, verify, and write OUT.onnx."""
+    from .rewrite import RewriteOptions
+    from .rewrite import rewrite as run_rewrite
+    from .rewrite.report import format_summary
+    from .rewrite.report import to_json as rewrite_json
+
+    options = RewriteOptions(target=target, mode=mode, batch=batch or 1, dims=_parse_dims(dims),
+                             patterns=tuple(p.strip() for p in patterns.split(",") if p.strip()),
+                             verify=not no_verify, bench=bench, threads=threads, signature=signature)
+    result = run_rewrite(model, options, output)
+    for w in result.warnings:
+        click.echo(f"warning: {w}", err=True)
+    click.echo(json.dumps(rewrite_json(result), indent=2) if as_json else format_summary(result))

@@ -1,0 +1,101 @@
+"""Graph surgery on the ModelProto: put emissions in place, add the contrib opset, drop what is dead."""
+
+from __future__ import annotations
+
+import onnx
+from onnx import helper
+
+from ..ir import Graph
+from .emit import MS, Emission
+
+
+def protos_by_ir_name(model: onnx.ModelProto, graph: Graph) -> dict[str, onnx.NodeProto]:
+    """IR node name -> its NodeProto, joined on the node's first output (names may be made up)."""
+    by_output = {}
+    for n in model.graph.node:
+        first = next((o for o in n.output if o), None)
+        if first is not None:
+            by_output[first] = n
+    out = {}
+    for node in graph.nodes:
+        first = next((t.name for t in node.outputs if t is not None), None)
+        if first in by_output and by_output[first].op_type == node.op_type:
+            out[node.name] = by_output[first]
+    return out
+
+
+def apply(model: onnx.ModelProto, emissions: list[Emission], protos: dict[str, onnx.NodeProto]) -> None:
+    """Replace each emission's nodes by its new ones, placed where its last removed node was."""
+    g = model.graph
+    old = list(g.node)  # hold the wrappers: ids below stay theirs
+    order = {id(n): i for i, n in enumerate(old)}
+    anchor: dict[int, Emission] = {}
+    removed: set[int] = set()
+    for e in emissions:
+        ps = [protos[name] for name in e.remove]
+        anchor[id(max(ps, key=lambda p: order[id(p)]))] = e
+        removed.update(id(p) for p in ps)
+    nodes: list[onnx.NodeProto] = []
+    for n in old:
+        if id(n) in anchor:
+            nodes.extend(anchor[id(n)].nodes)
+        if id(n) not in removed:
+            nodes.append(n)
+    _replace(g.node, nodes)
+    listed_inputs = model.ir_version < 4  # IR 3 lists every initializer as a graph input too
+    for e in emissions:
+        g.initializer.extend(e.initializers)
+        if listed_inputs:
+            g.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                           for t in e.initializers)
+    if any(n.domain == MS for e in emissions for n in e.nodes) and \
+            not any(o.domain == MS for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(MS, 1))
+
+
+def _subgraph_names(node: onnx.NodeProto) -> set[str]:
+    """Every name read inside a node's subgraphs (If, Loop, Scan): they may come from the outer graph."""
+    names: set[str] = set()
+    for a in node.attribute:
+        graphs = [a.g] if a.type == onnx.AttributeProto.GRAPH else \
+            list(a.graphs) if a.type == onnx.AttributeProto.GRAPHS else []
+        for sub in graphs:
+            for n in sub.node:
+                names.update(i for i in n.input if i)
+                names |= _subgraph_names(n)
+            names.update(o.name for o in sub.output)
+    return names
+
+
+def prune(model: onnx.ModelProto) -> int:
+    """Drop nodes nothing reads (the folded constant subgraphs), then unused initializers; the node count."""
+    g = model.graph
+    used = {o.name for o in g.output}
+    keep: set[int] = set()
+    nodes = list(g.node)  # hold the wrappers: ids below stay theirs
+    for n in reversed(nodes):
+        if not any(o for o in n.output) or any(o in used for o in n.output if o):
+            keep.add(id(n))
+            used.update(i for i in n.input if i)
+            used |= _subgraph_names(n)
+    dropped = len(g.node) - len(keep)
+    if dropped:
+        _replace(g.node, [n for n in nodes if id(n) in keep])
+    listed_inputs = model.ir_version < 4
+    real_inputs = set() if listed_inputs else {i.name for i in g.input}
+    gone = {t.name for t in g.initializer if t.name not in used and t.name not in real_inputs}
+    if gone:
+        _replace(g.initializer, [t for t in g.initializer if t.name not in gone])
+        if listed_inputs:
+            _replace(g.input, [i for i in g.input if i.name not in gone])
+    made = {o for n in g.node for o in n.output}
+    if any(v.name not in made for v in g.value_info):
+        _replace(g.value_info, [v for v in g.value_info if v.name in made])
+    return dropped
+
+
+def _replace(field, items: list) -> None:
+    """Set a repeated message field to ``items`` (references stay valid under upb; extend copies)."""
+    items = list(items)
+    del field[:]
+    field.extend(items)

@@ -1,0 +1,35 @@
+"""Which matches to rewrite: safe for the mode, emittable on the target, none sharing a node."""
+
+from __future__ import annotations
+
+from ..fusion.match import Match
+from .emit import Context, Emission, emit
+
+
+def is_safe(m: Match, mode: str) -> bool:
+    """Forward matches safe for ``mode`` (training: the verdict's training_safe, else inference_safe)."""
+    v = m.verdict
+    if m.pattern.phase != "forward" or v is None:
+        return False
+    return bool(v.training_safe if mode == "training" else v.inference_safe)
+
+
+def saving(m: Match) -> tuple:
+    """Sort key: the largest interior traffic saved first, then the larger match, then graph order."""
+    return (-m.verdict.traffic_bytes, -len(m.nodes))
+
+
+def plan(matches: list[Match], ctx: Context) -> list[Emission]:
+    """Greedy non-overlapping choice, largest saving first; a match no kernel fits is passed over."""
+    chosen: list[Emission] = []
+    candidates = sorted((m for m in matches if is_safe(m, ctx.mode)), key=saving)  # stable: graph order
+    for m in candidates:
+        if any(n.name in ctx.claimed for n in m.nodes):
+            continue
+        e = emit(m, ctx)
+        if e is None or any(name in ctx.claimed for name in e.remove):
+            continue
+        ctx.claimed.update(e.remove)
+        ctx.claimed.update(n.name for n in m.nodes)
+        chosen.append(e)
+    return chosen

@@ -1,0 +1,69 @@
+"""What ``fusecli rewrite`` prints: a short human summary, or one JSON object with ``--json``."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+
+from .. import __version__
+from .run import RewriteResult
+
+_LEVEL_NAMES = {"disabled": "ORT_DISABLE_ALL", "default": "default optimizations"}
+
+
+def to_json(r: RewriteResult) -> dict:
+    v = r.verification
+    return {
+        "fusecli": __version__, "model": r.path, "output": r.output, "data_file": r.data_file,
+        "target": r.options.target, "mode": r.options.mode, "batch": r.options.batch,
+        "nodes": {"before": r.nodes_before, "after": r.nodes_after},
+        "passes": r.passes, "folded_constants": r.folded_constants,
+        "rewrites": [{"pattern": a.pattern, "kernel": a.kernel, "nodes": a.nodes} for a in r.applied],
+        "kernels": r.kernel_counts(),
+        "ops": {"before": r.ops_before, "after": r.ops_after},
+        "verification": None if v is None else {
+            "ok": v.ok,
+            "levels": {lvl: [{"output": c.name, "dtype": c.dtype, "relative_l2_error": c.error,
+                              "tolerance": c.tolerance} for c in cs] for lvl, cs in v.checks.items()}},
+        "bench": [{"model": t.label, "median_ms": t.median_ms, "runs": t.runs} for t in r.timings],
+    }
+
+
+def format_summary(r: RewriteResult) -> str:
+    name = os.path.basename(os.path.normpath(r.path))
+    where = f" -> {r.output}" if r.output else ""
+    lines = [f"rewrote {name}{where} (target {r.options.target}, mode {r.options.mode}, "
+             f"{r.passes} pass{'es' if r.passes != 1 else ''})",
+             f"nodes: {r.nodes_before} -> {r.nodes_after}"
+             + (f" ({r.folded_constants} constant tensors folded)" if r.folded_constants else "")]
+    if r.applied:
+        lines.append("rewrites:")
+        by = Counter((a.kernel, a.pattern) for a in r.applied)
+        width = max(len(k) for k, _ in by)
+        lines += [f"  {n:4d}  {k:<{width}}  from {p}" for (k, p), n in by.most_common()]
+    else:
+        lines.append("rewrites: none (no safe match has a kernel on this target and mode)")
+    fused = {k: n for k, n in sorted(r.ops_after.items()) if k.startswith("com.microsoft.")
+             or k == "LayerNormalization"}
+    if fused:
+        lines.append("fused ops in the output: "
+                     + ", ".join(f"{k.split('.')[-1]} {n}" for k, n in fused.items()))
+    if r.data_file:
+        lines.append(f"weights written to {r.data_file}")
+    v = r.verification
+    if v is not None:
+        outs = len(next(iter(v.checks.values()), []))
+        errs = ", ".join(f"{v.worst(lvl):.2g} ({_LEVEL_NAMES.get(lvl, lvl)})" for lvl in v.checks)
+        lines.append(f"verified with onnxruntime (CPU, batch {r.options.batch}): {outs} output"
+                     f"{'s' if outs != 1 else ''}, largest relative L2 error {errs}")
+    else:
+        lines.append("not verified (--no-verify)")
+    if r.timings:
+        base = {t.label: t.median_ms for t in r.timings}
+        lines.append(f"bench (median of {r.timings[0].runs} interleaved runs, spinning off):")
+        width = max(len(t.label) for t in r.timings)
+        for t in r.timings:
+            ref = base.get(t.label.replace("rewritten", "original"))
+            ratio = f"  speedup {ref / t.median_ms:.2f}x" if ref and "rewritten" in t.label else ""
+            lines.append(f"  {t.label:<{width}}  {t.median_ms:9.3f} ms{ratio}")
+    return "\n".join(lines)

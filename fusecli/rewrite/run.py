@@ -1,0 +1,178 @@
+"""The rewrite command's flow: analyze, plan and emit pass by pass, prune, verify, (bench,) write."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections import Counter
+from dataclasses import dataclass, field
+
+import onnx
+from onnx import helper
+
+from ..errors import FuseError
+from ..ir import Graph
+from ..load.onnx import build_graph, dtype_name, infer_shapes, opset_of
+from ..output import refuse_overwriting_input
+from ..pipeline import Analysis, Options, analyze, analyze_graph
+from .edit import apply, protos_by_ir_name, prune
+from .emit import Context
+from .plan import plan
+from .proto import light_copy
+from .save import needs_external_data, write_model
+from .shapes import refine_shapes
+from .source import load_weights, open_source
+from .values import Names, Weights
+from .verify import Timing, Verification, bench, verify
+
+TARGETS = ("cpu", "cuda")
+MODES = ("inference", "training")
+_ELEM_TYPE = {dtype_name(v): v for v in onnx.TensorProto.DataType.values() if v}
+
+
+@dataclass
+class RewriteOptions:
+    target: str = "cpu"
+    mode: str = "inference"
+    patterns: tuple[str, ...] = ()
+    batch: int = 1
+    dims: dict[str, int] = field(default_factory=dict)
+    verify: bool = True
+    bench: bool = False
+    threads: int | None = None
+    bench_runs: int = 50
+    max_passes: int = 4
+    signature: str | None = None  # SavedModels: the signature tf2onnx converts (default: its first)
+
+
+@dataclass
+class Applied:
+    pattern: str
+    kernel: str
+    nodes: list[str]
+
+
+@dataclass
+class RewriteResult:
+    path: str
+    output: str | None
+    options: RewriteOptions
+    model: onnx.ModelProto
+    applied: list[Applied]
+    nodes_before: int
+    nodes_after: int
+    ops_before: dict[str, int]
+    ops_after: dict[str, int]
+    folded_constants: int
+    passes: int
+    verification: Verification | None = None
+    timings: list[Timing] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    data_file: str | None = None
+
+    def kernel_counts(self) -> dict[str, int]:
+        return dict(Counter(a.kernel for a in self.applied))
+
+
+def op_counts(model: onnx.ModelProto) -> dict[str, int]:
+    """Node counts by op type ('com.microsoft.FusedConv' for contrib ops)."""
+    return dict(Counter(n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}.{n.op_type}"
+                        for n in model.graph.node))
+
+
+def _value_infos(graph: Graph, known: dict[str, onnx.ValueInfoProto]) -> None:
+    """Remember the type and shape of every activation the IR knows (contrib ops' outputs keep theirs)."""
+    for t in graph.tensors.values():
+        if t.kind == "activation" and t.shape is not None and t.dtype in _ELEM_TYPE:
+            known[t.name] = helper.make_tensor_value_info(t.name, _ELEM_TYPE[t.dtype], list(t.shape))
+
+
+def analyze_model(model: onnx.ModelProto, options: Options, known: dict[str, onnx.ValueInfoProto],
+                  label: str) -> Analysis:
+    """Every analysis pass on an in-memory model (weights stubbed; shapes seeded from earlier passes)."""
+    light = light_copy(model)
+    have = {v.name for v in (*light.graph.value_info, *light.graph.output, *light.graph.input)}
+    made = {o for n in light.graph.node for o in n.output}
+    light.graph.value_info.extend(v for name, v in known.items() if name in made and name not in have)
+    inferred, _ = infer_shapes(light)
+    graph = build_graph(inferred, os.path.basename(label))
+    graph.meta["opset"] = opset_of(model)
+    graph.lint()
+    return analyze_graph(label, graph, options)
+
+
+def rewrite_passes(model: onnx.ModelProto, first: Analysis, options: RewriteOptions,
+                   label: str) -> tuple[list[Applied], int, int]:
+    """Plan and emit until a pass finds nothing more (BatchNorm folded in pass 1 makes Conv+Add+ReLU in 2)."""
+    analysis, known = first, {}
+    applied: list[Applied] = []
+    folded: set[str] = set()
+    passes = 0
+    outputs = {o.name for o in model.graph.output}
+    for _ in range(options.max_passes):
+        refine_shapes(model, analysis.graph)
+        _value_infos(analysis.graph, known)
+        protos = protos_by_ir_name(model, analysis.graph)
+        weights = Weights(model)
+        ctx = Context(options.target, options.mode, opset_of(model), weights, Names(model), protos, outputs)
+        emissions = plan(analysis.matches, ctx)
+        folded |= weights.folded
+        if not emissions:
+            break
+        passes += 1
+        apply(model, emissions, protos)
+        applied += [Applied(e.pattern, e.kernel, list(e.remove)) for e in emissions]
+        analysis = analyze_model(model, first.options, known, label)
+    return applied, passes, len(folded)
+
+
+def rewrite(path: str, options: RewriteOptions | None = None, output: str | None = None) -> RewriteResult:
+    """Rewrite the model at ``path``; verify it (unless told not to), bench it if asked, write ``output``.
+
+    Raises FuseError (nothing written) on bad input or when verification finds a mismatch.
+    """
+    options = options or RewriteOptions()
+    if options.target not in TARGETS or options.mode not in MODES:
+        raise FuseError(f"unknown target/mode {options.target}/{options.mode}")
+    if output is not None:
+        refuse_overwriting_input(output, [path])
+    with tempfile.TemporaryDirectory(prefix="fusecli-rewrite-") as work:
+        source = open_source(path, work, options.signature)
+        pipeline_options = Options(batch=options.batch, dims=dict(options.dims), patterns=options.patterns)
+        first = analyze(source.onnx_path, pipeline_options)
+        model, data_files = load_weights(source.onnx_path)
+        if not source.converted:
+            source.protected += data_files
+        nodes_before, ops_before = len(model.graph.node), op_counts(model)
+        applied, passes, folded = rewrite_passes(model, first, options, source.onnx_path)
+        prune(model)
+        result = RewriteResult(path, output, options, model, applied, nodes_before, len(model.graph.node),
+                               ops_before, op_counts(model), folded, passes, warnings=list(first.warnings))
+        if options.verify or options.bench:
+            rewritten = _session_source(model, work)
+            if options.verify:
+                result.verification = verify(source.onnx_path, rewritten, options.batch, options.dims)
+                if not result.verification.ok:
+                    level, c = result.verification.failures()[0]
+                    raise FuseError(f"verification failed: output {c.name!r} differs from the original "
+                                    f"(relative L2 error {c.error:.3g} > {c.tolerance:g}, onnxruntime "
+                                    f"{'ORT_DISABLE_ALL' if level == 'disabled' else 'default'} "
+                                    "optimizations); nothing written")
+            if options.bench:
+                result.timings = bench([("original", source.onnx_path, "disabled"),
+                                        ("rewritten", rewritten, "disabled"),
+                                        ("original, ORT default opts", source.onnx_path, "default"),
+                                        ("rewritten, ORT default opts", rewritten, "default")],
+                                       options.batch, options.dims, options.threads, runs=options.bench_runs)
+        if output is not None:
+            result.data_file = write_model(model, output, source.protected)
+    return result
+
+
+def _session_source(model: onnx.ModelProto, work: str) -> bytes | str:
+    """Bytes for onnxruntime, or a file in ``work`` (with its data file) past 2 GB."""
+    if not needs_external_data(model):
+        return model.SerializeToString()
+    path = os.path.join(work, "rewritten.onnx")
+    write_model(model, path)
+    return path

@@ -1,0 +1,81 @@
+"""Writing the rewritten model atomically; weights over 2 GB go to ``<OUT>.data`` beside it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from ..output import atomic_write, refuse_overwriting_input
+from .proto import copy_with_initializers
+
+PROTOBUF_LIMIT = 2 * 1024**3  # a ModelProto cannot be serialized past 2 GB
+EXTERNAL_THRESHOLD = 1024  # tensors of at least this many bytes go to the data file
+
+
+def weight_bytes(model: onnx.ModelProto) -> int:
+    """Bytes of all initializer data (raw or typed fields; external data counts its length)."""
+    total = 0
+    for t in model.graph.initializer:
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            total += int(next((e.value for e in t.external_data if e.key == "length"), 0) or 0)
+        elif t.raw_data:
+            total += len(t.raw_data)
+        else:
+            total += int(np.prod(t.dims, dtype=np.int64)) * 8
+    return total
+
+
+def needs_external_data(model: onnx.ModelProto) -> bool:
+    return weight_bytes(model) + (64 << 20) >= PROTOBUF_LIMIT  # headroom for the graph itself
+
+
+def data_path(out: str) -> str:
+    return out + ".data"
+
+
+def write_model(model: onnx.ModelProto, out: str, protected: list[str] = ()) -> str | None:
+    """Write ``model`` to ``out`` (never onto a protected file); the data file's path when one is written.
+
+    Past 2 GB the tensors of at least 1 KiB are streamed to ``<OUT>.data`` (``location`` relative to the
+    output's folder) and the written proto refers to them; ``model`` itself is left as it is.
+    """
+    refuse_overwriting_input(out, list(protected))
+    if not needs_external_data(model):
+        data = model.SerializeToString()
+        with atomic_write(out) as f:
+            f.write(data)
+        return None
+    data_file = data_path(out)
+    refuse_overwriting_input(data_file, list(protected))
+    location = os.path.basename(data_file)
+    existed = os.path.exists(data_file)
+    with atomic_write(data_file) as f:
+
+        def external(t: onnx.TensorProto) -> onnx.TensorProto:
+            if t.data_location == onnx.TensorProto.EXTERNAL or t.data_type == onnx.TensorProto.STRING:
+                return t
+            raw = t.raw_data if t.HasField("raw_data") else numpy_helper.to_array(t).tobytes()
+            if len(raw) < EXTERNAL_THRESHOLD:
+                return t
+            offset = f.tell()
+            f.write(raw)
+            ref = onnx.TensorProto(name=t.name, data_type=t.data_type, dims=t.dims,
+                                   data_location=onnx.TensorProto.EXTERNAL)
+            for key, value in (("location", location), ("offset", offset), ("length", len(raw))):
+                ref.external_data.add(key=key, value=str(value))
+            return ref
+
+        light = copy_with_initializers(model, external)
+    try:
+        with atomic_write(out) as f:
+            f.write(light.SerializeToString())
+    except BaseException:
+        if not existed:
+            with contextlib.suppress(OSError):
+                os.unlink(data_file)
+        raise
+    return data_file

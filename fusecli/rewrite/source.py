@@ -1,0 +1,106 @@
+"""The model to rewrite, with its weights: an ONNX file, or a SavedModel folder converted by tf2onnx."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import onnx
+from onnx import external_data_helper
+
+from ..errors import FuseError
+
+SAVEDMODEL_OPSET = 17
+
+
+@dataclass
+class Source:
+    """``onnx_path``: an ONNX file of the model (the input, or the converted SavedModel in a temp folder)."""
+
+    path: str
+    onnx_path: str
+    converted: bool = False
+    protected: list[str] = field(default_factory=list)  # files an output must never replace
+
+
+def is_savedmodel(path: str) -> bool:
+    return os.path.isdir(path) or (os.path.basename(path) == "saved_model.pb" and os.path.isfile(path))
+
+
+def external_files(model: onnx.ModelProto, path: str) -> list[str]:
+    """The external data files the model at ``path`` reads."""
+    folder = os.path.dirname(os.path.abspath(path))
+    files = set()
+    for t in model.graph.initializer:
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            loc = next((e.value for e in t.external_data if e.key == "location"), "")
+            if loc:
+                files.add(os.path.join(folder, loc))
+    return sorted(files)
+
+
+def open_source(path: str, workdir: str, signature: str | None = None) -> Source:
+    """An ONNX file as it is; a SavedModel folder converted to ``workdir``/model.onnx."""
+    if not is_savedmodel(path):
+        if signature is not None:
+            raise FuseError(f"{path}: --signature applies to SavedModel folders only")
+        return Source(path, path, protected=[path])
+    folder = os.path.dirname(path) if os.path.isfile(path) else path
+    out = os.path.join(workdir, "model.onnx")
+    model = convert_savedmodel(folder, signature)
+    save_plain(model, out)
+    return Source(path, out, converted=True)
+
+
+def convert_savedmodel(folder: str, signature: str | None = None,
+                       opset: int = SAVEDMODEL_OPSET) -> onnx.ModelProto:
+    """SavedModel folder -> ModelProto with tf2onnx (its serving signature, TensorFlow imported here only)."""
+    if not os.path.isfile(os.path.join(folder, "saved_model.pb")):
+        raise FuseError(f"{folder}: a folder without saved_model.pb is not a SavedModel")
+    try:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+        import tensorflow as tf
+        from tf2onnx import tf_loader
+        from tf2onnx.convert import _convert_common
+    except ImportError as e:
+        raise FuseError(f"rewriting a SavedModel needs TensorFlow and tf2onnx ({e.name or e} is missing); "
+                        "install the tf extra: pip install 'fusecli[tf]'") from None
+    try:
+        graph_def, inputs, outputs, tables, renames = tf_loader.from_saved_model(
+            folder, None, None, signatures=[signature] if signature else None,
+            return_initialized_tables=True, return_tensors_to_rename=True)
+        with tf.device("/cpu:0"):
+            model, _ = _convert_common(graph_def, name=os.path.basename(os.path.normpath(folder)),
+                                       opset=opset, input_names=inputs, output_names=outputs,
+                                       tensors_to_rename=renames, initialized_tables=tables)
+    except FuseError:
+        raise
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise FuseError(f"{folder}: tf2onnx could not convert the SavedModel: {first}") from None
+    return model
+
+
+def load_weights(path: str) -> tuple[onnx.ModelProto, list[str]]:
+    """The model with its weights (external data read too; the analysis checked where it points),
+    and the external data files it read."""
+    try:
+        model = onnx.load(path, load_external_data=False)
+        files = external_files(model, path)
+        if files:
+            external_data_helper.load_external_data_for_model(model, os.path.dirname(os.path.abspath(path)))
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise FuseError(f"{path}: cannot read the model's weights: {first}") from None
+    return model, files
+
+
+def save_plain(model: onnx.ModelProto, path: str) -> None:
+    """Save to a scratch path; external data beside it when the weights pass 2 GB."""
+    from .save import needs_external_data
+
+    if needs_external_data(model):
+        onnx.save_model(model, path, save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=os.path.basename(path) + ".data", size_threshold=1024)
+    else:
+        onnx.save_model(model, path)

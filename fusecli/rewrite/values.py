@@ -1,0 +1,102 @@
+"""Weight values: initializers, and constant subgraphs evaluated on demand with onnx's reference runtime."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from ..errors import FuseError
+
+_NOT_CONSTANT = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
+                           "Multinomial", "Bernoulli"})
+
+
+class Names:
+    """Unique names for new tensors and nodes of one model."""
+
+    def __init__(self, model: onnx.ModelProto) -> None:
+        g = model.graph
+        self.used = {t.name for t in g.initializer} | {v.name for v in (*g.input, *g.output)}
+        self.used |= {o for n in g.node for o in (*n.output, *n.input) if o} | {n.name for n in g.node}
+
+    def new(self, base: str) -> str:
+        name, i = base, 0
+        while name in self.used:
+            i += 1
+            name = f"{base}_{i}"
+        self.used.add(name)
+        return name
+
+
+class Weights:
+    """Numpy values of a model's tensors that do not depend on graph inputs (cached)."""
+
+    def __init__(self, model: onnx.ModelProto) -> None:
+        g = model.graph
+        self.model = model
+        self.initializers = {t.name: t for t in g.initializer}
+        self.inputs = {v.name for v in g.input} - set(self.initializers)
+        self.producer = {o: n for n in g.node for o in n.output if o}
+        self.folded: set[str] = set()  # tensors computed from constant subgraphs
+        self._cache: dict[str, np.ndarray] = {}
+        self._constant: dict[str, bool] = {}
+
+    def is_constant(self, name: str) -> bool:
+        """True for an initializer or a tensor computed only from initializers and constants."""
+        if name in self._constant:
+            return self._constant[name]
+        if name in self.initializers:
+            result = True
+        elif name in self.inputs or name not in self.producer:
+            result = False
+        else:
+            node = self.producer[name]
+            result = (node.op_type not in _NOT_CONSTANT
+                      and not any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+                                  for a in node.attribute)
+                      and all(self.is_constant(i) for i in node.input if i))
+        self._constant[name] = result
+        return result
+
+    def value(self, name: str) -> np.ndarray | None:
+        """The tensor's value, or None when it depends on a graph input."""
+        if name in self._cache:
+            return self._cache[name]
+        if not self.is_constant(name):
+            return None
+        if name in self.initializers:
+            value = numpy_helper.to_array(self.initializers[name])
+        else:
+            value = self._evaluate(name)
+            self.folded.add(name)
+        self._cache[name] = value
+        return value
+
+    def _evaluate(self, name: str) -> np.ndarray:
+        """Run the constant subgraph that makes ``name`` in onnx.reference.ReferenceEvaluator."""
+        from onnx.reference import ReferenceEvaluator
+
+        nodes, inits, seen, stack = [], [], set(), [name]
+        while stack:
+            t = stack.pop()
+            if t in seen or not t:
+                continue
+            seen.add(t)
+            if t in self.initializers:
+                inits.append(self.initializers[t])
+            else:
+                node = self.producer[t]
+                if all(id(node) != id(n) for n in nodes):
+                    nodes.append(node)
+                stack.extend(node.input)
+        order = {id(n): i for i, n in enumerate(self.model.graph.node)}
+        nodes.sort(key=lambda n: order[id(n)])
+        graph = onnx.helper.make_graph(nodes, "constant", [], [onnx.ValueInfoProto(name=name)], inits)
+        sub = onnx.helper.make_model(graph, opset_imports=list(self.model.opset_import),
+                                     ir_version=self.model.ir_version)
+        try:
+            return np.asarray(ReferenceEvaluator(sub).run(None, {})[0])
+        except Exception as e:
+            raise FuseError(f"cannot fold the constant subgraph that makes {name!r}: "
+                            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None

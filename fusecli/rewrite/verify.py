@@ -1,0 +1,197 @@
+"""Checking a rewrite with ONNX Runtime: same outputs on seeded random inputs, and --bench latencies."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnxruntime as ort
+
+from ..errors import FuseError
+
+Source = bytes | str  # a serialized model or a path (a path reads external data beside it)
+
+TOLERANCE = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 2e-2, "float64": 1e-7}  # relative L2 error
+LEVELS = {"disabled": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+          "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+          "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+          "default": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}
+_NP = {"tensor(float)": np.float32, "tensor(double)": np.float64, "tensor(float16)": np.float16,
+       "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int16)": np.int16,
+       "tensor(int8)": np.int8, "tensor(uint8)": np.uint8, "tensor(bool)": np.bool_}
+
+
+@dataclass
+class OutputCheck:
+    name: str
+    dtype: str
+    error: float  # relative L2 error (exact match: 0, else inf, for non-float outputs)
+    tolerance: float
+
+    @property
+    def ok(self) -> bool:
+        return self.error <= self.tolerance
+
+
+@dataclass
+class Verification:
+    """Per optimization level ('disabled', 'default'), one check per output."""
+
+    checks: dict[str, list[OutputCheck]] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for cs in self.checks.values() for c in cs)
+
+    def worst(self, level: str) -> float:
+        return max((c.error for c in self.checks.get(level, [])), default=0.0)
+
+    def failures(self) -> list[tuple[str, OutputCheck]]:
+        return [(lvl, c) for lvl, cs in self.checks.items() for c in cs if not c.ok]
+
+
+def session_options(level: str = "disabled", threads: int | None = None,
+                    spinning: bool = True) -> ort.SessionOptions:
+    so = ort.SessionOptions()
+    so.graph_optimization_level = LEVELS[level]
+    so.log_severity_level = 3
+    if threads:
+        so.intra_op_num_threads = threads
+        so.inter_op_num_threads = 1
+    if not spinning:
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        so.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    return so
+
+
+def open_session(src: Source, so: ort.SessionOptions, what: str) -> ort.InferenceSession:
+    try:
+        return ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise FuseError(f"onnxruntime cannot load the {what} model: {first}") from None
+
+
+def make_feeds(sess: ort.InferenceSession, batch: int = 1, dims: Mapping[str, int] | None = None,
+               seed: int = 0) -> dict[str, np.ndarray]:
+    """Seeded inputs: named dims from ``dims``, other symbolic dims the batch on axis 0 and 1 elsewhere.
+
+    Floats are standard normal; integers are 0 or 1 (valid ids and masks for any vocabulary).
+    """
+    rng, dims = np.random.default_rng(seed), dims or {}
+    feeds = {}
+    for i in sess.get_inputs():
+        shape = [d if isinstance(d, int) else dims.get(d, batch if axis == 0 else 1) if isinstance(d, str)
+                 else (batch if axis == 0 else 1) for axis, d in enumerate(i.shape)]
+        dtype = _NP.get(i.type)
+        if dtype is None:
+            raise FuseError(f"cannot make a random value for input {i.name!r} of type {i.type}")
+        if np.issubdtype(dtype, np.floating):
+            feeds[i.name] = rng.standard_normal(shape).astype(dtype)
+        elif dtype is np.bool_:
+            feeds[i.name] = rng.random(shape) < 0.5
+        else:
+            feeds[i.name] = rng.integers(0, 2, shape).astype(dtype)
+    return feeds
+
+
+def run(sess: ort.InferenceSession, feeds: dict, what: str) -> dict[str, np.ndarray]:
+    names = {i.name for i in sess.get_inputs()}
+    try:
+        outs = sess.run(None, {k: v for k, v in feeds.items() if k in names})
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise FuseError(f"onnxruntime failed to run the {what} model: {first} "
+                        "(set sizes with --batch N and --dim NAME=VALUE)") from None
+    return {o.name: v for o, v in zip(sess.get_outputs(), outs, strict=True)}
+
+
+def relative_error(ref: np.ndarray, got: np.ndarray) -> float:
+    """||got - ref|| / ||ref|| (absolute when ref is all zeros); NaN and inf must sit in the same places."""
+    if ref.shape != got.shape:
+        return float("inf")
+    if not np.issubdtype(ref.dtype, np.floating):
+        return 0.0 if np.array_equal(ref, got) else float("inf")
+    a, b = ref.astype(np.float64), got.astype(np.float64)
+    odd_a, odd_b = ~np.isfinite(a), ~np.isfinite(b)
+    if not np.array_equal(odd_a, odd_b) or not np.array_equal(a[odd_a], b[odd_b], equal_nan=True):
+        return float("inf")
+    a, b = np.where(odd_a, 0.0, a), np.where(odd_b, 0.0, b)
+    diff, norm = float(np.linalg.norm(a - b)), float(np.linalg.norm(a))
+    return diff / norm if norm > 0 else diff
+
+
+def verify(original: Source, rewritten: Source, batch: int = 1, dims: Mapping[str, int] | None = None,
+           seed: int = 0, levels: tuple[str, ...] = ("disabled", "default")) -> Verification:
+    """Run both models at each level on the same inputs; every output compared by relative L2 error."""
+    result = Verification()
+    feeds = None
+    for level in levels:
+        so = session_options(level)
+        ref_sess = open_session(original, so, "original")
+        new_sess = open_session(rewritten, so, "rewritten")
+        feeds = feeds or make_feeds(ref_sess, batch, dims, seed)
+        ref, got = run(ref_sess, feeds, "original"), run(new_sess, feeds, "rewritten")
+        checks = []
+        for name, value in ref.items():
+            dtype = str(value.dtype)
+            tol = TOLERANCE.get(dtype, 0.0)
+            err = relative_error(value, got[name]) if name in got else float("inf")
+            checks.append(OutputCheck(name, dtype, err, tol))
+        result.checks[level] = checks
+    return result
+
+
+@dataclass
+class Timing:
+    label: str
+    median_ms: float
+    runs: int
+
+
+def bench(sources: list[tuple[str, Source, str]], batch: int = 1, dims: Mapping[str, int] | None = None,
+          threads: int | None = None, warmup: int = 10, runs: int = 50, seed: int = 0) -> list[Timing]:
+    """Median latency of each (label, model, level); runs interleaved (order rotated), spinning off."""
+    threads = threads or default_threads()
+    sessions = [open_session(src, session_options(level, threads, spinning=False), label)
+                for label, src, level in sources]
+    feeds = make_feeds(sessions[0], batch, dims, seed)
+    per = [{i.name for i in s.get_inputs()} for s in sessions]
+    feeds_of = [{k: v for k, v in feeds.items() if k in names} for names in per]
+    for _ in range(warmup):
+        for s, f in zip(sessions, feeds_of, strict=True):
+            s.run(None, f)
+    times: list[list[float]] = [[] for _ in sessions]
+    n = len(sessions)
+    for r in range(runs):
+        for k in range(n):
+            i = (r + k) % n
+            t0 = time.perf_counter()
+            sessions[i].run(None, feeds_of[i])
+            times[i].append(time.perf_counter() - t0)
+    return [Timing(label, statistics.median(ts) * 1e3, runs) for (label, _, _), ts in zip(sources, times,
+                                                                                          strict=True)]
+
+
+def default_threads() -> int:
+    """The thread count both sessions get: the CPUs this process may use."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def ort_optimized(src: Source, out_path: str, level: str = "extended") -> str:
+    """ONNX Runtime's own offline optimization of ``src`` (CPU provider) written to ``out_path``."""
+    so = session_options(level)
+    so.optimized_model_filepath = out_path
+    # weights go to a data file beside it, so a model that had external data stays loadable from there
+    so.add_session_config_entry("session.optimized_model_external_initializers_file_name",
+                                os.path.basename(out_path) + ".data")
+    so.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
+    open_session(src, so, "original")
+    return out_path

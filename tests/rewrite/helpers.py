@@ -1,0 +1,132 @@
+"""Model builders and checks for the rewrite tests, independent of fusecli.rewrite's own verify code."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+from tests.conftest import make_model
+
+MS = "com.microsoft"
+FUSED_KERNELS = ("FusedConv", "FusedGemm", "FusedMatMul", "Gelu", "BiasGelu", "FastGelu",
+                 "LayerNormalization", "SkipLayerNormalization")
+
+
+def ops(model: onnx.ModelProto) -> Counter:
+    """Op types, 'com.microsoft.' in front of contrib ops."""
+    return Counter(n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}.{n.op_type}"
+                   for n in model.graph.node)
+
+
+def nodes(model: onnx.ModelProto, op_type: str) -> list[onnx.NodeProto]:
+    return [n for n in model.graph.node if n.op_type == op_type]
+
+
+def attr(node: onnx.NodeProto, name: str, default=None):
+    a = next((a for a in node.attribute if a.name == name), None)
+    v = default if a is None else helper.get_attribute_value(a)
+    return v.decode() if isinstance(v, bytes) else v
+
+
+def init(model: onnx.ModelProto, name: str) -> np.ndarray:
+    return numpy_helper.to_array(next(t for t in model.graph.initializer if t.name == name))
+
+
+def fused_kernel_count(model: onnx.ModelProto) -> int:
+    """Nodes of the fused-kernel op types (FusedConv, FusedGemm, Gelu, LayerNormalization, ...)."""
+    return sum(1 for n in model.graph.node if n.op_type in FUSED_KERNELS)
+
+
+def assert_cuda_kernels_only(model: onnx.ModelProto) -> None:
+    """What ONNX Runtime's CUDA provider has: FusedConv with Relu (float32) only, no FusedGemm."""
+    for n in model.graph.node:
+        assert n.op_type != "FusedGemm", "FusedGemm has no CUDA kernel"
+        if n.op_type == "FusedConv":
+            assert attr(n, "activation") == "Relu", f"CUDA FusedConv: Relu only, not {attr(n, 'activation')}"
+
+
+def _feeds(sess: ort.InferenceSession, batch: int, dims: dict, seed: int) -> dict:
+    rng = np.random.default_rng(seed)
+    out = {}
+    for i in sess.get_inputs():
+        shape = [d if isinstance(d, int) else dims.get(d, batch if k == 0 else 1)
+                 for k, d in enumerate(i.shape)]
+        if i.type == "tensor(float)":
+            out[i.name] = rng.standard_normal(shape).astype(np.float32)
+        else:
+            out[i.name] = rng.integers(0, 2, shape).astype(np.int64)
+    return out
+
+
+def ort_run(model, feeds: dict | None = None, batch: int = 2, dims: dict | None = None, seed: int = 1):
+    """(feeds, outputs by name) of ``model`` (a ModelProto or a path) with optimizations off."""
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.log_severity_level = 3
+    src = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
+    sess = ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
+    feeds = feeds if feeds is not None else _feeds(sess, batch, dims or {}, seed)
+    names = {i.name for i in sess.get_inputs()}
+    outs = sess.run(None, {k: v for k, v in feeds.items() if k in names})
+    return feeds, {o.name: v for o, v in zip(sess.get_outputs(), outs, strict=True)}
+
+
+def assert_same_outputs(original, rewritten, batch: int = 2, dims: dict | None = None,
+                        rtol: float = 1e-4, atol: float = 1e-5) -> None:
+    """Original and rewritten agree on fresh inputs (another seed than fusecli's verify uses)."""
+    feeds, ref = ort_run(original, batch=batch, dims=dims, seed=12345)
+    _, got = ort_run(rewritten, feeds)
+    assert set(ref) == set(got)
+    for name, value in ref.items():
+        assert np.all(np.isfinite(value)), f"{name}: the original itself is not finite"
+        np.testing.assert_allclose(got[name], value, rtol=rtol, atol=atol, err_msg=name)
+
+
+class Net:
+    """A small model under construction; ``op`` returns the output name ``<name>_out``."""
+
+    def __init__(self, seed: int = 0, **inputs: tuple) -> None:
+        self.rng = np.random.default_rng(seed)
+        inputs = inputs or {"x": ("N", 3, 8, 8)}
+        self.inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(s))
+                       for n, s in inputs.items()]
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[onnx.TensorProto] = []
+
+    def param(self, name: str, *shape: int, value=None, positive: bool = False) -> str:
+        data = self.rng.standard_normal(shape) * 0.5 if value is None else np.full(shape, value)
+        if positive:
+            data = np.abs(data) + 0.5
+        self.inits.append(numpy_helper.from_array(np.asarray(data, np.float32), name))
+        return name
+
+    def ints(self, name: str, *values: int) -> str:
+        self.inits.append(numpy_helper.from_array(np.array(values, np.int64), name))
+        return name
+
+    def op(self, op_type: str, name: str, *inputs: str, **attrs) -> str:
+        out = f"{name}_out"
+        self.nodes.append(helper.make_node(op_type, list(inputs), [out], name, **attrs))
+        return out
+
+    def conv(self, x: str = "x", name: str = "conv", cout: int = 4, cin: int = 3, k: int = 3) -> str:
+        return self.op("Conv", name, x, self.param(f"{name}_w", cout, cin, k, k), pads=[k // 2] * 4)
+
+    def bias(self, x: str, shape: tuple, name: str = "bias") -> str:
+        return self.op("Add", name, x, self.param(f"{name}_b", *shape))
+
+    def bn(self, x: str, c: int = 4, name: str = "bn") -> str:
+        return self.op("BatchNormalization", name, x, self.param(f"{name}_scale", c),
+                       self.param(f"{name}_shift", c), self.param(f"{name}_mean", c),
+                       self.param(f"{name}_var", c, positive=True), epsilon=1e-3)
+
+    def model(self, *outputs: str, opset: int = 17) -> onnx.ModelProto:
+        outs = [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs]
+        model = onnx.shape_inference.infer_shapes(
+            make_model(self.nodes, self.inputs, outs, self.inits, opset=opset), strict_mode=True)
+        onnx.checker.check_model(model, full_check=True)
+        return model

@@ -1,0 +1,195 @@
+"""``fusecli rewrite`` through click: exit codes, refusing to overwrite the input, nothing written when
+verification fails or the input is bad, external data, SavedModels."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+
+import fusecli.rewrite.emit as emit
+import fusecli.rewrite.save as save
+import fusecli.rewrite.verify as verify
+from fusecli.cli import main
+from tests.rewrite.helpers import assert_same_outputs, ops
+
+
+def run(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def _one_error_line(r) -> str:
+    assert r.exit_code == 1, r.output
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    assert "Traceback" not in r.output
+    return lines[0]
+
+
+def _left_over(folder) -> list[str]:
+    return [f for f in os.listdir(folder) if f.startswith(".fusecli-")]
+
+
+def test_rewrite_writes_the_fused_model(sample, tmp_path):
+    out = tmp_path / "out.onnx"
+    r = run("rewrite", sample("conv_bn_relu"), "-o", out, "--batch", "2")
+    assert r.exit_code == 0, r.output
+    assert ops(onnx.load(out)) == {"com.microsoft.FusedConv": 1}
+    assert "nodes: 3 -> 1" in r.stdout and "FusedConv" in r.stdout and "verified" in r.stdout
+    assert_same_outputs(sample("conv_bn_relu"), onnx.load(out))
+    assert not _left_over(tmp_path)
+
+
+def test_json_summary(sample, tmp_path):
+    r = run("rewrite", sample("matmul_bias_relu"), "-o", tmp_path / "o.onnx", "--json", "--target", "cuda")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["target"] == "cuda" and doc["nodes"] == {"before": 3, "after": 2}
+    assert doc["kernels"] == {"Gemm": 1} and doc["verification"]["ok"] is True
+    assert set(doc["verification"]["levels"]) == {"disabled", "default"}
+    assert "com.microsoft.FusedGemm" not in ops(onnx.load(tmp_path / "o.onnx"))
+
+
+def test_no_verify_and_bench(sample, tmp_path):
+    r = run("rewrite", sample("conv_bias_relu"), "-o", tmp_path / "o.onnx", "--no-verify")
+    assert r.exit_code == 0 and "not verified" in r.stdout
+    r = run("rewrite", sample("conv_bias_relu"), "-o", tmp_path / "o.onnx", "--bench", "--threads", "1")
+    assert r.exit_code == 0, r.output
+    assert "bench (median of 50 interleaved runs" in r.stdout and r.stdout.count(" ms") == 4
+
+
+@pytest.mark.parametrize("how", ["same path", "symlink"])
+def test_output_onto_the_input_is_refused(sample, tmp_path, how):
+    model = tmp_path / "m.onnx"
+    shutil.copy(sample("conv_bias_relu"), model)
+    before = model.read_bytes()
+    out = model
+    if how == "symlink":
+        out = tmp_path / "link.onnx"
+        out.symlink_to(model)
+    line = _one_error_line(run("rewrite", model, "-o", out))
+    assert "refusing to overwrite the input" in line
+    assert model.read_bytes() == before and not _left_over(tmp_path)
+
+
+def test_verification_failure_writes_nothing(sample, tmp_path, monkeypatch):
+    monkeypatch.setitem(verify.TOLERANCE, "float32", -1.0)  # nothing can pass
+    out = tmp_path / "o.onnx"
+    line = _one_error_line(run("rewrite", sample("conv_bias_relu"), "-o", out))
+    assert "verification failed" in line and "nothing written" in line
+    assert not out.exists() and not _left_over(tmp_path)
+
+
+def test_a_corrupted_fold_is_caught(sample, tmp_path, monkeypatch):
+    """A wrong BatchNorm fold (weights doubled) must fail verification; the output is not written."""
+    real = emit.fold_batch_norm
+    monkeypatch.setattr(emit, "fold_batch_norm", lambda *a: (real(*a)[0] * 2, real(*a)[1]))
+    out = tmp_path / "o.onnx"
+    line = _one_error_line(run("rewrite", sample("conv_bn_relu"), "-o", out))
+    assert "verification failed" in line and "'y'" in line
+    assert not out.exists() and not _left_over(tmp_path)
+
+
+def test_bad_inputs(sample, tmp_path):
+    out = tmp_path / "o.onnx"
+    empty = tmp_path / "empty.onnx"
+    empty.write_bytes(b"")
+    truncated = tmp_path / "truncated.onnx"
+    data = open(sample("conv_bn_relu"), "rb").read()
+    truncated.write_bytes(data[: len(data) // 2])
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    cases = {tmp_path / "missing.onnx": "no such file", empty: "empty file", truncated: "not an ONNX model",
+             folder: "not a SavedModel"}
+    for path, words in cases.items():
+        assert words in _one_error_line(run("rewrite", path, "-o", out)), path
+        assert not out.exists()
+
+
+def test_usage_errors(sample, tmp_path):
+    assert run("rewrite", sample("conv_bias_relu")).exit_code == 2  # -o is required
+    r = run("rewrite", sample("conv_bias_relu"), "-o", tmp_path / "o.onnx", "--target", "tpu")
+    assert r.exit_code == 2
+    line = _one_error_line(run("rewrite", sample("conv_bias_relu"), "-o", tmp_path / "o.onnx",
+                               "--patterns", "conv_nope"))
+    assert "unknown pattern" in line
+    line = _one_error_line(run("rewrite", sample("conv_bias_relu"), "-o", tmp_path / "o.onnx",
+                               "--signature", "serving_default"))
+    assert "SavedModel folders only" in line
+
+
+def test_output_folder_must_exist(sample, tmp_path):
+    line = _one_error_line(run("rewrite", sample("conv_bias_relu"), "-o", tmp_path / "nope" / "o.onnx"))
+    assert "does not exist" in line
+
+
+def test_past_two_gigabytes_weights_go_to_a_data_file(sample, tmp_path, monkeypatch):
+    """With the limit lowered, the output is OUT.onnx + OUT.onnx.data, and both load and run."""
+    monkeypatch.setattr(save, "PROTOBUF_LIMIT", 1000)
+    monkeypatch.setattr(save, "EXTERNAL_THRESHOLD", 16)
+    out = tmp_path / "o.onnx"
+    r = run("rewrite", sample("conv_bn_relu"), "-o", out)
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "o.onnx.data").is_file() and "weights written to" in r.stdout
+    model = onnx.load(out, load_external_data=False)
+    assert any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
+    assert_same_outputs(sample("conv_bn_relu"), str(out))
+
+
+def test_external_data_input_is_read_and_protected(sample, tmp_path, monkeypatch):
+    """An input with external data: its weights are read; an output whose data file would replace the
+    input's is refused."""
+    model = onnx.load(sample("conv_bn_relu"))
+    src = tmp_path / "in.onnx"
+    onnx.save_model(model, src, save_as_external_data=True, location="big.onnx.data", size_threshold=0)
+    r = run("rewrite", src, "-o", tmp_path / "o.onnx")
+    assert r.exit_code == 0, r.output
+    assert_same_outputs(src, onnx.load(tmp_path / "o.onnx"))
+    monkeypatch.setattr(save, "PROTOBUF_LIMIT", 1000)
+    before = (tmp_path / "big.onnx.data").read_bytes()
+    (tmp_path / "big.onnx").write_bytes(b"")  # an existing output name whose data file is the input's
+    line = _one_error_line(run("rewrite", src, "-o", tmp_path / "big.onnx"))
+    assert "refusing to overwrite" in line and (tmp_path / "big.onnx.data").read_bytes() == before
+
+
+def test_savedmodel_without_tf2onnx_says_which_extra(tmp_path, monkeypatch):
+    folder = tmp_path / "sm"
+    folder.mkdir()
+    (folder / "saved_model.pb").write_bytes(b"")
+    monkeypatch.setitem(sys.modules, "tf2onnx", None)
+    line = _one_error_line(run("rewrite", folder, "-o", tmp_path / "o.onnx"))
+    assert "tf2onnx" in line and "fusecli[tf]" in line
+
+
+def test_savedmodel_is_converted_and_rewritten(tmp_path):
+    pytest.importorskip("tf2onnx")
+    tf = pytest.importorskip("tensorflow")
+    rng = np.random.default_rng(0)
+
+    class ConvBiasRelu(tf.Module):
+        def __init__(self):
+            self.w = tf.Variable(rng.standard_normal((3, 3, 3, 4)).astype("float32"))
+            self.b = tf.Variable(rng.standard_normal(4).astype("float32"))
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 8, 8, 3], tf.float32)])
+        def __call__(self, x):
+            return {"y": tf.nn.relu(tf.nn.bias_add(tf.nn.conv2d(x, self.w, 1, "SAME"), self.b))}
+
+    module = ConvBiasRelu()
+    tf.saved_model.save(module, str(tmp_path / "sm"), signatures=module.__call__)
+    out = tmp_path / "o.onnx"
+    r = run("rewrite", tmp_path / "sm", "-o", out, "--batch", "2")
+    assert r.exit_code == 0, r.output
+    model = onnx.load(out)
+    assert ops(model)["com.microsoft.FusedConv"] == 1 and "Relu" not in ops(model)
+    x = rng.standard_normal((2, 8, 8, 3)).astype("float32")
+    from tests.rewrite.helpers import ort_run
+
+    _, got = ort_run(model, {"x": x})
+    np.testing.assert_allclose(got["y"], module(tf.constant(x))["y"].numpy(), rtol=1e-4, atol=1e-5)
