@@ -61,7 +61,8 @@ def made_by(*kinds: str) -> Callable[[Tensor], bool]:
     return lambda t: t.producer is not None and t.producer.kind in kinds
 
 
-ACTIVATIONS = frozenset({"relu", "relu6", "clip", "leaky_relu", "elu", "sigmoid", "tanh", "gelu"})
+ACTIVATIONS = frozenset({"relu", "relu6", "clip", "leaky_relu", "elu", "sigmoid", "tanh", "gelu",
+                         "hard_sigmoid"})
 ADD = frozenset({"add", "sum"})
 X, W = Var(), Var()
 BIAS = Var(check=is_param)
@@ -121,6 +122,7 @@ _TANH_ARG = op("mul", op(ADD | {"bias_add"}, Var("x"),
                          op("mul", _CUBE, Var(check=scalar(0.044715)), commutative=True),
                          commutative=True),
                Var(check=scalar(math.sqrt(2 / math.pi))), commutative=True)
+GELU_OP = (op("gelu", Var("x"), role="gelu", more=True),)  # the Gelu op itself (opset 20, contrib)
 GELU_TANH = _gelu_trees(op(ADD | {"bias_add"}, op("tanh", _TANH_ARG), _ONE, commutative=True))
 
 
@@ -188,7 +190,7 @@ CATALOGUE: tuple[Pattern, ...] = (
                              *(op("matmul", s, W, role="matmul") for s in scaled(X)),
                              *(op("matmul", X, s, role="matmul") for s in scaled(W))),
         "FusedMatMul (alpha)", "y = alpha (a @ b): attention's Q K^T / sqrt(d) [ORT MatMulScaleFusion]"),
-    Pattern("bias_gelu", GELU_ERF + GELU_ERFC + GELU_TANH, "BiasGelu / FastGelu with bias",
+    Pattern("bias_gelu", GELU_OP + GELU_ERF + GELU_ERFC + GELU_TANH, "BiasGelu / FastGelu with bias",
             "y = gelu(x + b)", fused_kind="bias_gelu", include_producers=("x",),
             require=lambda roles, bound: made_by("bias_add")(bound["x"])),
     Pattern("gelu", GELU_ERF + GELU_ERFC + GELU_TANH, "Gelu / FastGelu",

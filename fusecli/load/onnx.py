@@ -9,7 +9,7 @@ from google.protobuf.message import DecodeError
 from onnx import numpy_helper
 
 from ..errors import FuseError
-from ..ir import Graph, GraphError, Node, Tensor, topological_order
+from ..ir import FLOAT_DTYPES, Graph, GraphError, Node, Tensor, topological_order
 from ..kinds import ONNX_KINDS, ONNX_MS_KINDS, is_channel_vector
 from .onnx_wire import WireError, read_structure
 
@@ -146,9 +146,13 @@ def build_graph(model: onnx.ModelProto, name: str = "model") -> Graph:
         if init.name in initializer_names:
             raise FuseError(f"initializer {init.name!r} is defined twice")
         initializer_names.add(init.name)
-        t = graph.tensor(init.name, dtype=dtype_name(init.data_type), shape=tuple(init.dims),
-                         kind="parameter" if dtype_name(init.data_type) in
-                         ("float32", "float16", "bfloat16", "float64") else "constant")
+        dtype = dtype_name(init.data_type)
+        numel = 1
+        for d in init.dims:
+            numel *= d
+        # float weights are trainable; one-element floats (1/sqrt(d), epsilons) are constants
+        t = graph.tensor(init.name, dtype=dtype, shape=tuple(init.dims),
+                         kind="parameter" if dtype in FLOAT_DTYPES and numel > 1 else "constant")
         value = _small_value(init)
         if value is not None:
             t.meta["value"] = value

@@ -122,26 +122,21 @@ def test_dynamo_export_rewrites_and_verifies(bert_dynamo, tmp_path):
     assert r.verification.ok
     assert_same_outputs(bert_dynamo, r.model, dims=DIMS)
     counts = ops(r.model)
-    # Add(bias) + Gelu op reaches BiasGelu only through matmul_bias_act's emitter (see the xfail below)
     assert counts["com.microsoft.BiasGelu"] == 2 and counts["com.microsoft.FusedMatMul"] == 2
     assert counts["com.microsoft.SkipLayerNormalization"] == 5
     ort_model = onnx.load(ort_optimized(bert_dynamo, str(tmp_path / "ort.onnx"), "extended"))
     assert fused_kernel_count(r.model) >= fused_kernel_count(ort_model)
 
 
-@pytest.mark.xfail(strict=True, reason="matcher gap: opset 20's Gelu op after a bias Add (Add(MatMul, b) "
-                   "-> Gelu) is no bias_gelu form; the catalogue's GELU forms are the decomposed erf/tanh "
-                   "trees, so only matmul_bias_act (inference-only) covers these nodes")
 def test_dynamo_bias_add_gelu_op_is_a_bias_gelu_match(bert_dynamo):
+    """opset 20's Gelu op after a bias Add is a bias_gelu match (once only matmul_bias_act covered it)."""
     found = {m.pattern.name for m in analyze(bert_dynamo, Options(batch=2, dims=DIMS)).matches}
     assert "bias_gelu" in found
 
 
-@pytest.mark.xfail(strict=True, reason="verdict gap: the attention scale is a float initializer (dynamo) "
-                   "judged a trainable parameter, so MatMul -> Mul(scale) is inference-only and training "
-                   "mode emits no FusedMatMul (with TorchScript's Constant node it is training-safe); "
-                   "and with no bias_gelu match, no BiasGelu either")
 def test_dynamo_training_mode_fuses_attention_scale_and_gelu(bert_dynamo):
+    """The attention scale is a one-element float initializer: a constant, so MatMul -> Mul(scale) is
+    training-safe (it was once judged a trainable parameter whose gradient reads the MatMul output)."""
     r = rewrite(bert_dynamo, RewriteOptions(mode="training", batch=2, dims=DIMS))
     counts = ops(r.model)
     assert counts["com.microsoft.FusedMatMul"] == 2 and counts["com.microsoft.BiasGelu"] == 2

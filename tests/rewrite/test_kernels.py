@@ -72,10 +72,12 @@ def test_cpu_conv_activations(save_model, act, attrs, params):
         np.testing.assert_allclose(attr(fc, "activation_params"), params, rtol=1e-6)
 
 
-def test_hard_sigmoid_is_not_a_catalogue_activation(save_model):
-    """FusedConv has HardSigmoid, but the catalogue's activations leave it out: only the bias folds."""
+def test_hard_sigmoid_becomes_a_cpu_fused_conv(save_model):
+    """FusedConv's CPU kernel has HardSigmoid (alpha, beta as activation_params)."""
     r = _rewrite(save_model, _conv_bias_act("HardSigmoid"), "cpu")
-    assert ops(r.model) == {"Conv": 1, "HardSigmoid": 1}
+    assert ops(r.model) == {"com.microsoft.FusedConv": 1}
+    (fc,) = nodes(r.model, "FusedConv")
+    assert attr(fc, "activation") == "HardSigmoid"
 
 
 def test_cuda_relu_conv_without_bias_gets_a_zero_bias(save_model):
