@@ -7,8 +7,10 @@ Passes annotate ``meta`` dicts instead of growing new fields.
 
 from __future__ import annotations
 
+import gc
 import heapq
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from .errors import FuseError
@@ -31,6 +33,28 @@ FLOAT_DTYPES = frozenset({"float64", "float32", "float16", "bfloat16"})
 def dtype_size(dtype: str) -> int:
     """Bytes per element of a dtype name (unknown dtypes count 4, the common case)."""
     return _DTYPE_BYTES.get(dtype, 4)
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector while a big graph is built and walked.
+
+    A graph is millions of small container objects held in cycles (tensor <-> producer); as it grows,
+    the collector walks all of them again and again (a third of a 100k-node analysis) and frees
+    nothing. Reference counting still frees as usual; cycles left behind are collected afterwards, by
+    the next full collection.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            # everything made in the block is still in the youngest generation, where the next young
+            # collection would walk it all; move it to the oldest at once (a list splice, no walk)
+            gc.freeze()
+            gc.unfreeze()
+            gc.enable()
 
 
 @dataclass(eq=False)
@@ -79,9 +103,12 @@ class Tensor:
     def nbytes(self, batch: int = 1, dims: Mapping[str, int] | None = None) -> int:
         """Size in bytes at a given batch (and symbolic dim values)."""
         n = 1
-        for d in self.resolve_shape(batch, dims):
-            n *= max(d, 0)
-        return n * dtype_size(self.dtype)
+        if self.shape is not None:
+            for axis, d in enumerate(self.shape):  # resolve_shape's rule, inline: called for every tensor
+                if not isinstance(d, int):
+                    d = dims[d] if dims and isinstance(d, str) and d in dims else (batch if axis == 0 else 1)
+                n *= max(d, 0)
+        return n * _DTYPE_BYTES.get(self.dtype, 4)
 
 
 @dataclass(eq=False)
@@ -133,6 +160,7 @@ class Graph:
         self.outputs: list[Tensor] = []
         self.meta: dict = {}
         self._node_names: dict[str, Node] = {}
+        self._suffixes: dict[str, int] = {}  # unique_node_name: the last suffix handed out per base
 
     # -- building -------------------------------------------------------------------------------
     def tensor(self, name: str, **fields) -> Tensor:
@@ -161,7 +189,17 @@ class Graph:
         return node
 
     def unique_node_name(self, base: str) -> str:
-        return unique_name(base, self._node_names)
+        """``unique_name(base, node names)``, in constant time when many nodes share a base name."""
+        if base not in self._node_names:
+            return base
+        # node names are never given back, so the suffixes below the last one handed out stay taken
+        i = self._suffixes.get(base, 1)
+        name = f"{base}_{i}"
+        while name in self._node_names:
+            i += 1
+            name = f"{base}_{i}"
+        self._suffixes[base] = i
+        return name
 
     def node(self, name: str) -> Node:
         return self._node_names[name]
@@ -204,6 +242,10 @@ class Graph:
         seen_nodes: set[int] = set()
         defined: set[int] = {id(t) for t in self.tensors.values() if t.producer is None}
         names = set()
+        # long consumer (and input) lists are looked up through id sets, so that a tensor read by
+        # thousands of nodes (or a node reading thousands) costs linear time, not quadratic
+        consumer_ids: dict[int, set[int]] = {}
+        input_ids: dict[int, set[int]] = {}
         for t in self.tensors.values():
             if t.kind not in TENSOR_KINDS:
                 raise GraphError(f"tensor {t.name!r} has unknown kind {t.kind!r}")
@@ -221,7 +263,9 @@ class Graph:
                 if id(t) not in defined:
                     raise GraphError(f"node {node.name!r} reads {t.name!r} before it is made "
                                      "(not topological)")
-                if node not in t.consumers:
+                consumers = t.consumers
+                if not (node in consumers if len(consumers) <= _SHORT  # identity: eq=False
+                        else _lists(consumers, node, consumer_ids, id(t))):
                     raise GraphError(f"{t.name!r} does not list its consumer {node.name!r}")
             for t in node.outputs:
                 if t is None:
@@ -238,7 +282,8 @@ class Graph:
             if t.producer is not None and id(t.producer) not in seen_nodes:
                 raise GraphError(f"{t.name!r} names a producer that is not in the graph")
             for c in t.consumers:
-                if id(c) not in seen_nodes or not any(x is t for x in c.inputs):
+                if id(c) not in seen_nodes or not (t in c.inputs if len(c.inputs) <= _SHORT
+                                                   else _lists(c.inputs, t, input_ids, id(c))):
                     raise GraphError(f"{t.name!r} lists consumer {c.name!r} that does not read it")
             if t.producer is None and t.kind == "activation":
                 raise GraphError(f"activation {t.name!r} has no producer")
@@ -247,9 +292,22 @@ class Graph:
                 raise GraphError(f"graph output {t.name!r} is not in the graph")
 
 
+_SHORT = 8
+
+
+def _lists(items: list, x: object, cache: dict[int, set[int]], key: int) -> bool:
+    """Whether ``x`` is (identically) in the long list ``items``, through a set of ids kept in ``cache``."""
+    ids = cache.get(key)
+    if ids is None:
+        ids = cache[key] = {id(i) for i in items if i is not None}
+    return id(x) in ids
+
+
 def topological_order(nodes: list[Node]) -> list[Node]:
     """Kahn's algorithm over producer links, stable for nodes already in order; GraphError on a cycle."""
     index = {id(n): i for i, n in enumerate(nodes)}
+    if len(index) == len(nodes) and _in_order(nodes, index):
+        return list(nodes)  # what Kahn's algorithm below returns for nodes already in order
     indegree = [0] * len(nodes)
     users: list[list[int]] = [[] for _ in nodes]
     for i, n in enumerate(nodes):
@@ -272,3 +330,12 @@ def topological_order(nodes: list[Node]) -> list[Node]:
         stuck = next(nodes[i].name for i, d in enumerate(indegree) if d > 0)
         raise GraphError(f"the graph has a cycle (through node {stuck!r})")
     return order
+
+
+def _in_order(nodes: list[Node], index: dict[int, int]) -> bool:
+    """Whether every producer in ``nodes`` comes before the nodes that read it (ONNX files are so)."""
+    for i, n in enumerate(nodes):
+        for t in n.inputs:
+            if t is not None and t.producer is not None and index.get(id(t.producer), -1) >= i:
+                return False
+    return True

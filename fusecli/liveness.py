@@ -34,6 +34,8 @@ class Liveness:
     peak_step: int
     resident_bytes: int  # parameters and constants, alive throughout
     saved_by_name: dict[str, Saved] = field(default_factory=dict)
+    _reader_ops: dict[str, dict[str | None, set[str]]] = field(default_factory=dict, repr=False,
+                                                               compare=False)
 
     @property
     def saved_bytes(self) -> int:
@@ -42,6 +44,16 @@ class Liveness:
     @property
     def saved_activation_bytes(self) -> int:
         return sum(s.bytes for s in self.saved if s.tensor.kind == "activation")
+
+    def reader_ops_by_forward(self, name: str) -> dict[str | None, set[str]]:
+        """The op types of the backward ops that read saved tensor ``name``, by the forward node each is
+        the backward of (``meta["forward"]``); made once per tensor, as a tensor may have many readers."""
+        ops = self._reader_ops.get(name)
+        if ops is None:
+            ops = self._reader_ops[name] = {}
+            for b in self.saved_by_name[name].needed_by:
+                ops.setdefault(b.meta.get("forward"), set()).add(b.op_type)
+        return ops
 
     @property
     def peak_node(self) -> Node | None:
@@ -66,24 +78,32 @@ def analyze_liveness(joint: Graph, batch: int = 1, dims: Mapping[str, int] | Non
     readers: dict[str, list[Node]] = {}
     shape_readers: dict[str, list[Node]] = {}
     resident = 0
+    size_of: dict[tuple, int] = {}  # nbytes per (shape, dtype): most tensors share a few shapes
     for t in joint.tensors.values():
-        sizes[t.name] = n = t.nbytes(batch, dims)
+        n = size_of.get((t.shape, t.dtype))
+        if n is None:
+            n = size_of[t.shape, t.dtype] = t.nbytes(batch, dims)
+        sizes[t.name] = n
         if t.kind in ("parameter", "constant"):
             resident += n
             continue
-        born[t.name] = -1 if t.producer is None else step[id(t.producer)]
-        last[t.name] = born[t.name]
-    for node in schedule:
-        i = step[id(node)]
+        born[t.name] = last[t.name] = -1 if t.producer is None else step[id(t.producer)]
+    for i, node in enumerate(schedule):
+        backward = node.phase == "backward"
         for t in node.inputs:
-            if t is not None and t.name in last and last[t.name] < i:
-                last[t.name] = i
-        if node.phase == "backward":
-            for t in node.inputs:
-                if t is not None and (t.producer is None or t.producer.phase == "forward"):
-                    readers.setdefault(t.name, []).append(node)
+            if t is None:
+                continue
+            name = t.name
+            if last.get(name, i) < i:
+                last[name] = i
+            if backward and (t.producer is None or t.producer.phase == "forward"):
+                if name in readers:
+                    readers[name].append(node)
+                else:
+                    readers[name] = [node]
+        if backward and keeps_for_shape is not None:
             for t in node.meta.get("shape_reads", ()):
-                if keeps_for_shape is not None and keeps_for_shape(t, node):
+                if keeps_for_shape(t, node):
                     shape_readers.setdefault(t.name, []).append(node)
                     if t.name in last and last[t.name] < i:
                         last[t.name] = i
@@ -114,6 +134,8 @@ def analyze_liveness(joint: Graph, batch: int = 1, dims: Mapping[str, int] | Non
 
 
 def _unique(nodes: list[Node]) -> list[Node]:
+    if len(nodes) == 1:
+        return list(nodes)
     seen, out = set(), []
     for n in nodes:
         if id(n) not in seen:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from . import progress
 from .fusion import find_fusions
 from .fusion.match import Match
 from .grad.backward import build_backward
 from .grad.rules import rule_for
-from .ir import Graph, Node, Tensor
+from .ir import Graph, Node, Tensor, gc_paused
 from .liveness import Liveness, analyze_liveness
 from .load import load_model
 
@@ -70,18 +71,25 @@ def tensorflow_keeps_for_shape(t: Tensor, reader: Node) -> bool:
 def analyze_graph(path: str, graph: Graph, options: Options) -> Analysis:
     """Every pass over an already loaded forward graph (modelling TensorFlow's autodiff for SavedModels)."""
     tensorflow = graph.format == "savedmodel"
-    joint = build_backward(graph, wrt_inputs=options.wrt_inputs, zeros_for_unused_outputs=tensorflow)
+    progress.stage("backward")
+    joint = build_backward(graph, wrt_inputs=options.wrt_inputs, tensorflow=tensorflow)
+    progress.stage("liveness")
     liveness = analyze_liveness(joint, options.batch, options.dims,
                                 keeps_for_shape=tensorflow_keeps_for_shape if tensorflow else None)
+    progress.stage("fusion")
     matches = find_fusions(graph, joint, liveness, options.batch, options.dims, options.patterns)
     return Analysis(path, graph, options, joint, liveness, matches, list(graph.meta.get("warnings", [])))
 
 
-def analyze(path: str, options: Options | None = None, batch_given: bool = True) -> Analysis:
-    """Load the model at ``path`` and run every pass."""
+def analyze(path: str, options: Options | None = None, batch_given: bool = True,
+            on_stage: progress.StageCallback | None = None) -> Analysis:
+    """Load the model at ``path`` and run every pass. Each stage's name goes to ``on_stage``; without
+    it, to a spinner on stderr when that is a terminal (``fusecli.progress``)."""
     options = options or Options()
-    graph = load_model(path, options.signature)
-    result = analyze_graph(path, graph, options)
+    with gc_paused(), progress.stages(on_stage):
+        progress.stage("reading")
+        graph = load_model(path, options.signature)
+        result = analyze_graph(path, graph, options)
     unset = [d for d in symbolic_dims(graph) if d not in options.dims]
     if unset and not batch_given:
         result.warnings.append(f"the model has dynamic dims ({', '.join(unset)}); sizes assume "

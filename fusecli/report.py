@@ -4,12 +4,18 @@ from __future__ import annotations
 
 from . import __version__
 from .fusion.match import Match
+from .ir import gc_paused
 from .liveness import Saved
 from .pipeline import Analysis
 
 
 def to_json(a: Analysis) -> dict:
     """The contract documented in the README; parts a pass has not filled are present and empty."""
+    with gc_paused():  # a big model's document is millions of small objects: no garbage among them
+        return _document(a)
+
+
+def _document(a: Analysis) -> dict:
     g, live = a.graph, a.liveness
     return {
         "fusecli": __version__,

@@ -28,8 +28,9 @@ def find_fusions(graph: Graph, joint: Graph, live: Liveness, batch: int = 1,
     """Forward matches on the model's graph and backward matches on the joint graph, each judged."""
     patterns = select_patterns(names)
     matches = find_matches(graph, patterns, "forward")
+    outputs = {t.name for t in graph.outputs}
     for m in matches:
-        m.verdict = judge(m, graph, live, batch, dims)
+        m.verdict = judge(m, graph, live, batch, dims, outputs)
     back = find_matches(joint, patterns, "backward")
     for m in back:
         m.verdict = judge(m, joint, live, batch, dims)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from ..ir import Graph, Node, Tensor
 
@@ -38,6 +39,11 @@ class Op:
     commutative: bool = False
     more: bool = False
     check: Callable[[Node], bool] | None = None
+
+    @cached_property
+    def arg_kinds(self) -> tuple[frozenset[str] | None, ...]:
+        """Per operand: the kinds its producer must have (an unnamed ``Op``), else None."""
+        return tuple(a.kinds if isinstance(a, Op) and a.name is None else None for a in self.args)
 
 
 def op(kinds: str | frozenset[str] | set[str], *args: Op | Var, **kw) -> Op:
@@ -121,6 +127,17 @@ def _match_tensor(pat: Op | Var, t: Tensor | None, st: _State) -> bool:
     return True
 
 
+def _operands_may_match(arg_kinds: tuple[frozenset[str] | None, ...], order: list[Tensor]) -> bool:
+    """A cheap necessary condition for ``_match_tensor`` on each operand: an unnamed ``Op`` operand needs a
+    producer of one of its kinds, not constant, whose first output the tensor is. Most tries fail here."""
+    for kinds, t in zip(arg_kinds, order, strict=False):
+        if kinds is not None:
+            p = t.producer
+            if p is None or p.outputs[0] is not t or _node_key(p) not in kinds or p.meta.get("constant"):
+                return False
+    return True
+
+
 def _match_node(pat: Op, node: Node, st: _State) -> bool:
     if _node_key(node) not in pat.kinds or node.meta.get("constant"):
         return False
@@ -134,7 +151,10 @@ def _match_node(pat: Op, node: Node, st: _State) -> bool:
     orders = [inputs]
     if pat.commutative and len(pat.args) == 2:
         orders.append([inputs[1], inputs[0], *inputs[2:]])
+    arg_kinds = pat.arg_kinds
     for order in orders:
+        if not _operands_may_match(arg_kinds, order):
+            continue
         saved = st.save()
         st.nodes.append(node)
         if pat.role:
@@ -143,6 +163,16 @@ def _match_node(pat: Op, node: Node, st: _State) -> bool:
             return True
         st.restore(saved)
     return False
+
+
+def _root_may_match(form: Op, inputs: list[Tensor]) -> bool:
+    """_match_node's first checks on a root's operands (count, producers' kinds), without its state."""
+    n, nargs = len(inputs), len(form.args)
+    if n < nargs or (not form.more and n != nargs):
+        return False
+    arg_kinds = form.arg_kinds
+    return _operands_may_match(arg_kinds, inputs) or (
+        form.commutative and nargs == 2 and _operands_may_match(arg_kinds, [inputs[1], inputs[0]]))
 
 
 def match_at(pattern_root: Op, node: Node) -> tuple[list[Node], dict[str, Node], dict[str, Tensor]] | None:
@@ -167,8 +197,15 @@ def find_matches(graph: Graph, patterns, phase: str = "forward") -> list[Match]:
     for node in graph.nodes:
         if node.phase != phase:
             continue
-        for p in by_root.get(_node_key(node), ()):
+        key = _node_key(node)
+        candidates = by_root.get(key)
+        if not candidates or node.meta.get("constant"):  # no form matches at a constant node
+            continue
+        inputs = [t for t in node.inputs if t is not None]
+        for p in candidates:
             for form in p.forms:
+                if key not in form.kinds or not _root_may_match(form, inputs):
+                    continue  # match_at would say no: skip its set-up
                 m = match_at(form, node)
                 if m is None:
                     continue

@@ -36,10 +36,11 @@ def _fmt_bytes(n: int) -> str:
     return format_bytes(n)
 
 
-def _outside_readers(m: Match, outputs: set[str]) -> tuple[Tensor, list[Node], bool] | None:
+def _outside_readers(m: Match, outputs: set[str],
+                     interior: list[Tensor] | None = None) -> tuple[Tensor, list[Node], bool] | None:
     """The first interior tensor read outside the match (or a graph output), with those readers."""
     inside = {id(n) for n in m.nodes}
-    for t in m.interior():
+    for t in m.interior() if interior is None else interior:
         others = [c for c in t.consumers if id(c) not in inside]
         if others or t.name in outputs:
             return t, others, t.name in outputs
@@ -59,36 +60,43 @@ def _edge_reads(m: Match, live: Liveness) -> str:
         s = live.saved_by_name.get(t.name)
         if s is None or s.reads != "value" or t.kind in ("parameter", "constant"):
             continue
-        for op in sorted({b.op_type for b in s.needed_by if b.meta.get("forward") in names}):
+        by_forward = live.reader_ops_by_forward(t.name)  # not s.needed_by: it may be very long
+        ops: set[str] = set()
+        for n in names:
+            ops.update(by_forward.get(n, ()))
+        for op in sorted(ops):
             by_op.setdefault(op, []).append(t.name)
     return "; ".join(f"{op} reads {', '.join(ts)}" for op, ts in sorted(by_op.items()))
 
 
-def judge(m: Match, graph: Graph, live: Liveness, batch: int = 1,
-          dims: Mapping[str, int] | None = None) -> Verdict:
-    """Judge one forward or backward match against the structure and the liveness result."""
-    outputs = {t.name for t in graph.outputs}
+def judge(m: Match, graph: Graph, live: Liveness, batch: int = 1, dims: Mapping[str, int] | None = None,
+          outputs: set[str] | None = None) -> Verdict:
+    """Judge one forward or backward match against the structure and the liveness result
+    (``outputs``: the graph's output names, made once by the caller that judges many matches)."""
     notes = framework_notes(m)
     clash = _dtype_clash(m)
     if clash:
         return Verdict(False, False, f"not fusable: the chain mixes dtypes ({clash})", frameworks=notes)
     if m.pattern.phase == "backward":
         return _judge_backward(m, batch, dims, notes)
-    outside = _outside_readers(m, outputs)
+    interior = m.interior()
+    if outputs is None:
+        outputs = {t.name for t in graph.outputs}
+    outside = _outside_readers(m, outputs, interior)
     if outside:
         t, readers, is_output = outside
         who = "is a graph output" if is_output and not readers else \
             f"is also read by {', '.join(r.name for r in readers[:3])} outside the match"
         return Verdict(False, False, f"not fusable: {t.name} (made by {t.producer.name}) {who}, "
                        "so the fused kernel would have to write it out anyway", frameworks=notes)
-    traffic = sum(t.nbytes(batch, dims) * (1 + len(t.consumers)) for t in m.interior())
+    traffic = sum(t.nbytes(batch, dims) * (1 + len(t.consumers)) for t in interior)
     edge = _edge_reads(m, live)
     if m.pattern.fused_kind:
         return Verdict(True, True, f"training-safe: becomes {m.pattern.kernel}, an op with its own "
                        "gradient that reads only the fused op's inputs (and statistics it writes out)"
                        + (f"; today {edge}" if edge else ""), traffic_bytes=traffic, frameworks=notes)
     blocking = []
-    for t in m.interior():
+    for t in interior:
         s = live.saved_by_name.get(t.name)
         if s is not None and s.reads == "value":
             blocking.append(Blocking(t, [n.name for n in s.needed_by], s.bytes))

@@ -7,6 +7,8 @@ consumers of a tensor have their gradients summed by an ``AddN``.
 
 from __future__ import annotations
 
+from functools import cache
+
 from ..ir import Graph, Node, Tensor
 from .rules import Grad, grad_for_input, rule_for
 
@@ -75,14 +77,20 @@ def _resolve(node: Node, read: str) -> list[tuple[Tensor, bool]]:
     """A rule's read -> [(tensor, shape_only)]; reads of absent optional tensors drop out."""
     if read == "stats":
         return [r for ref in node.meta.get("stats", ("x3", "x4")) for r in _resolve(node, ref)]
-    shape_only = read.endswith(".shape")
-    ref = read.removesuffix(".shape")
-    if ref == "*":
+    shape_only, from_inputs, i = _parse_read(read)
+    if from_inputs is None:
         return [(t, shape_only) for t in node.inputs if t is not None]
-    pool = node.inputs if ref[0] == "x" else node.outputs
-    i = int(ref[1:])
+    pool = node.inputs if from_inputs else node.outputs
     t = pool[i] if i < len(pool) else None
     return [] if t is None else [(t, shape_only)]
+
+
+@cache
+def _parse_read(read: str) -> tuple[bool, bool | None, int]:
+    """'x1.shape' -> (shape only, of the inputs (None: all of them), index)."""
+    shape_only = read.endswith(".shape")
+    ref = read.removesuffix(".shape")
+    return (shape_only, None, 0) if ref == "*" else (shape_only, ref[0] == "x", int(ref[1:]))
 
 
 def _broadcast(x: Tensor, y: Tensor | None) -> bool:
@@ -90,11 +98,13 @@ def _broadcast(x: Tensor, y: Tensor | None) -> bool:
     return y is None or x.shape is None or x.shape != y.shape or None in x.shape
 
 
-def build_backward(forward: Graph, wrt_inputs: bool = False, zeros_for_unused_outputs: bool = False) -> Graph:
+def build_backward(forward: Graph, wrt_inputs: bool = False, tensorflow: bool = False) -> Graph:
     """The joint graph: a copy of ``forward`` followed by the backward ops of ``loss = sum(outputs)``.
 
-    ``zeros_for_unused_outputs``: as TensorFlow does, an op with several float outputs, some without a
-    gradient, gets ``ZerosLike(output)`` for those, which reads (and keeps) them.
+    ``tensorflow``: build it as TensorFlow's graph-mode autodiff does: an op with several float
+    outputs, some without a gradient, gets ``ZerosLike(output)`` for those, which reads (and keeps)
+    them; and a gradient function differentiates every float input, constants too (``Mul(x, 0.5)``
+    keeps x for the constant's unused gradient).
     """
     joint = forward.copy()
     joint.meta["wrt_inputs"] = wrt_inputs
@@ -110,13 +120,16 @@ def build_backward(forward: Graph, wrt_inputs: bool = False, zeros_for_unused_ou
         dys = [g for g in out_grads if g is not None]
         if not dys:
             continue
-        if zeros_for_unused_outputs and len(dys) < len(node.outputs):
+        if tensorflow and len(dys) < len(node.outputs):
             dys += [b.node(t.name, "ZerosLike", [t], [t])[0] for t, g in zip(node.outputs, out_grads,
                                                                            strict=True)
                     if g is None and t is not None and t.is_float]
         rule = rule_for(grad_kind(node))
         wanted = [i for i, t in enumerate(node.inputs) if t is not None and t.name in rg
                   and (rule is None or grad_for_input(rule, i) is not None)]
+        if tensorflow and wanted and rule is not None:
+            wanted = [i for i, t in enumerate(node.inputs) if t is not None and t.is_float
+                      and grad_for_input(rule, i) is not None]
         if not wanted:
             continue
         if rule is None:  # unsupported: assume its backward reads every input and output

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import os
+import sys
+from functools import cache
 
+import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
 from onnx import numpy_helper
 
+from .. import progress
 from ..errors import FuseError
 from ..ir import FLOAT_DTYPES, Graph, GraphError, Node, Tensor, topological_order
 from ..kinds import ONNX_KINDS, ONNX_MS_KINDS, is_channel_vector
@@ -19,6 +23,7 @@ _MS_DOMAINS = ("com.microsoft", "com.microsoft.nchwc")
 _CONST_OPS = ("Constant", "ConstantOfShape")
 
 
+@cache  # asked once per tensor
 def dtype_name(elem_type: int) -> str:
     """ONNX element type enum -> numpy-style dtype name ('float32', 'int64', ...)."""
     try:
@@ -97,12 +102,26 @@ def _attrs(node: onnx.NodeProto) -> dict:
     return out
 
 
+# element types whose raw_data numpy_helper.to_array reads as np.frombuffer(raw_data, dtype).reshape(dims)
+_RAW_DTYPES = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.DOUBLE: np.float64,
+               onnx.TensorProto.INT64: np.int64, onnx.TensorProto.INT32: np.int32,
+               onnx.TensorProto.INT8: np.int8, onnx.TensorProto.UINT8: np.uint8,
+               onnx.TensorProto.BOOL: np.bool_, onnx.TensorProto.FLOAT16: np.float16}
+
+
 def _small_value(tensor: onnx.TensorProto):
     n = 1
     for d in tensor.dims:
         n *= d
     if n > SMALL_VALUE_ELEMENTS or tensor.data_location == onnx.TensorProto.EXTERNAL:
         return None
+    raw_dtype = _RAW_DTYPES.get(tensor.data_type)
+    if raw_dtype is not None and tensor.raw_data and sys.byteorder == "little" \
+            and not tensor.HasField("segment"):
+        try:  # to_array's own reading of raw_data, without its per-call set-up (a graph has thousands)
+            return np.frombuffer(tensor.raw_data, dtype=raw_dtype).reshape(tuple(tensor.dims))
+        except ValueError:
+            pass  # a size that does not fit the dims: let to_array say what it says
     try:
         return numpy_helper.to_array(tensor)
     except Exception:
@@ -114,7 +133,9 @@ def load_onnx(path: str) -> Graph:
     model, omitted = read_model(path)
     check_external_data(model, path)
     opset = opset_of(model)
+    progress.stage("shape inference")
     model, warning = infer_shapes(model)
+    progress.stage("building the graph")
     graph = build_graph(model, os.path.basename(path))
     graph.meta["opset"] = opset
     if opset and opset < MIN_OPSET:
@@ -163,32 +184,37 @@ def build_graph(model: onnx.ModelProto, name: str = "model") -> Graph:
             raise FuseError(f"graph input {vi.name!r} is listed twice")
         graph.inputs.append(make(vi.name, "input"))
 
-    for node_proto in g.node:
+    protos = list(g.node)  # one Python wrapper per node, read by both loops
+    tensors = graph.tensors
+    for node_proto in protos:
         for out in node_proto.output:
-            if out and out in graph.tensors:
+            if out and out in tensors:
                 raise FuseError(f"tensor {out!r} is defined more than once (again by node "
                                 f"{node_proto.name or node_proto.op_type!r})")
             if out:
                 make(out, "activation")
-    for index, node_proto in enumerate(g.node):
+    for index, node_proto in enumerate(protos):
+        op_type = node_proto.op_type
+        inputs: list[Tensor | None] = []
         for name in node_proto.input:
-            if name and name not in graph.tensors:
-                raise FuseError(f"node {node_proto.name or node_proto.op_type!r} reads {name!r}, "
+            t = tensors.get(name) if name else None
+            if t is None and name:
+                raise FuseError(f"node {node_proto.name or op_type!r} reads {name!r}, "
                                 "which no node, input or initializer defines")
+            inputs.append(t)
         domain = node_proto.domain
         if domain in ("", "ai.onnx"):
-            kind = ONNX_KINDS.get(node_proto.op_type, "unknown")
+            kind = ONNX_KINDS.get(op_type, "unknown")
         elif domain in _MS_DOMAINS:
-            kind = ONNX_MS_KINDS.get(node_proto.op_type, "unknown")
+            kind = ONNX_MS_KINDS.get(op_type, "unknown")
         else:
             kind = "unknown"
         attrs = _attrs(node_proto)
         if "<subgraph>" in attrs.values():
             kind = "unknown"
-        node = Node(name=graph.unique_node_name(node_proto.name or f"{node_proto.op_type}_{index}"),
-                    op_type=node_proto.op_type, kind=kind,
-                    inputs=[graph.tensors[n] if n else None for n in node_proto.input],
-                    outputs=[graph.tensors[n] if n else None for n in node_proto.output],
+        node = Node(name=graph.unique_node_name(node_proto.name or f"{op_type}_{index}"),
+                    op_type=op_type, kind=kind, inputs=inputs,
+                    outputs=[tensors[n] if n else None for n in node_proto.output],
                     attrs=attrs, domain=domain)
         graph.add_node(node)
     try:

@@ -1,14 +1,15 @@
 """Read an ONNX file's structure without its weights: large initializer payloads skipped at the wire level.
 
-The file is memory-mapped; ModelProto.graph (field 7) is re-encoded with each large initializer's
-data fields (float_data, int32_data, string_data, int64_data, raw_data, double_data, uint64_data) left
-out, and the slim bytes are parsed with onnx's own messages. Names, dtypes, dims and small constants
-(Reshape shapes, Clip bounds: what shape inference and the patterns need) are kept.
+The file is read through a small window with os.pread, so skipped payloads are never read (nor mapped
+into the process); ModelProto.graph (field 7) is re-encoded with each large initializer's data fields
+(float_data, int32_data, string_data, int64_data, raw_data, double_data, uint64_data) left out, and the
+slim bytes are parsed with onnx's own messages. Names, dtypes, dims and small constants (Reshape shapes,
+Clip bounds: what shape inference and the patterns need) are kept.
 """
 
 from __future__ import annotations
 
-import mmap
+import os
 
 import onnx
 
@@ -21,19 +22,45 @@ class WireError(ValueError):
     """The bytes are not a well-formed protobuf message."""
 
 
-def _varint(buf, pos: int) -> tuple[int, int]:
+WINDOW = 1 << 18  # bytes read at a time; payloads that are skipped are never read
+
+
+class _Source:
+    """A file read on demand through a small window (os.pread): bytes that are skipped are never read.
+
+    Unlike a memory map, nothing of the skipped payloads is mapped into the process (a kernel that maps
+    whole large folios on each fault would otherwise count hundreds of MiB of weights in its RSS).
+    """
+
+    def __init__(self, f) -> None:
+        self.fd = f.fileno()
+        self.size = os.fstat(self.fd).st_size
+        self.base = 0
+        self.buf = b""
+
+    def __len__(self) -> int:
+        return self.size
+
+    def read(self, start: int, end: int) -> bytes:
+        """Bytes [start, end) (fewer at the end of the file)."""
+        base = self.base
+        if base <= start and end <= base + len(self.buf):
+            return self.buf[start - base:end - base]
+        if end - start >= WINDOW:
+            return os.pread(self.fd, end - start, start)
+        self.buf, self.base = os.pread(self.fd, WINDOW, start), start
+        return self.buf[:end - start]
+
+
+def _varint(src: _Source, pos: int) -> tuple[int, int]:
+    data = src.read(pos, pos + 10)
     result, shift = 0, 0
-    while True:
-        if pos >= len(buf):
-            raise WireError("truncated varint")
-        b = buf[pos]
-        pos += 1
+    for i, b in enumerate(data):
         result |= (b & 0x7F) << shift
         if not b & 0x80:
-            return result, pos
+            return result, pos + i + 1
         shift += 7
-        if shift > 63:
-            raise WireError("varint too long")
+    raise WireError("varint too long" if len(data) == 10 else "truncated varint")
 
 
 def _encode_varint(n: int) -> bytes:
@@ -48,18 +75,18 @@ def _encode_varint(n: int) -> bytes:
             return bytes(out)
 
 
-def _fields(buf, start: int, end: int):
-    """(field number, wire type, field start, value start, value end) for each field in buf[start:end]."""
+def _fields(src: _Source, start: int, end: int):
+    """(field number, wire type, field start, value start, value end) for each field in [start, end)."""
     pos = start
     while pos < end:
-        key, vpos = _varint(buf, pos)
+        key, vpos = _varint(src, pos)
         number, wtype = key >> 3, key & 7
         if wtype == 0:
-            _, vend = _varint(buf, vpos)
+            _, vend = _varint(src, vpos)
         elif wtype == 1:
             vend = vpos + 8
         elif wtype == 2:
-            length, vpos = _varint(buf, vpos)
+            length, vpos = _varint(src, vpos)
             vend = vpos + length
         elif wtype == 5:
             vend = vpos + 4
@@ -71,40 +98,48 @@ def _fields(buf, start: int, end: int):
         pos = vend
 
 
-def _slim_tensor(buf, start: int, end: int) -> bytes:
-    """A TensorProto without its data fields when they are larger than KEEP_BYTES."""
-    fields = list(_fields(buf, start, end))
+def _slim_tensor(src: _Source, start: int, end: int) -> bytes | None:
+    """A TensorProto without its data fields when they are larger than KEEP_BYTES, else None (keep it)."""
+    if end - start <= KEEP_BYTES:
+        return None  # its data fields cannot be larger than the whole message
+    fields = list(_fields(src, start, end))
     data = sum(vend - vpos for n, _, _, vpos, vend in fields if n in _TENSOR_DATA_FIELDS)
     if data <= KEEP_BYTES:
-        return bytes(buf[start:end])
-    return b"".join(bytes(buf[f:vend]) for n, _, f, _, vend in fields if n not in _TENSOR_DATA_FIELDS)
+        return None
+    return b"".join(src.read(f, vend) for n, _, f, _, vend in fields if n not in _TENSOR_DATA_FIELDS)
 
 
-def _slim_graph(buf, start: int, end: int) -> tuple[bytes, set[int]]:
-    parts, slimmed = [], set()
-    for i, (number, wtype, fstart, vpos, vend) in enumerate(_fields(buf, start, end)):
-        if number == _GRAPH_INITIALIZER and wtype == 2:
-            tensor = _slim_tensor(buf, vpos, vend)
-            if len(tensor) != vend - vpos:
-                slimmed.add(i)
-            parts.append(bytes(buf[fstart:vpos - len(_encode_varint(vend - vpos))]))
-            parts.append(_encode_varint(len(tensor)))
-            parts.append(tensor)
-        else:
-            parts.append(bytes(buf[fstart:vend]))
-    return b"".join(parts), slimmed
+def _slim_graph(src: _Source, start: int, end: int) -> list[bytes]:
+    """The GraphProto's bytes with large initializer payloads cut out; unchanged runs copied as one."""
+    parts: list[bytes] = []
+    run = start  # start of the run of fields kept as they are
+    for number, wtype, fstart, vpos, vend in _fields(src, start, end):
+        if number != _GRAPH_INITIALIZER or wtype != 2:
+            continue
+        tensor = _slim_tensor(src, vpos, vend)
+        if tensor is None:
+            continue
+        if fstart > run:
+            parts.append(src.read(run, fstart))
+        parts += [_encode_varint((_GRAPH_INITIALIZER << 3) | 2), _encode_varint(len(tensor)), tensor]
+        run = vend
+    if end > run:
+        parts.append(src.read(run, end))
+    return parts
 
 
 def read_structure(path: str) -> tuple[onnx.ModelProto, set[str]]:
     """The model without large weight payloads, and the names of the initializers left without data."""
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+    with open(path, "rb") as f:
+        src = _Source(f)
         parts = []
-        for number, wtype, fstart, vpos, vend in _fields(buf, 0, len(buf)):
+        for number, wtype, fstart, vpos, vend in _fields(src, 0, len(src)):
             if number == _MODEL_GRAPH and wtype == 2:
-                graph, _ = _slim_graph(buf, vpos, vend)
-                parts += [_encode_varint((_MODEL_GRAPH << 3) | 2), _encode_varint(len(graph)), graph]
+                graph = _slim_graph(src, vpos, vend)
+                parts += [_encode_varint((_MODEL_GRAPH << 3) | 2),
+                          _encode_varint(sum(len(p) for p in graph)), *graph]
             else:
-                parts.append(bytes(buf[fstart:vend]))
+                parts.append(src.read(fstart, vend))
     model = onnx.ModelProto()
     model.ParseFromString(b"".join(parts))
     omitted = {t.name for t in model.graph.initializer

@@ -189,13 +189,19 @@ def load_savedmodel(path: str, signature: str = "serving_default") -> Graph:
     if signature not in meta.signature_def or signature.startswith("__"):
         available = ", ".join(names) if names else "none"
         raise FuseError(f"{path}: no signature {signature!r} (available: {available})")
-    return _Loader(path, meta, signature).build()
+    try:
+        return _Loader(path, meta, signature).build()
+    except (ValueError, KeyError, IndexError, TypeError) as e:  # a damaged or hand-edited function library
+        raise FuseError(f"{path}: saved_model.pb is inconsistent, cannot follow its graph "
+                        f"({type(e).__name__}: {' '.join(str(e).split())[:120]})") from None
 
 
 def _split_ref(ref: str) -> tuple[str, str | None, int]:
     """``node:out_arg:k`` -> (node, out_arg, k); ``node:k`` -> (node, None, k); ``name`` -> (name, None, 0)"""
     parts = ref.split(":")
     if len(parts) >= 3:
+        if not parts[-1].isdigit():
+            raise ValueError(f"bad tensor reference {ref!r}")
         return ":".join(parts[:-2]), parts[-2], int(parts[-1])
     if len(parts) == 2 and parts[1].isdigit():
         return parts[0], None, int(parts[1])

@@ -36,9 +36,10 @@ class Oracle:
 
 
 # -- fusecli side ----------------------------------------------------------------------------------
-def fusecli_joint(model: onnx.ModelProto) -> Graph:
-    """The linted joint graph of ``model``, differentiated w.r.t. parameters and float inputs."""
-    joint = build_backward(build_graph(infer_shapes(model)[0]), wrt_inputs=True)
+def fusecli_joint(model: onnx.ModelProto, tensorflow: bool = False) -> Graph:
+    """The linted joint graph of ``model``, differentiated w.r.t. parameters and float inputs
+    (``tensorflow``: as TensorFlow's graph-mode autodiff builds it, as for SavedModels)."""
+    joint = build_backward(build_graph(infer_shapes(model)[0]), wrt_inputs=True, tensorflow=tensorflow)
     joint.lint()
     return joint
 
@@ -84,11 +85,15 @@ def onnxruntime_outputs(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) ->
 
 
 def _leaves(model: onnx.ModelProto, feeds: dict[str, np.ndarray]):
-    """(graph inputs and float initializers: the differentiable leaves, other initializers)."""
+    """(graph inputs and float initializers: the differentiable leaves, other initializers).
+
+    One-element float initializers (a 1/sqrt(d) scale, an epsilon) are constants, as fusecli's loader
+    reads them: no framework is asked for their gradient."""
     leaves = dict(feeds)
     consts = {}
     for init in model.graph.initializer:
-        (leaves if init.data_type in _FLOAT else consts)[init.name] = numpy_helper.to_array(init)
+        value = numpy_helper.to_array(init)
+        (leaves if init.data_type in _FLOAT and value.size > 1 else consts)[init.name] = value
     return leaves, consts
 
 

@@ -6,7 +6,7 @@ import os
 import shutil
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from fusecli.errors import FuseError
@@ -23,6 +23,7 @@ SOURCES = ("conv_bn_relu", "keras3_cnn")
 @given(name=st.sampled_from(SOURCES), edits=st.lists(
     st.tuples(st.sampled_from(["flip", "cut", "zero"]), st.floats(0, 1), st.integers(1, 255)),
     min_size=1, max_size=3))
+@example(name="keras3_cnn", edits=[("flip", 0.6929828762322424, 10)])  # found: a tensor ref 'node:out:'
 def test_mutated_saved_model_pb_fails_cleanly(name, edits, tmp_path_factory):
     folder = str(tmp_path_factory.mktemp("sm"))
     source = saved_models()[name]

@@ -1,0 +1,84 @@
+"""Progress: stage names reach a callback; the spinner shows only on a terminal's stderr, never in CI."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from fusecli import progress
+from fusecli.pipeline import Options, analyze
+
+
+class _Stream(io.StringIO):
+    def __init__(self, tty: bool) -> None:
+        super().__init__()
+        self.tty = tty
+
+    def isatty(self) -> bool:
+        return self.tty
+
+
+@pytest.fixture
+def no_ci(monkeypatch):
+    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.delenv("NO_COLOR", raising=False)
+
+
+def test_shown_only_on_a_terminal(no_ci):
+    assert progress.should_show(_Stream(tty=True))
+    assert not progress.should_show(_Stream(tty=False))
+
+
+@pytest.mark.parametrize("var", ["CI", "NO_COLOR"])
+def test_never_under_ci_or_no_color(no_ci, monkeypatch, var):
+    monkeypatch.setenv(var, "1")
+    assert not progress.should_show(_Stream(tty=True))
+
+
+def test_stream_without_isatty_is_not_a_terminal(no_ci):
+    assert not progress.should_show(object())
+
+
+def test_analyze_reports_its_stages_in_order(sample):
+    seen: list[str] = []
+    analyze(sample("conv_bn_relu"), Options(batch=2), on_stage=seen.append)
+    assert seen == ["reading", "shape inference", "building the graph", "backward", "liveness", "fusion"]
+
+
+def test_stage_outside_an_analysis_goes_nowhere():
+    progress.stage("reading")  # no reporter active: nothing happens, nothing raises
+
+
+def test_silent_when_stderr_is_not_a_terminal(sample, capsys, no_ci):
+    analyze(sample("conv_bias_relu"), Options(batch=2))
+    out, err = capsys.readouterr()
+    assert out == "" and err == ""
+
+
+def test_silent_under_ci_even_on_a_terminal(sample, capsys, monkeypatch, no_ci):
+    monkeypatch.setenv("CI", "true")
+    monkeypatch.setattr("sys.stderr", _Stream(tty=True))
+    analyze(sample("conv_bias_relu"), Options(batch=2))
+    assert progress.sys.stderr.getvalue() == ""
+    assert capsys.readouterr().out == ""
+
+
+def test_spinner_draws_on_a_terminal_and_is_cleared(sample, monkeypatch, no_ci):
+    fake = _Stream(tty=True)
+    monkeypatch.setattr("sys.stderr", fake)
+    with progress.stages() as report:
+        report("backward")
+    assert "fusecli" in fake.getvalue()  # drawn (rich writes to the stream it was given)
+
+
+def test_cli_json_stdout_is_only_json(sample, tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from fusecli.cli import main
+
+    result = CliRunner().invoke(main, ["analyze", sample("conv_bias_relu"), "--json", "--batch", "2"])
+    assert result.exit_code == 0
+    json.loads(result.stdout)
