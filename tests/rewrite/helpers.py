@@ -7,9 +7,7 @@ from collections import Counter
 import numpy as np
 import onnx
 import onnxruntime as ort
-from onnx import TensorProto, helper, numpy_helper
-
-from tests.conftest import make_model
+from onnx import helper, numpy_helper
 
 MS = "com.microsoft"
 FUSED_KERNELS = ("FusedConv", "FusedGemm", "FusedMatMul", "Gelu", "BiasGelu", "FastGelu",
@@ -84,49 +82,3 @@ def assert_same_outputs(original, rewritten, batch: int = 2, dims: dict | None =
     for name, value in ref.items():
         assert np.all(np.isfinite(value)), f"{name}: the original itself is not finite"
         np.testing.assert_allclose(got[name], value, rtol=rtol, atol=atol, err_msg=name)
-
-
-class Net:
-    """A small model under construction; ``op`` returns the output name ``<name>_out``."""
-
-    def __init__(self, seed: int = 0, **inputs: tuple) -> None:
-        self.rng = np.random.default_rng(seed)
-        inputs = inputs or {"x": ("N", 3, 8, 8)}
-        self.inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(s))
-                       for n, s in inputs.items()]
-        self.nodes: list[onnx.NodeProto] = []
-        self.inits: list[onnx.TensorProto] = []
-
-    def param(self, name: str, *shape: int, value=None, positive: bool = False) -> str:
-        data = self.rng.standard_normal(shape) * 0.5 if value is None else np.full(shape, value)
-        if positive:
-            data = np.abs(data) + 0.5
-        self.inits.append(numpy_helper.from_array(np.asarray(data, np.float32), name))
-        return name
-
-    def ints(self, name: str, *values: int) -> str:
-        self.inits.append(numpy_helper.from_array(np.array(values, np.int64), name))
-        return name
-
-    def op(self, op_type: str, name: str, *inputs: str, **attrs) -> str:
-        out = f"{name}_out"
-        self.nodes.append(helper.make_node(op_type, list(inputs), [out], name, **attrs))
-        return out
-
-    def conv(self, x: str = "x", name: str = "conv", cout: int = 4, cin: int = 3, k: int = 3) -> str:
-        return self.op("Conv", name, x, self.param(f"{name}_w", cout, cin, k, k), pads=[k // 2] * 4)
-
-    def bias(self, x: str, shape: tuple, name: str = "bias") -> str:
-        return self.op("Add", name, x, self.param(f"{name}_b", *shape))
-
-    def bn(self, x: str, c: int = 4, name: str = "bn") -> str:
-        return self.op("BatchNormalization", name, x, self.param(f"{name}_scale", c),
-                       self.param(f"{name}_shift", c), self.param(f"{name}_mean", c),
-                       self.param(f"{name}_var", c, positive=True), epsilon=1e-3)
-
-    def model(self, *outputs: str, opset: int = 17) -> onnx.ModelProto:
-        outs = [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs]
-        model = onnx.shape_inference.infer_shapes(
-            make_model(self.nodes, self.inputs, outs, self.inits, opset=opset), strict_mode=True)
-        onnx.checker.check_model(model, full_check=True)
-        return model

@@ -10,7 +10,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from fusecli.rewrite import RewriteOptions, rewrite
-from tests.rewrite.helpers import Net, assert_cuda_kernels_only, assert_same_outputs, attr, init, nodes, ops
+from tests.builders import Net
+from tests.rewrite.helpers import assert_cuda_kernels_only, assert_same_outputs, attr, init, nodes, ops
 
 
 def _rewrite(save_model, model, target="cpu", mode="inference", **kw):
