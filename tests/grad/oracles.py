@@ -172,6 +172,15 @@ def _clip_bounds(c: Call) -> tuple[float, float]:
     return float(-np.inf if lo is None else lo), float(np.inf if hi is None else hi)
 
 
+def _variadic(fn, c: Call):
+    """A variadic ONNX op (Max, Min, Sum) as a chain of the framework's binary op."""
+    return functools.reduce(fn, c.ins)
+
+
+def _lrn_args(c: Call) -> tuple[int, float, float, float]:
+    return c.attrs["size"], c.attrs.get("alpha", 1e-4), c.attrs.get("beta", 0.75), c.attrs.get("bias", 1.0)
+
+
 def _split_sizes(c: Call, dim: int) -> list[int]:
     sizes = c.ints("split", 1)
     n = c.attrs.get("num_outputs")
@@ -240,9 +249,60 @@ def _torch_ops() -> dict:
         x = c.ins[0]
         return fn(x, _reduce_axes(c, x.dim()), keepdim=bool(c.attrs.get("keepdims", 1)))
 
+    def reduce_prod(c):
+        x = c.ins[0]
+        for a in sorted((v % x.dim() for v in _reduce_axes(c, x.dim())), reverse=True):
+            x = torch.prod(x, a, keepdim=bool(c.attrs.get("keepdims", 1)))
+        return x
+
+    def depth_to_space(c):  # DCR: reshape and permute only, as ONNX defines it
+        x, r = c.ins[0], c.attrs["blocksize"]
+        n, ch, h, w = x.shape
+        assert c.attrs.get("mode", "DCR") == "DCR"
+        return x.reshape(n, r, r, ch // r**2, h, w).permute(0, 3, 4, 1, 5, 2).reshape(
+            n, ch // r**2, h * r, w * r)
+
+    def space_to_depth(c):
+        x, r = c.ins[0], c.attrs["blocksize"]
+        n, ch, h, w = x.shape
+        return x.reshape(n, ch, h // r, r, w // r, r).permute(0, 3, 5, 1, 2, 4).reshape(
+            n, ch * r * r, h // r, w // r)
+
+    def group_norm(c):
+        x, scale, bias = c.ins
+        per = x.shape[1] // c.attrs["num_groups"]  # opset 18: one scale and bias per group
+        return F.group_norm(x, c.attrs["num_groups"], scale.repeat_interleave(per),
+                            bias.repeat_interleave(per), c.attrs.get("epsilon", 1e-5))
+
+    def lrn(c):
+        size, alpha, beta, bias = _lrn_args(c)
+        return F.local_response_norm(c.ins[0], size, alpha, beta, bias)
+
     dtypes = {onnx.TensorProto.FLOAT: torch.float32, onnx.TensorProto.DOUBLE: torch.float64}
     return {
         **_SHARED,
+        "Abs": lambda c: torch.abs(c.ins[0]), "Neg": lambda c: torch.neg(c.ins[0]),
+        "Max": functools.partial(_variadic, torch.maximum),
+        "Min": functools.partial(_variadic, torch.minimum),
+        "Sum": functools.partial(_variadic, torch.add),
+        "Mean": lambda c: _variadic(torch.add, c) / len(c.ins),
+        "Sin": lambda c: torch.sin(c.ins[0]), "Cos": lambda c: torch.cos(c.ins[0]),
+        "Softplus": lambda c: F.softplus(c.ins[0]), "Selu": lambda c: F.selu(c.ins[0]),
+        # F.hardsigmoid's slope is 1/6: the case sets ONNX's alpha to match
+        "HardSigmoid": lambda c: F.hardsigmoid(c.ins[0]), "HardSwish": lambda c: F.hardswish(c.ins[0]),
+        "PRelu": lambda c: F.prelu(c.ins[0], c.ins[1].reshape(-1)),
+        "ReduceMin": functools.partial(reduce, torch.amin), "ReduceProd": reduce_prod,
+        "ReduceL2": lambda c: torch.linalg.vector_norm(
+            c.ins[0], 2, _reduce_axes(c, c.ins[0].dim()), keepdim=bool(c.attrs.get("keepdims", 1))),
+        "ReduceSumSquare": lambda c: torch.sum(torch.square(c.ins[0]), _reduce_axes(c, c.ins[0].dim()),
+                                               keepdim=bool(c.attrs.get("keepdims", 1))),
+        "GlobalMaxPool": lambda c: F.adaptive_max_pool2d(c.ins[0], 1),
+        "Tile": lambda c: c.ins[0].repeat([int(v) for v in c.value(1)]),
+        "Resize": lambda c: F.interpolate(c.ins[0], [int(v) for v in c.value(3)[2:]], mode="nearest"),
+        "DepthToSpace": depth_to_space, "SpaceToDepth": space_to_depth,
+        "InstanceNormalization": lambda c: F.instance_norm(c.ins[0], weight=c.ins[1], bias=c.ins[2],
+                                                           eps=c.attrs.get("epsilon", 1e-5)),
+        "GroupNormalization": group_norm, "LRN": lrn,
         "Conv": conv, "ConvTranspose": conv_transpose, "Gemm": gemm,
         "MatMul": lambda c: torch.matmul(c.ins[0], c.ins[1]),
         "BatchNormalization": batch_norm, "LayerNormalization": layer_norm,
@@ -399,7 +459,10 @@ def _tf_ops() -> dict:
 
     def clip(c):
         lo, hi = _clip_bounds(c)
-        return tf.nn.relu6(c.ins[0]) if (lo, hi) == (0, 6) else tf.clip_by_value(c.ins[0], lo, hi)
+        if (lo, hi) == (0, 6):
+            return tf.nn.relu6(c.ins[0])
+        # the ClipByValue op (tf.clip_by_value composes Minimum and Maximum, whose rules are their own)
+        return tf.raw_ops.ClipByValue(t=c.ins[0], clip_value_min=lo, clip_value_max=hi)
 
     def pool(fn, c):
         x = c.ins[0]
@@ -427,9 +490,39 @@ def _tf_ops() -> dict:
         axis = c.attrs.get("axis", 1)
         return tf.reshape(c.ins[0], [int(np.prod(c.ins[0].shape[:axis])), -1])
 
+    def nhwc(fn):
+        """A TF op that runs NHWC only on CPUs, between layout transposes (views of the ONNX tensors)."""
+        return lambda c: layout(fn(c, layout(c.ins[0], [0, 2, 3, 1])), [0, 3, 1, 2])
+
+    def lrn(c, x):
+        size, alpha, beta, bias = _lrn_args(c)
+        assert size % 2 == 1, "TF's LRN window is symmetric"
+        return tf.nn.local_response_normalization(x, (size - 1) // 2, bias, alpha / size, beta)
+
+    def reduce_l2(c):
+        x = c.ins[0]
+        return tf.raw_ops.EuclideanNorm(input=x, axis=_reduce_axes(c, len(x.shape)),
+                                        keep_dims=bool(c.attrs.get("keepdims", 1)))
+
     dtypes = {onnx.TensorProto.FLOAT: tf.float32, onnx.TensorProto.DOUBLE: tf.float64}
     return {
         **_SHARED,
+        "Abs": lambda c: tf.abs(c.ins[0]), "Neg": lambda c: tf.negative(c.ins[0]),
+        "Max": functools.partial(_variadic, tf.maximum), "Min": functools.partial(_variadic, tf.minimum),
+        "Sum": lambda c: tf.add_n(c.ins), "Mean": lambda c: tf.add_n(c.ins) / len(c.ins),
+        "Sin": lambda c: tf.sin(c.ins[0]), "Cos": lambda c: tf.cos(c.ins[0]),
+        "Softplus": lambda c: tf.nn.softplus(c.ins[0]), "Selu": lambda c: tf.nn.selu(c.ins[0]),
+        "ReduceMin": functools.partial(reduce, tf.reduce_min),
+        "ReduceProd": functools.partial(reduce, tf.reduce_prod), "ReduceL2": reduce_l2,
+        "ReduceSumSquare": lambda c: reduce(tf.reduce_sum, Call([tf.square(c.ins[0])], c.values, c.attrs)),
+        "GlobalMaxPool": lambda c: tf.reduce_max(c.ins[0], list(range(2, len(c.ins[0].shape))),
+                                                 keepdims=True),
+        "Tile": lambda c: tf.tile(c.ins[0], [int(v) for v in c.value(1)]),
+        "Resize": nhwc(lambda c, x: tf.raw_ops.ResizeNearestNeighbor(
+            images=x, size=[int(v) for v in c.value(3)[2:]], half_pixel_centers=True)),
+        "DepthToSpace": nhwc(lambda c, x: tf.nn.depth_to_space(x, c.attrs["blocksize"])),
+        "SpaceToDepth": nhwc(lambda c, x: tf.nn.space_to_depth(x, c.attrs["blocksize"])),
+        "LRN": nhwc(lrn),
         "Conv": conv, "ConvTranspose": conv_transpose, "Gemm": gemm,
         "MatMul": lambda c: tf.matmul(c.ins[0], c.ins[1]),
         "BatchNormalization": batch_norm, "LayerNormalization": layer_norm,
@@ -461,7 +554,10 @@ def _tf_ops() -> dict:
         "Exp": lambda c: tf.exp(c.ins[0]), "Log": lambda c: tf.math.log(c.ins[0]),
         "Reciprocal": lambda c: tf.math.reciprocal(c.ins[0]),
         "Identity": lambda c: tf.identity(c.ins[0]),
-        "Rsqrt": lambda c: tf.math.rsqrt(c.ins[0]),  # TF only (no ONNX op): for the rsqrt rule
+        # TF only (no ONNX op): for the rules of TF_KINDS
+        "Rsqrt": lambda c: tf.math.rsqrt(c.ins[0]), "Square": lambda c: tf.square(c.ins[0]),
+        "SquaredDifference": lambda c: tf.math.squared_difference(c.ins[0], c.ins[1]),
+        "Erfc": lambda c: tf.math.erfc(c.ins[0]),
         "Dropout": lambda c: tf.nn.dropout(c.ins[0], float(c.value(1)), seed=0),
         "Cast": lambda c: tf.cast(c.ins[0], dtypes[c.attrs["to"]]),
         "Where": lambda c: tf.where(c.ins[0], c.ins[1], c.ins[2]),
