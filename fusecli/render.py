@@ -16,7 +16,7 @@ from .errors import FuseError
 from .fusion.match import Match
 from .ir import Graph, Node, Tensor
 from .pipeline import Analysis
-from .report import format_bytes, format_shape
+from .units import format_bytes, format_shape
 
 VIEWS = ("before", "after", "backward")
 BIG_GRAPH_NODES = 150

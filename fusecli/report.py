@@ -7,6 +7,7 @@ from .fusion.match import Match
 from .ir import gc_paused
 from .liveness import Saved
 from .pipeline import Analysis
+from .units import format_bytes, format_shape
 
 
 def to_json(a: Analysis) -> dict:
@@ -62,20 +63,6 @@ def pattern_summary(a: Analysis) -> list[dict]:
         r["training_safe"] += m.verdict.training_safe
         r["traffic_bytes"] += m.verdict.traffic_bytes
     return list(rows.values())
-
-
-def format_bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
-
-
-def format_shape(shape) -> str:
-    if shape is None:
-        return "?"
-    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
 
 
 def print_report(a: Analysis, console) -> None:

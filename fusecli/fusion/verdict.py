@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from ..ir import Graph, Node, Tensor
 from ..liveness import Liveness
+from ..units import format_bytes
 from .frameworks import framework_notes
 from .match import Match
 
@@ -28,12 +29,6 @@ class Verdict:
     blocking: list[Blocking] = field(default_factory=list)
     traffic_bytes: int = 0  # interior bytes written and read back that fusion saves
     frameworks: dict = field(default_factory=dict)
-
-
-def _fmt_bytes(n: int) -> str:
-    from ..report import format_bytes
-
-    return format_bytes(n)
 
 
 def _outside_readers(m: Match, outputs: set[str],
@@ -102,11 +97,11 @@ def judge(m: Match, graph: Graph, live: Liveness, batch: int = 1, dims: Mapping[
             blocking.append(Blocking(t, [n.name for n in s.needed_by], s.bytes))
     if blocking:
         b = blocking[0]
-        readers = [live_node for live_node in live.saved_by_name[b.tensor.name].needed_by]
         what = ", ".join(sorted({f"{n.op_type} (backward of {n.meta.get('forward', '?')})"
-                                 for n in readers}))
+                                 for n in live.saved_by_name[b.tensor.name].needed_by}))
+        size = f"{format_bytes(b.bytes)} at batch {batch}"
         return Verdict(True, False, f"inference only: {what} reads {b.tensor.name}, made inside the "
-                       f"fused kernel by {b.tensor.producer.name} ({_fmt_bytes(b.bytes)} at batch {batch}); "
+                       f"fused kernel by {b.tensor.producer.name} ({size}); "
                        "to train fused, the kernel must also write it out or recompute it",
                        blocking, traffic, notes)
     return Verdict(True, True, "training-safe: no tensor inside the fused kernel is read by backward"

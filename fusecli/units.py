@@ -1,0 +1,19 @@
+"""How sizes and shapes are written for people."""
+
+from __future__ import annotations
+
+
+def format_bytes(n: int) -> str:
+    """1536 -> '1.5 KiB'."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def format_shape(shape) -> str:
+    """('N', 3, None) -> '[N, 3, ?]'."""
+    if shape is None:
+        return "?"
+    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
