@@ -132,18 +132,24 @@ def load_onnx(path: str) -> Graph:
     """Read an ONNX file into a forward Graph (weights are never read; small constants are)."""
     model, omitted = read_model(path)
     check_external_data(model, path)
+    graph = graph_of_model(model, os.path.basename(path))
+    for name in omitted:
+        graph.tensors[name].meta["data_omitted"] = True
+    return graph
+
+
+def graph_of_model(model: onnx.ModelProto, name: str) -> Graph:
+    """Shape inference, then the IR graph of an in-memory model (its weights may be left out)."""
     opset = opset_of(model)
     progress.stage("shape inference")
     model, warning = infer_shapes(model)
     progress.stage("building the graph")
-    graph = build_graph(model, os.path.basename(path))
+    graph = build_graph(model, name)
     graph.meta["opset"] = opset
     if opset and opset < MIN_OPSET:
         graph.meta.setdefault("warnings", []).append(
             f"opset {opset} is older than the oldest fusecli is checked on ({MIN_OPSET}); "
             "its ops are read with today's semantics")
-    for name in omitted:
-        graph.tensors[name].meta["data_omitted"] = True
     if warning:
         graph.meta.setdefault("warnings", []).append(warning)
     return graph

@@ -12,7 +12,7 @@ from onnx import helper
 
 from ..errors import FuseError
 from ..ir import Graph
-from ..load.onnx import build_graph, dtype_name, infer_shapes, opset_of
+from ..load.onnx import dtype_name, graph_of_model, opset_of
 from ..output import refuse_overwriting_input
 from ..pipeline import Analysis, Options, analyze, analyze_graph
 from .edit import apply, protos_by_ir_name, prune
@@ -94,9 +94,7 @@ def analyze_model(model: onnx.ModelProto, options: Options, known: dict[str, onn
     have = {v.name for v in (*light.graph.value_info, *light.graph.output, *light.graph.input)}
     made = {o for n in light.graph.node for o in n.output}
     light.graph.value_info.extend(v for name, v in known.items() if name in made and name not in have)
-    inferred, _ = infer_shapes(light)
-    graph = build_graph(inferred, os.path.basename(label))
-    graph.meta["opset"] = opset_of(model)
+    graph = graph_of_model(light, os.path.basename(label))
     graph.lint()
     return analyze_graph(label, graph, options)
 

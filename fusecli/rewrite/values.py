@@ -7,6 +7,7 @@ import onnx
 from onnx import numpy_helper
 
 from ..errors import FuseError
+from ..ir import unique_name
 
 _NOT_CONSTANT = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
                            "Multinomial", "Bernoulli"})
@@ -21,10 +22,7 @@ class Names:
         self.used |= {o for n in g.node for o in (*n.output, *n.input) if o} | {n.name for n in g.node}
 
     def new(self, base: str) -> str:
-        name, i = base, 0
-        while name in self.used:
-            i += 1
-            name = f"{base}_{i}"
+        name = unique_name(base, self.used)
         self.used.add(name)
         return name
 
