@@ -14,7 +14,8 @@ from onnx import numpy_helper
 from .. import progress
 from ..errors import FuseError
 from ..ir import FLOAT_DTYPES, Graph, GraphError, Node, Tensor, topological_order
-from ..kinds import ONNX_KINDS, ONNX_MS_KINDS, is_channel_vector
+from ..kinds import ONNX_KINDS, ONNX_MS_KINDS
+from .common import mark_constant_subgraphs, refine_bias_adds
 from .onnx_wire import WireError, read_structure
 
 MIN_OPSET = 7  # older models are analyzed too, with a warning: their ops are read by today's kinds
@@ -231,33 +232,26 @@ def build_graph(model: onnx.ModelProto, name: str = "model") -> Graph:
     missing = [o.name for o in g.output if o.name not in graph.tensors]
     if missing:
         raise FuseError(f"graph output {missing[0]!r} is not defined by any node or input")
-    _mark_constant_subgraphs(graph)
+    _constant_values(mark_constant_subgraphs(graph, _CONST_OPS, weight_ops=("ConstantOfShape",)))
     _fill_missing_shapes(graph)
     refine_kinds(graph)
     return graph
 
 
-def _mark_constant_subgraphs(graph: Graph) -> None:
-    """Nodes fed only by initializers/constants make constants; float weights made so are parameters."""
-    for node in graph.nodes:
-        ins = [t for t in node.inputs if t is not None]
-        if node.op_type not in _CONST_OPS and (not ins or node.kind == "random"):
+def _constant_values(nodes: list[Node]) -> None:
+    """Constant nodes' small values (and shapes, where inference left them out) onto their outputs."""
+    for node in nodes:
+        if node.op_type != "Constant" or "value" not in node.attrs:
             continue
-        if any(t.kind in ("input", "activation") for t in ins):
-            continue
-        node.meta["constant"] = True
-        weight = node.op_type == "ConstantOfShape" or any(t.kind == "parameter" for t in ins)
+        value, proto = _small_value(node.attrs["value"]), node.attrs["value"]
         for t in node.outputs:
             if t is None:
                 continue
-            t.kind = "parameter" if weight and t.is_float else "constant"
-            if node.op_type == "Constant" and "value" in node.attrs:
-                value = _small_value(node.attrs["value"])
-                if value is not None:
-                    t.meta["value"] = value
-                if t.shape is None:
-                    t.shape = tuple(node.attrs["value"].dims)
-                    t.dtype = dtype_name(node.attrs["value"].data_type)
+            if value is not None:
+                t.meta["value"] = value
+            if t.shape is None:
+                t.shape = tuple(proto.dims)
+                t.dtype = dtype_name(proto.data_type)
 
 
 def _fill_missing_shapes(graph: Graph) -> None:
@@ -281,17 +275,10 @@ CHANNEL_FIRST_KINDS = frozenset({"conv", "conv_transpose", "batch_norm", "max_po
 
 def refine_kinds(graph: Graph) -> None:
     """Kinds that depend on operands: per-channel constant Add -> bias_add, Clip(0, 6) -> relu6."""
+    refine_bias_adds(graph, lambda x: 1 if x.producer is not None
+                     and x.producer.kind in CHANNEL_FIRST_KINDS else None)
     for node in graph.nodes:
-        if node.kind == "add" and len(node.inputs) == 2 and None not in node.inputs:
-            a, b = node.inputs
-            for x, bias in ((a, b), (b, a)):
-                channel_first = x.producer is not None and x.producer.kind in CHANNEL_FIRST_KINDS
-                if x.kind in ("input", "activation") and bias.kind in ("parameter", "constant") \
-                        and is_channel_vector(bias, x, 1 if channel_first else None):
-                    node.kind = "bias_add"
-                    node.meta["bias_input"] = node.inputs.index(bias)
-                    break
-        elif node.kind == "clip":
+        if node.kind == "clip":
             lo, hi = node.attrs.get("min"), node.attrs.get("max")
             if lo is None and len(node.inputs) > 1:
                 lo = constant_value(node.inputs[1])

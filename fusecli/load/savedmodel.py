@@ -47,8 +47,9 @@ from google.protobuf.message import DecodeError
 
 from ..errors import FuseError
 from ..ir import Graph, Node, Tensor, unique_name
-from ..kinds import TF_KINDS, is_channel_vector
+from ..kinds import TF_KINDS
 from . import tf_proto
+from .common import mark_constant_subgraphs, refine_bias_adds
 
 SMALL_VALUE_ELEMENTS = 64  # constants this small keep their values, as the ONNX loader does
 _CALL_OPS = frozenset({"StatefulPartitionedCall", "PartitionedCall"})
@@ -524,8 +525,9 @@ class _Loader:
         graph.meta.update(signature=self.signature, signatures=signature_names(self.meta),
                           output_names=out_names,
                           tensorflow_version=self.meta.meta_info_def.tensorflow_version)
-        _mark_constant_subgraphs(graph)
-        refine_kinds(graph)
+        mark_constant_subgraphs(graph)
+        # AddV2 adding a bias keeps AddV2's gradient: TensorFlow takes both shapes unless they are static
+        refine_bias_adds(graph, lambda x: None, grad_kind="add")
         return graph
 
     def prune(self) -> list[Node]:
@@ -540,33 +542,3 @@ class _Loader:
             live.add(id(n))
             stack.extend(producer.get(id(t)) for t in n.inputs if t is not None)
         return [n for n in self.nodes if id(n) in live]
-
-
-def _mark_constant_subgraphs(graph: Graph) -> None:
-    """Nodes fed only by parameters and constants compute weights: mark them; their outputs are weights."""
-    for node in graph.nodes:
-        ins = [t for t in node.inputs if t is not None]
-        if node.op_type == "Const" or not ins or node.kind == "random":
-            continue
-        if any(t.kind in ("input", "activation") for t in ins):
-            continue
-        node.meta["constant"] = True
-        weight = any(t.kind == "parameter" for t in ins)
-        for t in node.outputs:
-            if t is not None:
-                t.kind = "parameter" if weight and t.is_float else "constant"
-
-
-def refine_kinds(graph: Graph) -> None:
-    """A per-channel parameter or constant added to an activation (``AddV2``) is a ``bias_add``, whose
-    gradient stays AddV2's (``grad_kind`` add: TensorFlow takes both shapes unless they are static)."""
-    for node in graph.nodes:
-        if node.kind == "add" and len(node.inputs) == 2 and None not in node.inputs:
-            a, b = node.inputs
-            for x, bias in ((a, b), (b, a)):
-                if x.kind in ("input", "activation") and bias.kind in ("parameter", "constant") \
-                        and is_channel_vector(bias, x):
-                    node.kind = "bias_add"
-                    node.meta["grad_kind"] = "add"
-                    node.meta["bias_input"] = node.inputs.index(bias)
-                    break

@@ -1,0 +1,47 @@
+"""What every loader does once its nodes are in: weight-only subgraphs, and per-channel bias Adds."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..ir import Graph, Node, Tensor
+from ..kinds import is_channel_vector
+
+
+def mark_constant_subgraphs(graph: Graph, sources: tuple[str, ...] = (),
+                            weight_ops: tuple[str, ...] = ()) -> list[Node]:
+    """Nodes fed only by parameters and constants (and ``sources`` ops, inputs or not) compute weights:
+    mark them constant; float outputs are parameters when fed by one (or made by ``weight_ops``), else
+    constants. Returns the marked nodes."""
+    marked = []
+    for node in graph.nodes:
+        ins = [t for t in node.inputs if t is not None]
+        if node.op_type not in sources and (not ins or node.kind == "random"):
+            continue
+        if any(t.kind in ("input", "activation") for t in ins):
+            continue
+        node.meta["constant"] = True
+        weight = node.op_type in weight_ops or any(t.kind == "parameter" for t in ins)
+        for t in node.outputs:
+            if t is not None:
+                t.kind = "parameter" if weight and t.is_float else "constant"
+        marked.append(node)
+    return marked
+
+
+def refine_bias_adds(graph: Graph, channel_axis: Callable[[Tensor], int | None],
+                     grad_kind: str | None = None) -> None:
+    """An ``add`` of an activation and a per-channel parameter or constant (on ``channel_axis(x)`` of x,
+    when that names one) is a ``bias_add``; ``grad_kind`` keeps another kind's gradient for it."""
+    for node in graph.nodes:
+        if node.kind != "add" or len(node.inputs) != 2 or None in node.inputs:
+            continue
+        a, b = node.inputs
+        for x, bias in ((a, b), (b, a)):
+            if x.kind in ("input", "activation") and bias.kind in ("parameter", "constant") \
+                    and is_channel_vector(bias, x, channel_axis(x)):
+                node.kind = "bias_add"
+                node.meta["bias_input"] = node.inputs.index(bias)
+                if grad_kind is not None:
+                    node.meta["grad_kind"] = grad_kind
+                break
