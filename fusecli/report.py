@@ -70,7 +70,6 @@ def print_report(a: Analysis, console) -> None:
     from rich.table import Table
 
     g = a.graph
-    doc = to_json(a)
     console.print(f"[bold]{a.path}[/] ({g.format})")
     summary = Table(show_header=False)
     summary.add_column(style="bold")
@@ -78,7 +77,7 @@ def print_report(a: Analysis, console) -> None:
     kinds: dict[str, int] = {}
     for t in g.tensors.values():
         kinds[t.kind] = kinds.get(t.kind, 0) + 1
-    summary.add_row("forward nodes", str(doc["forward"]["nodes"]))
+    summary.add_row("forward nodes", str(len(g.nodes)))
     summary.add_row("tensors", ", ".join(f"{kinds[k]} {k}" for k in sorted(kinds)))
     summary.add_row("batch", str(a.options.batch))
     for t in g.inputs:
@@ -99,9 +98,11 @@ def print_report(a: Analysis, console) -> None:
     console.print(ops)
     print_saved(a, console)
     print_patterns(a, console)
-    if doc["unsupported"]:
+    unsupported = a.unsupported()
+    if unsupported:
         console.print("[yellow]unsupported ops (treated conservatively):[/] "
-                      + ", ".join(f"{u['op']} x{u['count']}" for u in doc["unsupported"]))
+                      + ", ".join(f"{op} x{c}" for op, c in sorted(unsupported.items(),
+                                                                     key=lambda kv: (-kv[1], kv[0]))))
 
 
 def print_saved(a: Analysis, console, limit: int = 40) -> None:
