@@ -9,6 +9,7 @@ import onnx
 from onnx import external_data_helper
 
 from ..errors import FuseError
+from ..load import load_model
 
 SAVEDMODEL_OPSET = 17
 
@@ -46,6 +47,9 @@ def open_source(path: str, workdir: str, signature: str | None = None) -> Source
             raise FuseError(f"{path}: --signature applies to SavedModel folders only")
         return Source(path, path, protected=[path])
     folder = os.path.dirname(path) if os.path.isfile(path) else path
+    # fusecli's own reader first: a bad folder, file or signature is one clear line, before TensorFlow
+    # is imported (and prints its start-up logs) for the conversion
+    load_model(folder, signature)
     out = os.path.join(workdir, "model.onnx")
     model = convert_savedmodel(folder, signature)
     save_plain(model, out)

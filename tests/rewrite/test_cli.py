@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import sys
 
 import numpy as np
@@ -159,12 +160,28 @@ def test_external_data_input_is_read_and_protected(sample, tmp_path, monkeypatch
 
 
 def test_savedmodel_without_tf2onnx_says_which_extra(tmp_path, monkeypatch):
-    folder = tmp_path / "sm"
-    folder.mkdir()
-    (folder / "saved_model.pb").write_bytes(b"")
+    pytest.importorskip("tensorflow")
+    from tests.load.test_savedmodel import saved_models
+
+    folder = saved_models()["conv_bias_relu"]  # a valid SavedModel: only the converter is missing
     monkeypatch.setitem(sys.modules, "tf2onnx", None)
     line = _one_error_line(run("rewrite", folder, "-o", tmp_path / "o.onnx"))
     assert "tf2onnx" in line and "fusecli[tf]" in line
+
+
+def test_bad_savedmodel_fails_before_tensorflow_is_imported(tmp_path):
+    """fusecli's own reader checks the folder first: one line, and no TensorFlow start-up logs."""
+    folder = tmp_path / "sm"
+    folder.mkdir()
+    (folder / "saved_model.pb").write_bytes(b"garbage")
+    args = ["rewrite", str(folder), "-o", str(tmp_path / "o.onnx")]
+    code = ("import sys; from click.testing import CliRunner; from fusecli.cli import main; "
+            f"r = CliRunner().invoke(main, {args!r}); "
+            "print(r.exit_code, 'tensorflow' in sys.modules); print(r.stderr, file=sys.stderr)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["1", "False"]
+    assert done.stderr.strip().startswith("error: ") and "not a SavedModel" in done.stderr
+    assert not (tmp_path / "o.onnx").exists()
 
 
 def test_savedmodel_is_converted_and_rewritten(tmp_path):
