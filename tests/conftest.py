@@ -47,3 +47,27 @@ def save_model(tmp_path):
         return path
 
     return save
+
+
+@pytest.fixture(scope="session")
+def hf_onnx(tmp_path_factory):
+    """``hf_onnx(name, exporter="torchscript", dynamic=True, batch=2, seq=16)``: the path of a small
+    `transformers` model's ONNX export (tests/hf_models.py), made once per test session."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from tests import hf_models
+
+    folder = tmp_path_factory.mktemp("hf")
+    made: dict[tuple, str] = {}
+
+    def get(name: str, exporter: str = "torchscript", dynamic: bool = True, batch: int = 2,
+            seq: int = 16) -> str:
+        key = (name, exporter, dynamic) + (() if dynamic else (batch, seq))
+        if key not in made:
+            if exporter == "dynamo":
+                pytest.importorskip("onnxscript")
+            path = folder / ("_".join(map(str, key)) + ".onnx")
+            made[key] = hf_models.export(name, str(path), exporter, dynamic, batch, seq)
+        return made[key]
+
+    return get

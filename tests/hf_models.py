@@ -1,0 +1,192 @@
+"""Small Hugging Face models built from `transformers` configs (random weights, nothing downloaded),
+exported to ONNX by both torch exporters, and PyTorch's own record of what autograd saves.
+
+One place for the test corpus: `build(name)` makes the eager-attention model (2 layers, hidden 64),
+`export(name, path, exporter, dynamic, batch, seq)` writes the ONNX file (TorchScript exporter with
+`dynamic_axes`, or the dynamo exporter with `dynamic_shapes`; `dynamic=False` fixes every dim), and
+`pytorch_saved_bytes(name, batch, seq)` measures bytes of the distinct storages autograd saves that are
+neither parameters nor model inputs (`torch.autograd.graph.saved_tensors_hooks`, model in eval()).
+The `hf_onnx` fixture in conftest.py caches each export once per test session.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+TEXT = ("bert", "distilbert", "gpt2", "llama", "mistral", "qwen2", "t5_encoder")
+VISION = ("vit", "clip_vision", "convnext", "swin", "segformer", "mobilevit")
+AUDIO = ("whisper_encoder",)
+ALL = TEXT + VISION + AUDIO
+IMAGE_SIZE = 32
+WHISPER_MELS, WHISPER_FRAMES = 16, 64  # 2 * max_source_positions frames
+
+
+@dataclass(frozen=True)
+class Spec:
+    inputs: tuple[str, ...]  # input names, in forward() order
+    seq_axis: bool  # whether axis 1 of the inputs is a sequence the user can size
+
+
+def spec(name: str) -> Spec:
+    if name in ("bert", "distilbert"):
+        return Spec(("input_ids", "attention_mask"), True)
+    if name in TEXT:
+        return Spec(("input_ids",), True)
+    if name in AUDIO:
+        return Spec(("input_features",), False)
+    return Spec(("pixel_values",), False)
+
+
+def _config(name: str):
+    import transformers as tr
+
+    small = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128)
+    if name == "bert":
+        return tr.BertConfig(vocab_size=100, max_position_embeddings=256, **small)
+    if name == "distilbert":
+        return tr.DistilBertConfig(vocab_size=100, dim=64, n_layers=2, n_heads=2, hidden_dim=128,
+                                   max_position_embeddings=256)
+    if name == "gpt2":
+        return tr.GPT2Config(vocab_size=100, n_embd=64, n_layer=2, n_head=2, n_positions=256, bos_token_id=0,
+                              eos_token_id=0)
+    if name in ("llama", "mistral", "qwen2"):
+        cls = {"llama": tr.LlamaConfig, "mistral": tr.MistralConfig, "qwen2": tr.Qwen2Config}[name]
+        return cls(vocab_size=100, max_position_embeddings=256, num_key_value_heads=1, head_dim=32,
+                   **small)  # grouped-query attention: 2 query heads share one K/V head
+    if name == "t5_encoder":
+        return tr.T5Config(vocab_size=100, d_model=64, d_kv=32, d_ff=128, num_layers=2, num_heads=2)
+    if name == "vit":
+        return tr.ViTConfig(image_size=IMAGE_SIZE, patch_size=8, **small)
+    if name == "clip_vision":
+        return tr.CLIPVisionConfig(image_size=IMAGE_SIZE, patch_size=8, **small)
+    if name == "whisper_encoder":
+        return tr.WhisperConfig(vocab_size=100, d_model=64, encoder_layers=2, encoder_attention_heads=2,
+                                decoder_layers=1, decoder_attention_heads=2, encoder_ffn_dim=128,
+                                decoder_ffn_dim=128, num_mel_bins=WHISPER_MELS,
+                                max_source_positions=WHISPER_FRAMES // 2, max_target_positions=32, pad_token_id=0,
+                                bos_token_id=0, eos_token_id=0, decoder_start_token_id=0)
+    if name == "convnext":
+        return tr.ConvNextConfig(num_channels=3, num_stages=2, hidden_sizes=[16, 32], depths=[1, 1],
+                                 image_size=IMAGE_SIZE)
+    if name == "swin":
+        return tr.SwinConfig(image_size=IMAGE_SIZE, patch_size=4, embed_dim=16, depths=[1, 1],
+                             num_heads=[2, 2], window_size=4)
+    if name == "segformer":
+        return tr.SegformerConfig(num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1],
+                                  hidden_sizes=[16, 32], num_attention_heads=[1, 2],
+                                  patch_sizes=[7, 3], strides=[4, 2], decoder_hidden_size=32)
+    if name == "mobilevit":
+        return tr.MobileViTConfig(image_size=IMAGE_SIZE, hidden_sizes=[32, 48, 64],
+                                  neck_hidden_sizes=[8, 8, 16, 16, 24, 32, 64])
+    raise KeyError(name)
+
+
+def build(name: str, seed: int = 0):
+    """The model in eval() mode with eager (matmul/softmax) attention and non-trivial random weights,
+    wrapped so that forward() takes the spec's inputs positionally and returns plain tensors."""
+    import torch
+    import transformers as tr
+
+    torch.manual_seed(seed)
+    config = _config(name)
+    config._attn_implementation = "eager"
+    if name == "t5_encoder":
+        inner = tr.T5EncoderModel(config)
+    elif name == "whisper_encoder":
+        inner = tr.WhisperModel(config).get_encoder()
+    elif name == "clip_vision":
+        inner = tr.CLIPVisionModel(config)
+    else:
+        inner = tr.AutoModel.from_config(config, attn_implementation="eager")
+    with torch.no_grad():  # fresh zeros/ones (biases, norm gains) would hide swapped operands
+        for pname, p in inner.named_parameters():
+            if p.dim() == 1 and ("norm" in pname.lower() or "ln" in pname.lower()) and "weight" in pname:
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+            elif p.dim() == 1:
+                p.copy_(0.1 * torch.randn_like(p))
+
+    class Wrapped(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, *args):
+            out = self.inner(**dict(zip(spec(name).inputs, args, strict=True)))
+            return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+
+    return Wrapped().eval()
+
+
+def example_inputs(name: str, batch: int = 2, seq: int = 16, seed: int = 0):
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    s = spec(name)
+    if s.inputs[0] == "input_ids":
+        ids = torch.randint(0, 100, (batch, seq), generator=g)
+        if len(s.inputs) == 2:
+            mask = torch.ones(batch, seq, dtype=torch.int64)
+            mask[0, seq // 2:] = 0  # a padded row: the additive mask is not all zeros
+            return ids, mask
+        return (ids,)
+    if s.inputs[0] == "input_features":
+        return (torch.randn(batch, WHISPER_MELS, WHISPER_FRAMES, generator=g),)
+    return (torch.randn(batch, 3, IMAGE_SIZE, IMAGE_SIZE, generator=g),)
+
+
+def export(name: str, path: str, exporter: str = "torchscript", dynamic: bool = True,
+           batch: int = 2, seq: int = 16, opset: int = 17) -> str:
+    """Write the ONNX export of `name` to `path` and return it. Dynamic dims are named `batch` and
+    `seq` (text models) as users name them in `dynamic_axes`."""
+    import torch
+
+    model, args, s = build(name), example_inputs(name, batch, seq), spec(name)
+    axes = {0: "batch", 1: "seq"} if s.seq_axis else {0: "batch"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if exporter == "torchscript":
+            torch.onnx.export(model, args, path, dynamo=False, opset_version=opset, input_names=list(s.inputs),
+                              output_names=["output"],
+                              dynamic_axes={i: axes for i in s.inputs} if dynamic else None)
+        elif exporter == "dynamo":
+            shapes = None
+            if dynamic:
+                dims = {0: torch.export.Dim("batch", min=1, max=64)}
+                if s.seq_axis:
+                    dims[1] = torch.export.Dim("seq", min=2, max=256)
+                shapes = tuple(dims for _ in s.inputs)
+            program = torch.onnx.export(model, args, dynamo=True, dynamic_shapes=shapes,
+                                        input_names=list(s.inputs), output_names=["output"], verbose=False)
+            program.save(path)
+        else:
+            raise ValueError(exporter)
+    return path
+
+
+def pytorch_saved(name: str, batch: int = 2, seq: int = 16) -> list[tuple[tuple[int, ...], str, int]]:
+    """What PyTorch's autograd saves for backward of `sum(output)`, one entry per distinct storage that is
+    neither a parameter nor a model input: (shape, dtype, storage bytes)."""
+    import torch
+
+    model, args = build(name), example_inputs(name, batch, seq)
+    skip = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    skip |= {b.untyped_storage().data_ptr() for b in model.buffers()}
+    skip |= {a.untyped_storage().data_ptr() for a in args}
+    seen: dict[int, tuple[tuple[int, ...], str, int]] = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr not in skip and ptr not in seen and storage.nbytes() > 0:
+            seen[ptr] = (tuple(t.shape), str(t.dtype).removeprefix("torch."), storage.nbytes())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = model(*args)
+    out.float().sum().backward()
+    return list(seen.values())
+
+
+def pytorch_saved_bytes(name: str, batch: int = 2, seq: int = 16) -> int:
+    return sum(b for _, _, b in pytorch_saved(name, batch, seq))
