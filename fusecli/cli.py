@@ -11,7 +11,7 @@ import sys
 import click
 
 from . import __version__
-from .errors import FuseError
+from .errors import FuseError, UsageError
 
 # At exit, freeze what is left: interpreter shutdown then skips a collection that would walk every
 # object of a big graph (seconds on 100k nodes) only to free memory the process gives back anyway.
@@ -29,6 +29,9 @@ class _Group(click.Group):
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
+        except UsageError as e:
+            click.echo(f"error: {' '.join(str(e).split())}", err=True)
+            sys.exit(2)
         except FuseError as e:
             _fail(" ".join(str(e).split()))
         except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException, SystemExit):
@@ -56,8 +59,16 @@ def _parse_dims(values: tuple[str, ...]) -> dict[str, int]:
         if not name or not size.isdigit() or int(size) < 1:
             raise click.BadParameter(f"{v!r}: expected NAME=VALUE with a positive integer",
                                      param_hint="--dim")
+        if dims.get(name, int(size)) != int(size):
+            raise click.BadParameter(f"{name} is given twice ({dims[name]} and {size})", param_hint="--dim")
         dims[name] = int(size)
     return dims
+
+
+def _dims_text(result) -> str:
+    """'batch=2, seq=128' (or 'its fixed sizes'): the sizes an analysis counted bytes at."""
+    sizes = result.sizes
+    return ", ".join(f"{n}={sizes[n]}" for n in sizes.variables) or "its fixed sizes"
 
 
 def _common_options(f):
@@ -67,7 +78,8 @@ def _common_options(f):
     f = click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE",
                      help="Value of a symbolic dim, e.g. --dim seq=128 (repeatable).")(f)
     return click.option("--batch", type=click.IntRange(min=1), default=None,
-                        help="Batch size for dynamic first dims (default 1).")(f)
+                        help="Size of the model's batch dim (its inputs' dynamic first dims; default 1, "
+                             "with a warning).")(f)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -94,21 +106,21 @@ def analyze(model: str, as_json: bool, batch: int | None, dims: tuple[str, ...],
     from .pipeline import analyze as run_analysis
     from .report import print_report, to_json
 
-    options = Options(batch=batch or 1, dims=_parse_dims(dims), wrt_inputs=wrt == "inputs",
+    options = Options(batch=batch, dims=_parse_dims(dims), wrt_inputs=wrt == "inputs",
                       patterns=tuple(p.strip() for p in patterns.split(",") if p.strip()),
                       signature=signature)
     if plot_path:
         from .output import refuse_overwriting_input
 
         refuse_overwriting_input(plot_path, [model])
-    result = run_analysis(model, options, batch_given=batch is not None)
+    result = run_analysis(model, options)
     for w in result.warnings:
         click.echo(f"warning: {w}", err=True)
     if plot_path:
         from .plot import plot_timeline
 
         plot_timeline(result.liveness, plot_path,
-                      f"{os.path.basename(model)}: live memory, batch {options.batch}")
+                      f"{os.path.basename(model)}: live memory at {_dims_text(result)}")
     if as_json:
         click.echo(_dump_json(to_json(result)))
         return
@@ -155,9 +167,9 @@ def render(model: str, view: str, as_dot: bool, output: str | None, mode: str, f
     fmt = "dot" if output is None else output_format(output)
     if as_dot and output is not None and fmt != "dot":
         raise click.BadParameter("--dot writes DOT source: give -o FILE.dot or no -o", param_hint="--dot")
-    options = Options(batch=batch or 1, dims=_parse_dims(dims), wrt_inputs=wrt == "inputs",
+    options = Options(batch=batch, dims=_parse_dims(dims), wrt_inputs=wrt == "inputs",
                       signature=signature)
-    result = run_analysis(model, options, batch_given=batch is not None)
+    result = run_analysis(model, options)
     for w in result.warnings:
         click.echo(f"warning: {w}", err=True)
     source, count = build_dot(result, view, focus, hops, collapse, mode)

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from .dims import dim_value
 from .errors import FuseError
 
 TENSOR_KINDS = ("input", "parameter", "constant", "activation")
@@ -85,29 +86,30 @@ class Tensor:
     def is_static(self) -> bool:
         return self.shape is not None and all(isinstance(d, int) for d in self.shape)
 
-    def resolve_shape(self, batch: int = 1, dims: Mapping[str, int] | None = None) -> tuple[int, ...]:
-        """Concrete dims: named dims from ``dims``; other unknown dims are the batch on axis 0, else 1."""
+    def resolve_shape(self, dims: Mapping[str, int] | None = None) -> tuple[int, ...] | None:
+        """Concrete dims at the named dims' values ``dims``; None when the rank or a dim is unknown."""
         if self.shape is None:
-            return (1,)
-        dims = dims or {}
+            return None
         out = []
-        for axis, d in enumerate(self.shape):
-            if isinstance(d, int):
-                out.append(d)
-            elif isinstance(d, str) and d in dims:
-                out.append(dims[d])
-            else:
-                out.append(batch if axis == 0 else 1)
+        for d in self.shape:
+            v = d if isinstance(d, int) else dim_value(d, dims or {})
+            if v is None:
+                return None
+            out.append(v)
         return tuple(out)
 
-    def nbytes(self, batch: int = 1, dims: Mapping[str, int] | None = None) -> int:
-        """Size in bytes at a given batch (and symbolic dim values)."""
+    def nbytes(self, dims: Mapping[str, int] | None = None) -> int | None:
+        """Size in bytes at the named dims' values ``dims`` (a ``Sizes``); None when the rank or a dim is
+        unknown there: an unknown size is never taken as 1."""
+        if self.shape is None:
+            return None
         n = 1
-        if self.shape is not None:
-            for axis, d in enumerate(self.shape):  # resolve_shape's rule, inline: called for every tensor
-                if not isinstance(d, int):
-                    d = dims[d] if dims and isinstance(d, str) and d in dims else (batch if axis == 0 else 1)
-                n *= max(d, 0)
+        for d in self.shape:  # resolve_shape's rule, inline: called for every tensor
+            if not isinstance(d, int):
+                d = dim_value(d, dims or {})
+                if d is None:
+                    return None
+            n *= max(d, 0)
         return n * _DTYPE_BYTES.get(self.dtype, 4)
 
 

@@ -21,7 +21,7 @@ class Saved:
     tensor: Tensor
     needed_by: list[Node]
     reads: str  # "value" | "shape"
-    bytes: int
+    bytes: int | None  # None: a dim is unknown (left out of the totals)
 
 
 @dataclass
@@ -34,16 +34,29 @@ class Liveness:
     peak_step: int
     resident_bytes: int  # parameters and constants, alive throughout
     saved_by_name: dict[str, Saved] = field(default_factory=dict)
+    unknown: set[str] = field(default_factory=set)  # tensors of unknown size, left out of every total
+    live_at_peak: list[Tensor] = field(default_factory=list)  # what the peak is made of
     _reader_ops: dict[str, dict[str | None, set[str]]] = field(default_factory=dict, repr=False,
                                                                compare=False)
 
     @property
     def saved_bytes(self) -> int:
-        return sum(s.bytes for s in self.saved)
+        return sum(s.bytes for s in self.saved if s.bytes is not None)
 
     @property
     def saved_activation_bytes(self) -> int:
-        return sum(s.bytes for s in self.saved if s.tensor.kind == "activation")
+        return sum(s.bytes for s in self.saved if s.tensor.kind == "activation" and s.bytes is not None)
+
+    def incomplete(self) -> list[str]:
+        """Which totals leave out a tensor of unknown size."""
+        out = []
+        if any(s.bytes is None for s in self.saved):
+            out.append("saved_bytes")
+        if any(s.bytes is None and s.tensor.kind == "activation" for s in self.saved):
+            out.append("saved_activation_bytes")
+        if self.unknown:
+            out.append("peak_bytes")
+        return out
 
     def reader_ops_by_forward(self, name: str) -> dict[str | None, set[str]]:
         """The op types of the backward ops that read saved tensor ``name``, by the forward node each is
@@ -60,9 +73,10 @@ class Liveness:
         return self.schedule[self.peak_step] if 0 <= self.peak_step < len(self.schedule) else None
 
 
-def analyze_liveness(joint: Graph, batch: int = 1, dims: Mapping[str, int] | None = None,
+def analyze_liveness(joint: Graph, sizes: Mapping[str, int] | None = None,
                      keeps_for_shape: Callable[[Tensor, Node], bool] | None = None) -> Liveness:
-    """Lifetimes and the saved set of ``joint`` at ``batch``/``dims``, in one pass over its edges.
+    """Lifetimes and the saved set of ``joint`` at the dims' values ``sizes``, in one pass over its edges.
+    A tensor of unknown size is left out of every total (and listed in ``unknown``).
 
     ``keeps_for_shape(t, reader)``: whether the backward op ``reader``'s read of t's shape keeps the
     whole tensor alive (as TensorFlow does where a dim is unknown in its graph); by default a shape
@@ -72,20 +86,25 @@ def analyze_liveness(joint: Graph, batch: int = 1, dims: Mapping[str, int] | Non
     step = {id(n): i for i, n in enumerate(schedule)}
     boundary = next((i for i, n in enumerate(schedule) if n.phase == "backward"), len(schedule))
     end = len(schedule) - 1
-    sizes: dict[str, int] = {}
+    nbytes: dict[str, int | None] = {}
+    unknown: set[str] = set()
     born: dict[str, int] = {}
     last: dict[str, int] = {}
     readers: dict[str, list[Node]] = {}
     shape_readers: dict[str, list[Node]] = {}
     resident = 0
-    size_of: dict[tuple, int] = {}  # nbytes per (shape, dtype): most tensors share a few shapes
+    size_of: dict[tuple, int | None] = {}  # nbytes per (shape, dtype): most tensors share a few shapes
     for t in joint.tensors.values():
-        n = size_of.get((t.shape, t.dtype))
+        key = (t.shape, t.dtype)
+        if key in size_of:
+            n = size_of[key]
+        else:
+            n = size_of[key] = t.nbytes(sizes)
+        nbytes[t.name] = n
         if n is None:
-            n = size_of[t.shape, t.dtype] = t.nbytes(batch, dims)
-        sizes[t.name] = n
+            unknown.add(t.name)
         if t.kind in ("parameter", "constant"):
-            resident += n
+            resident += n or 0
             continue
         born[t.name] = last[t.name] = -1 if t.producer is None else step[id(t.producer)]
     for i, node in enumerate(schedule):
@@ -113,24 +132,27 @@ def analyze_liveness(joint: Graph, batch: int = 1, dims: Mapping[str, int] | Non
 
     saved = []
     for name, nodes in readers.items():
-        saved.append(Saved(joint.tensors[name], _unique(nodes), "value", sizes[name]))
+        saved.append(Saved(joint.tensors[name], _unique(nodes), "value", nbytes[name]))
     for name, nodes in shape_readers.items():
         if name not in readers:
-            saved.append(Saved(joint.tensors[name], _unique(nodes), "shape", sizes[name]))
-    saved.sort(key=lambda s: (-s.bytes, s.tensor.name))
+            saved.append(Saved(joint.tensors[name], _unique(nodes), "shape", nbytes[name]))
+    saved.sort(key=lambda s: (s.bytes is None, -(s.bytes or 0), s.tensor.name))
 
     delta = [0] * (len(schedule) + 2)
     for name, b in born.items():
-        delta[b + 1] += sizes[name]
-        delta[max(last[name], b) + 2] -= sizes[name]
+        n = nbytes[name] or 0
+        delta[b + 1] += n
+        delta[max(last[name], b) + 2] -= n
     timeline, live = [], resident + delta[0]
     for i in range(len(schedule)):
         live += delta[i + 1]
         timeline.append(live)
     peak_step = max(range(len(timeline)), key=timeline.__getitem__) if timeline else -1
     peak = timeline[peak_step] if timeline else resident + delta[0]
+    at_peak = [t for t in joint.tensors.values() if t.kind in ("parameter", "constant")
+               or (t.name in born and born[t.name] <= peak_step <= max(last[t.name], born[t.name]))]
     return Liveness(schedule, boundary, saved, timeline, peak, peak_step, resident,
-                    {s.tensor.name: s for s in saved})
+                    {s.tensor.name: s for s in saved}, unknown, at_peak)
 
 
 def _unique(nodes: list[Node]) -> list[Node]:

@@ -11,15 +11,16 @@ from .grad.backward import build_backward
 from .grad.rules import rule_for
 from .ir import Graph, Node, Tensor, gc_paused
 from .liveness import Liveness, analyze_liveness
-from .load import load_model
+from .load import load_model, resolve_sizes
+from .sizes import Sizes, bind
 
 
 @dataclass
 class Options:
     """What the user asked for: sizes, and what to differentiate with respect to."""
 
-    batch: int = 1
-    dims: dict[str, int] = field(default_factory=dict)
+    batch: int | None = None  # --batch: the value of the model's batch dims (None: not given)
+    dims: dict[str, int] = field(default_factory=dict)  # --dim NAME=VALUE
     wrt_inputs: bool = False
     patterns: tuple[str, ...] = ()
     signature: str | None = None  # SavedModels: which signature (default serving_default)
@@ -36,6 +37,8 @@ class Analysis:
     liveness: Liveness
     matches: list[Match] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    sizes: Sizes = field(default_factory=Sizes)
+    unknown_sizes: dict[str, int] = field(default_factory=dict)  # op type -> forward tensors of unknown size
 
     def unsupported(self) -> dict[str, int]:
         """Op types (domain-qualified when not ONNX's) with no gradient rule, and their counts."""
@@ -47,41 +50,54 @@ class Analysis:
         return counts
 
 
-def symbolic_dims(graph: Graph) -> list[str]:
-    """Names (or '?') of the dims of graph inputs that are not fixed numbers."""
-    found: list[str] = []
-    for t in graph.inputs:
-        for d in t.shape or ():
-            if not isinstance(d, int):
-                name = d if isinstance(d, str) else "?"
-                if name not in found:
-                    found.append(name)
-    return found
-
-
 def tensorflow_keeps_for_shape(t: Tensor, reader: Node) -> bool:
     """TensorFlow captures a tensor to take its shape in backward when a dim is unknown in its graph;
     its Reshape gradient needs none with one unknown dim (it reshapes to a -1 wildcard)."""
-    if t.shape is None:
+    shape = t.meta.get("graph_shape", t.shape)
+    if shape is None:
         return True
-    unknown = sum(d is None for d in t.shape)
-    return unknown > (1 if reader.op_type == "ReshapeGrad" and 0 not in t.shape else 0)
+    unknown = sum(d is None for d in shape)
+    return unknown > (1 if reader.op_type == "ReshapeGrad" and 0 not in shape else 0)
+
+
+def size_graph(graph: Graph, options: Options) -> tuple[Sizes, list[str], dict[str, int]]:
+    """Bind the user's dims, resolve every other dim with the format's shape tools, and count what is
+    left unknown (by producing op type); UsageError when the options do not fit the model."""
+    sizes, warnings = bind(graph, options.batch, options.dims)
+    opaque = resolve_sizes(graph, sizes)
+    if opaque:
+        sizes = Sizes({**sizes, **opaque}, sizes.variables, sizes.batch, opaque)
+    unknown: dict[str, int] = {}
+    for t in graph.tensors.values():
+        if t.nbytes(sizes) is None:
+            op = t.producer.op_type if t.producer is not None else t.kind
+            unknown[op] = unknown.get(op, 0) + 1
+    if unknown:
+        n = sum(unknown.values())
+        ops = ", ".join(f"{op} x{c}" for op, c in sorted(unknown.items(), key=lambda kv: (-kv[1], kv[0])))
+        what = f"{n} tensors with unknown dims ({ops}) are" if n > 1 else \
+            f"1 tensor with unknown dims ({ops}) is"
+        warnings.append(f"{what} not counted in the byte totals; set --dim NAME=VALUE for the model's dims")
+    return sizes, warnings, unknown
 
 
 def analyze_graph(path: str, graph: Graph, options: Options) -> Analysis:
     """Every pass over an already loaded forward graph (modelling TensorFlow's autodiff for SavedModels)."""
+    progress.stage("sizes")
+    sizes, warnings, unknown = size_graph(graph, options)
     tensorflow = graph.format == "savedmodel"
     progress.stage("backward")
     joint = build_backward(graph, wrt_inputs=options.wrt_inputs, tensorflow=tensorflow)
     progress.stage("liveness")
-    liveness = analyze_liveness(joint, options.batch, options.dims,
+    liveness = analyze_liveness(joint, sizes,
                                 keeps_for_shape=tensorflow_keeps_for_shape if tensorflow else None)
     progress.stage("fusion")
-    matches = find_fusions(graph, joint, liveness, options.batch, options.dims, options.patterns)
-    return Analysis(path, graph, options, joint, liveness, matches, list(graph.meta.get("warnings", [])))
+    matches = find_fusions(graph, joint, liveness, sizes, options.patterns)
+    return Analysis(path, graph, options, joint, liveness, matches,
+                    [*graph.meta.get("warnings", []), *warnings], sizes, unknown)
 
 
-def analyze(path: str, options: Options | None = None, batch_given: bool = True,
+def analyze(path: str, options: Options | None = None,
             on_stage: progress.StageCallback | None = None) -> Analysis:
     """Load the model at ``path`` and run every pass. Each stage's name goes to ``on_stage``; without
     it, to a spinner on stderr when that is a terminal (``fusecli.progress``)."""
@@ -89,10 +105,4 @@ def analyze(path: str, options: Options | None = None, batch_given: bool = True,
     with gc_paused(), progress.stages(on_stage):
         progress.stage("reading")
         graph = load_model(path, options.signature)
-        result = analyze_graph(path, graph, options)
-    unset = [d for d in symbolic_dims(graph) if d not in options.dims]
-    if unset and not batch_given:
-        result.warnings.append(f"the model has dynamic dims ({', '.join(unset)}); sizes assume "
-                               f"batch {options.batch} on the first axis and 1 elsewhere "
-                               "(set --batch N, --dim NAME=VALUE)")
-    return result
+        return analyze_graph(path, graph, options)

@@ -6,6 +6,7 @@ from . import __version__
 from .fusion.match import Match
 from .ir import gc_paused
 from .liveness import Saved
+from .memory import memory_formulas, tensor_bytes_formula
 from .pipeline import Analysis
 from .units import format_bytes, format_shape
 
@@ -22,13 +23,18 @@ def _document(a: Analysis) -> dict:
         "fusecli": __version__,
         "model": a.path,
         "format": g.format,
-        "batch": a.options.batch,
+        "batch": a.sizes.batch if a.sizes.batch is not None else a.options.batch,
+        "dims": {n: a.sizes[n] for n in a.sizes.variables},
+        "resolved_dims": dict(a.sizes.opaque),
         "forward": {"nodes": len(g.nodes), "tensors": len(g.tensors)},
         "backward": {"nodes": len(a.joint.backward_nodes())},
         "saved": [saved_entry(s) for s in live.saved],
         "memory": {"saved_bytes": live.saved_bytes,
                    "saved_activation_bytes": live.saved_activation_bytes,
-                   "peak_bytes": live.peak_bytes},
+                   "peak_bytes": live.peak_bytes,
+                   "formula": memory_formulas(live),
+                   "incomplete": live.incomplete(),
+                   "unknown_tensors": sum(a.unknown_sizes.values())},
         "patterns": [pattern_entry(m) for m in a.matches],
         "unsupported": [{"op": op, "count": c}
                         for op, c in sorted(a.unsupported().items(), key=lambda kv: (-kv[1], kv[0]))],
@@ -39,6 +45,7 @@ def saved_entry(s: Saved) -> dict:
     t = s.tensor
     return {"name": t.name, "producer": t.producer.name if t.producer else t.name,
             "op": t.producer.op_type if t.producer else t.kind, "kind": t.kind, "bytes": s.bytes,
+            "bytes_formula": tensor_bytes_formula(t),
             "needed_by": [n.name for n in s.needed_by], "reads": s.reads}
 
 
@@ -79,7 +86,7 @@ def print_report(a: Analysis, console) -> None:
         kinds[t.kind] = kinds.get(t.kind, 0) + 1
     summary.add_row("forward nodes", str(len(g.nodes)))
     summary.add_row("tensors", ", ".join(f"{kinds[k]} {k}" for k in sorted(kinds)))
-    summary.add_row("batch", str(a.options.batch))
+    summary.add_row("dims", dims_text(a))
     for t in g.inputs:
         summary.add_row("input", f"{t.name} {t.dtype} {format_shape(t.shape)}")
     for t in g.outputs:
@@ -107,11 +114,12 @@ def print_report(a: Analysis, console) -> None:
 
 def print_saved(a: Analysis, console, limit: int = 40) -> None:
     """The saved tensors (largest first) and the memory totals."""
+    from rich.markup import escape
     from rich.table import Table
 
     live = a.liveness
     wrt = "parameters and inputs" if a.options.wrt_inputs else "parameters"
-    table = Table(title=f"saved for backward (gradients w.r.t. {wrt}; batch {a.options.batch})",
+    table = Table(title=f"saved for backward (gradients w.r.t. {wrt}; {dims_text(a)})",
                   title_justify="left")
     for col, just in (("tensor", "left"), ("kind", "left"), ("made by", "left"), ("bytes", "right"),
                       ("read by", "left")):
@@ -128,14 +136,34 @@ def print_saved(a: Analysis, console, limit: int = 40) -> None:
     console.print(table)
     by_kind: dict[str, int] = {}
     for s in live.saved:
-        by_kind[s.tensor.kind] = by_kind.get(s.tensor.kind, 0) + s.bytes
+        by_kind[s.tensor.kind] = by_kind.get(s.tensor.kind, 0) + (s.bytes or 0)
     peak_node = live.peak_node
     console.print(
         f"saved: [bold]{format_bytes(live.saved_bytes)}[/] ("
         + ", ".join(f"{k} {format_bytes(v)}" for k, v in sorted(by_kind.items())) + ")   "
         f"peak: [bold]{format_bytes(live.peak_bytes)}[/]"
-        + (f" at {peak_node.name} ({peak_node.phase})" if peak_node else "")
+        + (f" at {escape(peak_node.name)} ({peak_node.phase})" if peak_node else "")
         + f"   backward ops: {len(a.joint.backward_nodes())}")
+    print_formulas(a, console)
+
+
+def print_formulas(a: Analysis, console) -> None:
+    """One line per memory total as a formula in the model's dims (only when it has any)."""
+    from rich.markup import escape
+
+    if not a.sizes.variables:
+        return
+    incomplete = set(a.liveness.incomplete())
+    for key, text in memory_formulas(a.liveness).items():
+        note = " (leaves out tensors of unknown size)" if key in incomplete else ""
+        console.print(f"  {key.replace('_', ' ')} = {escape(text)} B{note}", highlight=False)
+
+
+def dims_text(a: Analysis) -> str:
+    """'batch=2, seq=128' (and dims sized only as numbers), or 'fixed sizes'."""
+    parts = [f"{n}={a.sizes[n]}" for n in a.sizes.variables]
+    parts += [f"{n}={v} (resolved)" for n, v in a.sizes.opaque.items()]
+    return ", ".join(parts) or "fixed sizes"
 
 
 def _mark(v: bool | None) -> str:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 
-def format_bytes(n: int) -> str:
-    """1536 -> '1.5 KiB'."""
+def format_bytes(n: int | None) -> str:
+    """1536 -> '1.5 KiB'; None (a size that is not known) -> '?'."""
+    if n is None:
+        return "?"
     for unit in ("B", "KiB", "MiB", "GiB"):
         if abs(n) < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"

@@ -29,9 +29,11 @@ def test_links_both_ways_and_lint_passes():
 
 def test_bytes_at_batch_and_symbolic_dims():
     t = Tensor("t", "float32", ("N", 8, "seq"))
-    assert t.nbytes(batch=4, dims={"seq": 10}) == 4 * 8 * 10 * 4
-    assert t.nbytes(batch=2) == 2 * 8 * 1 * 4  # unset non-batch dims count 1
-    assert Tensor("h", "float16", (None, 5)).nbytes(batch=3) == 3 * 5 * 2
+    assert t.nbytes({"N": 4, "seq": 10}) == 4 * 8 * 10 * 4
+    assert t.nbytes({"N": 2}) is None  # a dim without a value is unknown, never 1
+    assert Tensor("h", "float16", (None, 5)).nbytes({"N": 3}) is None
+    assert Tensor("r", "float32", None).nbytes() is None  # unknown rank
+    assert Tensor("e", "float32", ("2*seq", "seq + 1")).nbytes({"seq": 3}) == 6 * 4 * 4
     assert Tensor("s", "int64", ()).nbytes() == 8
     assert not Tensor("u", shape=(None, 3)).shape_known
     assert Tensor("k", shape=("N", 3)).shape_known and not Tensor("k", shape=("N", 3)).is_static

@@ -7,6 +7,7 @@ import pytest
 from fusecli.grad.backward import build_backward
 from fusecli.liveness import analyze_liveness
 from fusecli.load import load_model
+from fusecli.sizes import bind
 
 SAMPLES = ["conv_bias_relu", "conv_bn_relu", "bn_add_relu", "conv_squeeze_bias", "matmul_bias_relu"]
 
@@ -14,7 +15,7 @@ SAMPLES = ["conv_bias_relu", "conv_bn_relu", "bn_add_relu", "conv_squeeze_bias",
 def liveness(path: str, wrt_inputs: bool = True, batch: int = 2):
     joint = build_backward(load_model(path), wrt_inputs)
     joint.lint()
-    return joint, analyze_liveness(joint, batch=batch)
+    return joint, analyze_liveness(joint, bind(joint, batch, {})[0])
 
 
 def saved_values(live) -> set[str]:
@@ -49,14 +50,14 @@ def test_bn_add_relu_saves_neither_the_bn_nor_the_add_output_nor_the_side_input(
 def test_saved_activation_bytes_of_conv_bias_relu_are_y(sample):
     joint, live = liveness(sample("conv_bias_relu"), batch=8)
     y = joint.tensors["y"]
-    assert live.saved_activation_bytes == y.nbytes(8) == 8 * 8 * 16 * 16 * 4
-    assert live.saved_bytes == sum(joint.tensors[n].nbytes(8) for n in ("x", "w", "y"))
+    assert live.saved_activation_bytes == y.nbytes({"N": 8}) == 8 * 8 * 16 * 16 * 4
+    assert live.saved_bytes == sum(joint.tensors[n].nbytes({"N": 8}) for n in ("x", "w", "y"))
 
 
 def test_shape_reads_cost_nothing_unless_asked(sample):
     joint, live = liveness(sample("conv_squeeze_bias"))
     assert all(s.reads == "value" for s in live.saved)
-    kept = analyze_liveness(joint, batch=2, keeps_for_shape=lambda t, reader: True)
+    kept = analyze_liveness(joint, {"N": 2}, keeps_for_shape=lambda t, reader: True)
     shapes = {s.tensor.name: [n.op_type for n in s.needed_by] for s in kept.saved if s.reads == "shape"}
     assert shapes == {"conv_out": ["ReshapeToInput"], "b": ["BiasAddGrad"], "y": ["OnesLike"]}
 

@@ -43,7 +43,8 @@ def test_stream_without_isatty_is_not_a_terminal(no_ci):
 def test_analyze_reports_its_stages_in_order(sample):
     seen: list[str] = []
     analyze(sample("conv_bn_relu"), Options(batch=2), on_stage=seen.append)
-    assert seen == ["reading", "shape inference", "building the graph", "backward", "liveness", "fusion"]
+    assert seen == ["reading", "shape inference", "building the graph", "sizes", "backward", "liveness",
+                    "fusion"]
 
 
 def test_stage_outside_an_analysis_goes_nowhere():

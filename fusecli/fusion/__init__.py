@@ -23,15 +23,15 @@ def select_patterns(names: Iterable[str] | None):
     return tuple(p for p in CATALOGUE if p.name in names)
 
 
-def find_fusions(graph: Graph, joint: Graph, live: Liveness, batch: int = 1,
-                 dims: Mapping[str, int] | None = None, names: Iterable[str] | None = None) -> list[Match]:
+def find_fusions(graph: Graph, joint: Graph, live: Liveness, sizes: Mapping[str, int] | None = None,
+                 names: Iterable[str] | None = None) -> list[Match]:
     """Forward matches on the model's graph and backward matches on the joint graph, each judged."""
     patterns = select_patterns(names)
     matches = find_matches(graph, patterns, "forward")
     outputs = {t.name for t in graph.outputs}
     for m in matches:
-        m.verdict = judge(m, graph, live, batch, dims, outputs)
+        m.verdict = judge(m, graph, live, sizes, outputs)
     back = find_matches(joint, patterns, "backward")
     for m in back:
-        m.verdict = judge(m, joint, live, batch, dims)
+        m.verdict = judge(m, joint, live, sizes)
     return suppress_dominated(matches) + back

@@ -18,7 +18,7 @@ class Blocking:
 
     tensor: Tensor
     needed_by: list[str]
-    bytes: int
+    bytes: int | None  # None: a dim is unknown
 
 
 @dataclass
@@ -27,7 +27,7 @@ class Verdict:
     training_safe: bool
     reason: str
     blocking: list[Blocking] = field(default_factory=list)
-    traffic_bytes: int = 0  # interior bytes written and read back that fusion saves
+    traffic_bytes: int = 0  # interior bytes written and read back that fusion saves (known sizes only)
     frameworks: dict = field(default_factory=dict)
 
 
@@ -64,7 +64,7 @@ def _edge_reads(m: Match, live: Liveness) -> str:
     return "; ".join(f"{op} reads {', '.join(ts)}" for op, ts in sorted(by_op.items()))
 
 
-def judge(m: Match, graph: Graph, live: Liveness, batch: int = 1, dims: Mapping[str, int] | None = None,
+def judge(m: Match, graph: Graph, live: Liveness, sizes: Mapping[str, int] | None = None,
           outputs: set[str] | None = None) -> Verdict:
     """Judge one forward or backward match against the structure and the liveness result
     (``outputs``: the graph's output names, made once by the caller that judges many matches)."""
@@ -73,7 +73,7 @@ def judge(m: Match, graph: Graph, live: Liveness, batch: int = 1, dims: Mapping[
     if clash:
         return Verdict(False, False, f"not fusable: the chain mixes dtypes ({clash})", frameworks=notes)
     if m.pattern.phase == "backward":
-        return _judge_backward(m, batch, dims, notes)
+        return _judge_backward(m, sizes, notes)
     interior = m.interior()
     if outputs is None:
         outputs = {t.name for t in graph.outputs}
@@ -84,7 +84,7 @@ def judge(m: Match, graph: Graph, live: Liveness, batch: int = 1, dims: Mapping[
             f"is also read by {', '.join(r.name for r in readers[:3])} outside the match"
         return Verdict(False, False, f"not fusable: {t.name} (made by {t.producer.name}) {who}, "
                        "so the fused kernel would have to write it out anyway", frameworks=notes)
-    traffic = sum(t.nbytes(batch, dims) * (1 + len(t.consumers)) for t in interior)
+    traffic = sum((t.nbytes(sizes) or 0) * (1 + len(t.consumers)) for t in interior)
     edge = _edge_reads(m, live)
     if m.pattern.fused_kind:
         return Verdict(True, True, f"training-safe: becomes {m.pattern.kernel}, an op with its own "
@@ -99,7 +99,7 @@ def judge(m: Match, graph: Graph, live: Liveness, batch: int = 1, dims: Mapping[
         b = blocking[0]
         what = ", ".join(sorted({f"{n.op_type} (backward of {n.meta.get('forward', '?')})"
                                  for n in live.saved_by_name[b.tensor.name].needed_by}))
-        size = f"{format_bytes(b.bytes)} at batch {batch}"
+        size = "size unknown" if b.bytes is None else f"{format_bytes(b.bytes)} at {_at(sizes)}"
         return Verdict(True, False, f"inference only: {what} reads {b.tensor.name}, made inside the "
                        f"fused kernel by {b.tensor.producer.name} ({size}); "
                        "to train fused, the kernel must also write it out or recompute it",
@@ -108,13 +108,19 @@ def judge(m: Match, graph: Graph, live: Liveness, batch: int = 1, dims: Mapping[
                    + (f" ({edge})" if edge else ""), traffic_bytes=traffic, frameworks=notes)
 
 
-def _judge_backward(m: Match, batch: int, dims, notes: dict) -> Verdict:
+def _at(sizes: Mapping[str, int] | None) -> str:
+    """'batch=2, seq=128': the input dims the bytes are counted at."""
+    names = getattr(sizes, "variables", ())
+    return ", ".join(f"{n}={sizes[n]}" for n in names) if names else "the model's fixed sizes"
+
+
+def _judge_backward(m: Match, sizes: Mapping[str, int] | None, notes: dict) -> Verdict:
     inside = {id(n) for n in m.nodes}
     emitted = []
     traffic = 0
     for t in m.interior():
         others = [c for c in t.consumers if id(c) not in inside]
-        n = t.nbytes(batch, dims)
+        n = t.nbytes(sizes) or 0
         traffic += n * (1 if others else 2)  # the re-read always; the write too when nobody else reads it
         if others:
             emitted.append(f"{t.name} (also read by {', '.join(sorted({c.op_type for c in others}))})")

@@ -95,7 +95,10 @@ def _parse_read(read: str) -> tuple[bool, bool | None, int]:
 
 def _broadcast(x: Tensor, y: Tensor | None) -> bool:
     """True unless x and y are known to have the same shape (equal dims, none unknown)."""
-    return y is None or x.shape is None or x.shape != y.shape or None in x.shape
+    if y is None:
+        return True
+    xs, ys = x.meta.get("graph_shape", x.shape), y.meta.get("graph_shape", y.shape)
+    return xs is None or xs != ys or None in xs
 
 
 def build_backward(forward: Graph, wrt_inputs: bool = False, tensorflow: bool = False) -> Graph:

@@ -28,3 +28,20 @@ def load_model(path: str, signature: str | None = None) -> Graph:
     graph = load_onnx(path)
     graph.lint()
     return graph
+
+
+def resolve_sizes(graph: Graph, sizes) -> dict[str, int]:
+    """Fill the dims the loader left open at the bound ``sizes`` with the format's shape tools; returns
+    the values of dims that could be sized only as numbers (opaque names in the formulas)."""
+    if graph.format == "savedmodel":
+        from .savedmodel import leading_dims_as_batch
+
+        leading_dims_as_batch(graph, sizes)
+        return {}
+    structure = graph.meta.get("onnx_structure")
+    if structure is None:
+        return {}
+    from .onnx_sizes import resolve_sizes as resolve_onnx
+
+    model, omitted = structure
+    return resolve_onnx(graph, sizes, sizes.variables, model, omitted)

@@ -17,6 +17,7 @@ from ..ir import FLOAT_DTYPES, Graph, GraphError, Node, Tensor, topological_orde
 from ..kinds import ONNX_KINDS, ONNX_MS_KINDS
 from .common import mark_constant_subgraphs, refine_bias_adds
 from .onnx_wire import WireError, read_structure
+from .shape_tools import dims_of, infer_shapes
 
 MIN_OPSET = 7  # older models are analyzed too, with a warning: their ops are read by today's kinds
 SMALL_VALUE_ELEMENTS = 64  # constants this small keep their values (Clip bounds, Pow exponents, 1/sqrt(d))
@@ -32,14 +33,6 @@ def dtype_name(elem_type: int) -> str:
     except ValueError:
         return "float32"
     return {"float": "float32", "double": "float64", "undefined": "float32"}.get(name, name)
-
-
-def _shape_of(value_info: onnx.ValueInfoProto) -> tuple | None:
-    tt = value_info.type.tensor_type
-    if not value_info.type.HasField("tensor_type") or not tt.HasField("shape"):
-        return None
-    return tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
-                 for d in tt.shape.dim)
 
 
 def read_model(path: str) -> tuple[onnx.ModelProto, set[str]]:
@@ -78,15 +71,6 @@ def check_external_data(model: onnx.ModelProto, path: str) -> None:
 
 def opset_of(model: onnx.ModelProto) -> int:
     return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
-
-
-def infer_shapes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str | None]:
-    """ONNX shape inference with data propagation; on failure the model as it was and the reason."""
-    try:
-        return onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True), None
-    except Exception as e:  # onnx raises several C++-mapped types here
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        return model, f"shape inference failed, shapes may be missing: {first}"
 
 
 def _attrs(node: onnx.NodeProto) -> dict:
@@ -136,6 +120,7 @@ def load_onnx(path: str) -> Graph:
     graph = graph_of_model(model, os.path.basename(path))
     for name in omitted:
         graph.tensors[name].meta["data_omitted"] = True
+    graph.meta["onnx_structure"] = (model, omitted)  # for sizing at the user's dims (load.onnx_sizes)
     return graph
 
 
@@ -167,7 +152,7 @@ def build_graph(model: onnx.ModelProto, name: str = "model") -> Graph:
         vi = infos.get(name)
         if vi is not None and vi.type.HasField("tensor_type"):
             return graph.tensor(name, dtype=dtype_name(vi.type.tensor_type.elem_type),
-                                shape=_shape_of(vi), kind=kind)
+                                shape=dims_of(vi), kind=kind)
         return graph.tensor(name, shape=None, kind=kind)
 
     for init in g.initializer:

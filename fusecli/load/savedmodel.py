@@ -542,3 +542,23 @@ class _Loader:
             live.add(id(n))
             stack.extend(producer.get(id(t)) for t in n.inputs if t is not None)
         return [n for n in self.nodes if id(n) in live]
+
+
+def leading_dims_as_batch(graph: Graph, sizes) -> int:
+    """TensorFlow writes an unknown batch as -1 in each op's ``_output_shapes``; with no shape tool that
+    runs without TensorFlow, an unknown first dim of an intermediate tensor is taken as the model's one
+    batch dim (other unknown dims stay unknown). Returns how many tensors that touched."""
+    batch_dims = [t.shape[0] for t in graph.inputs if t.shape and isinstance(t.shape[0], str)]
+    if len(set(batch_dims)) != 1 or batch_dims[0] not in sizes.variables:
+        return 0
+    name, count = batch_dims[0], 0
+    for t in graph.tensors.values():
+        if t.producer is not None and t.shape and t.shape[0] is None:
+            t.meta["graph_shape"] = t.shape  # as TensorFlow's graph has it (its autodiff habits read it)
+            t.shape = (name, *t.shape[1:])
+            count += 1
+    if count:
+        graph.meta.setdefault("size_notes", []).append(
+            f"{count} intermediate tensors with an unknown first dim are taken to have the batch dim "
+            f"{name!r} there (TensorFlow records -1)")
+    return count

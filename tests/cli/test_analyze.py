@@ -10,8 +10,8 @@ from click.testing import CliRunner
 from fusecli import __version__
 from fusecli.cli import main
 
-CONTRACT_KEYS = {"fusecli", "model", "format", "batch", "forward", "backward", "saved", "memory",
-                 "patterns", "unsupported"}
+CONTRACT_KEYS = {"fusecli", "model", "format", "batch", "dims", "resolved_dims", "forward", "backward",
+                 "saved", "memory", "patterns", "unsupported"}
 
 
 def run(*args):
@@ -25,9 +25,13 @@ def test_json_contract_on_conv_bias_relu(sample):
     doc = json.loads(r.stdout)
     assert set(doc) == CONTRACT_KEYS
     assert doc["fusecli"] == __version__ and doc["model"] == path and doc["format"] == "onnx"
-    assert doc["batch"] == 4
+    assert doc["batch"] == 4 and doc["dims"] == {"N": 4} and doc["resolved_dims"] == {}
     assert doc["forward"] == {"nodes": 3, "tensors": 6}
-    assert set(doc["memory"]) == {"saved_bytes", "saved_activation_bytes", "peak_bytes"}
+    assert set(doc["memory"]) == {"saved_bytes", "saved_activation_bytes", "peak_bytes", "formula",
+                                  "incomplete", "unknown_tensors"}
+    assert doc["memory"]["incomplete"] == [] and doc["memory"]["unknown_tensors"] == 0
+    y = next(s for s in doc["saved"] if s["name"] == "y")
+    assert y["bytes"] == 4 * 8 * 16 * 16 * 4 and y["bytes_formula"] == "8192*N"
     assert doc["unsupported"] == []
 
 
@@ -40,8 +44,17 @@ def test_human_output_has_the_summary(sample):
 def test_dynamic_batch_without_flag_warns_on_stderr_only(sample):
     r = run("analyze", sample("conv_bias_relu"), "--json")
     assert r.exit_code == 0
-    assert "dynamic dims (N)" in r.stderr
-    json.loads(r.stdout)  # stdout stays pure JSON
+    assert "dims not given are taken as 1: N=1 (set --batch N)" in r.stderr
+    assert json.loads(r.stdout)["dims"] == {"N": 1}  # stdout stays pure JSON
+
+
+def test_dim_names_the_batch_dim_too(sample):
+    """--dim N=4 sizes the batch dim: "batch" in the JSON is the value used, 4."""
+    r = run("analyze", sample("conv_bias_relu"), "--json", "--dim", "N=4")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["batch"] == 4 and doc["dims"] == {"N": 4}
+    assert "taken as 1" not in r.stderr
 
 
 def _bad_inputs(tmp_path, sample):
@@ -73,6 +86,25 @@ def test_usage_errors_exit_2(sample):
     assert run("analyze").exit_code == 2
     assert run("analyze", sample("conv_bias_relu"), "--batch", "0").exit_code == 2
     assert run("analyze", sample("conv_bias_relu"), "--dim", "seq").exit_code == 2
+    assert run("analyze", sample("conv_bias_relu"), "--dim", "N=2", "--dim", "N=3").exit_code == 2
+
+
+@pytest.mark.parametrize("args, says", [
+    (("--dim", "foo=3"), "--dim foo: the model has no dim of that name (its dims: N)"),
+    (("--dim", "n=3"), "--dim n: the model has no dim of that name (its dims: N)"),  # names are exact
+    (("--dim", "N=4", "--batch", "8"), "--batch 8 and --dim N=4 disagree"),
+])
+def test_dims_that_do_not_fit_the_model_are_usage_errors(sample, args, says):
+    r = run("analyze", sample("conv_bias_relu"), "--json", *args)
+    assert r.exit_code == 2, r.output
+    assert r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0]
+
+
+def test_agreeing_batch_and_dim_are_fine(sample):
+    r = run("analyze", sample("conv_bias_relu"), "--json", "--dim", "N=4", "--batch", "4")
+    assert r.exit_code == 0 and json.loads(r.stdout)["batch"] == 4
 
 
 def test_console_script_and_module_entry(sample):

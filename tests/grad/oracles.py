@@ -46,7 +46,7 @@ def fusecli_joint(model: onnx.ModelProto, tensorflow: bool = False) -> Graph:
 
 def fusecli_saved(model: onnx.ModelProto) -> set[str]:
     """Names of the forward tensors whose values fusecli's backward reads."""
-    live = analyze_liveness(fusecli_joint(model), batch=2)
+    live = analyze_liveness(fusecli_joint(model))
     return {s.tensor.name for s in live.saved if s.reads == "value"}
 
 

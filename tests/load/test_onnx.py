@@ -28,7 +28,7 @@ def test_conv_bias_relu_kinds(sample):
     assert [n.kind for n in g.nodes] == ["conv", "bias_add", "relu"]
     assert g.tensors["w"].kind == "parameter"
     assert g.tensors["conv_out"].shape == ("N", 8, 16, 16)
-    assert g.tensors["y"].nbytes(batch=2) == 2 * 8 * 16 * 16 * 4
+    assert g.tensors["y"].nbytes({"N": 2}) == 2 * 8 * 16 * 16 * 4
 
 
 def test_zoo_set_is_complete():

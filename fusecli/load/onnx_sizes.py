@@ -1,0 +1,296 @@
+"""Every dim of an ONNX model sized with the real shape tools, as a polynomial in its input dims.
+
+ONNX shape inference (with data propagation) on the model as written leaves dims that come out of
+Shape -> Gather -> Concat -> Reshape chains, Range, Expand or Where open (``unk__7``). They are resolved,
+in this order, by:
+
+1. onnxruntime's symbolic shape inference on the model with symbolic inputs: dims as expressions of the
+   input dims (``batch*seq``, ``seq + 1``);
+2. both tools again on the model with the graph inputs bound to the user's values: the numbers, which
+   also check every expression of step 1;
+3. what is still only a number is evaluated at more integer points (each variable moved) and solved for
+   integer polynomial coefficients of degree <= 2, then checked at the user's point; where that fails the
+   dim keeps an opaque name (``unk1``) with its value at the user's sizes, so totals stay exact at those
+   sizes and their formulas name what is not known.
+
+A dim nothing resolves stays ``None``: its tensor has no size, and the analysis says so.
+Weights are never read: initializers left out of the structure read become graph inputs for onnxruntime.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import itertools
+import random
+from collections.abc import Mapping
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from ..dims import Poly, dim_poly, dim_value
+from ..ir import Graph
+from ..sizes import input_dim_name
+from .shape_tools import infer_shapes, value_shapes
+
+Shape = tuple | None
+MAX_FIT_VARIABLES = 4  # degree-2 fits in more variables need too many inference runs
+MAX_SYMBOLIC_PASSES = 64  # onnxruntime's loop re-runs after each merge of dims; a bound on it
+
+
+def resolve_sizes(graph: Graph, values: Mapping[str, int], variables: tuple[str, ...],
+                  model: onnx.ModelProto, omitted: set[str]) -> dict[str, int]:
+    """Fill the graph's open dims in place; returns the values of the opaque dims it had to name."""
+    pending = _pending(graph, variables)
+    if not pending:
+        return {}
+    runner = _Runner(model, omitted, variables)
+    # 1. symbolic, unbound
+    symbolic = runner.ort(None) or {}
+    for name in list(pending):
+        s = _usable(symbolic.get(name), variables, graph.tensors[name].shape)
+        if s is not None:
+            graph.tensors[name].shape = s
+            pending.discard(name)
+    checked = [t for t in graph.tensors.values() if t.producer is not None and t.shape is not None
+               and any(isinstance(d, str) and not _is_variable(d, variables) for d in t.shape)]
+    if not pending and not checked:
+        return {}
+    # 2. numbers at the user's point: they check step 1's expressions and size what is still open
+    at_user = runner.numbers(values)
+    for t in checked:
+        got = at_user.get(t.name)
+        if got is None or len(got) != len(t.shape):
+            continue
+        if any(g is not None and dim_value(d, values) != g for d, g in zip(t.shape, got, strict=True)):
+            t.shape = tuple(d if isinstance(d, int) or _is_variable(d, variables) else None for d in t.shape)
+            pending.add(t.name)
+    if not pending:
+        return {}
+    # 3. what is known only as a number gets a fitted polynomial, or an opaque name
+    positions: list[tuple[str, int]] = []
+    for name in sorted(pending):
+        t = graph.tensors[name]
+        got = at_user.get(name)
+        if got is None or (t.shape is not None and len(got) != len(t.shape)):
+            continue
+        if t.shape is None:
+            t.shape = (None,) * len(got)
+        for axis, (d, g) in enumerate(zip(t.shape, got, strict=True)):
+            if g is not None and (d is None or dim_poly(d) is None or not _over(d, variables)):
+                positions.append((name, axis))
+    fitted = _fit(runner, positions, values, at_user, variables)
+    opaque: dict[str, int] = {}
+    symbol_of: dict[object, str] = {}  # one opaque name per open dim of the tools (unk__7), else per place
+    for name, axis in positions:
+        t = graph.tensors[name]
+        expr = fitted.get((name, axis))
+        if expr is None:
+            d = t.shape[axis]
+            key = d if isinstance(d, str) else (name, axis)
+            expr = symbol_of.get(key)
+            if expr is None:
+                expr = symbol_of[key] = f"unk{len(symbol_of) + 1}"
+                opaque[expr] = at_user[name][axis]
+        dims = list(t.shape)
+        dims[axis] = expr
+        t.shape = tuple(dims)
+    return opaque
+
+
+def _is_variable(d, variables: tuple[str, ...]) -> bool:
+    return isinstance(d, str) and d in variables
+
+
+def _over(d, variables: tuple[str, ...]) -> bool:
+    """Whether the dim is an int or a polynomial over the input variables only."""
+    p = dim_poly(d)
+    return p is not None and p.symbols() <= set(variables)
+
+
+def _pending(graph: Graph, variables: tuple[str, ...]) -> set[str]:
+    """Tensors made by a node whose rank or some dim is not a polynomial over the input dims."""
+    out = set()
+    for t in graph.tensors.values():
+        if t.producer is None:
+            continue
+        if t.shape is None or not all(_over(d, variables) for d in t.shape):
+            out.add(t.name)
+    return out
+
+
+def _usable(shape: Shape, variables: tuple[str, ...], current: Shape) -> Shape:
+    """onnxruntime's shape where every dim is a polynomial over the input dims, in the graph's notation."""
+    if shape is None or (current is not None and len(shape) != len(current)):
+        return None
+    out = []
+    for d in shape:
+        if isinstance(d, str):
+            p = dim_poly(d.replace("**", "^").replace("^", "**"))
+            if p is None or not p.symbols() <= set(variables):
+                return None
+            d = p.constant if p.constant is not None else (d if d in variables else str(p))
+        out.append(d)
+    return tuple(out)
+
+
+class _Runner:
+    """Runs the shape tools on the model, symbolic or bound to numbers (weights as graph inputs)."""
+
+    def __init__(self, model: onnx.ModelProto, omitted: set[str], variables: tuple[str, ...]) -> None:
+        self.model = _weights_as_inputs(model, omitted)
+        self.variables = variables
+        self.ort_failed = False
+
+    def bound(self, values: Mapping[str, int] | None) -> onnx.ModelProto:
+        if values is None:
+            return self.model
+        m = onnx.ModelProto()
+        m.CopyFrom(self.model)
+        for vi in m.graph.input:
+            if not vi.type.HasField("tensor_type") or not vi.type.tensor_type.HasField("shape"):
+                continue
+            for axis, d in enumerate(vi.type.tensor_type.shape.dim):
+                if d.HasField("dim_value"):
+                    continue
+                v = dim_value(d.dim_param or input_dim_name(vi.name, axis), values)
+                if v is not None:
+                    d.Clear()
+                    d.dim_value = v
+        return m
+
+    def ort(self, values: Mapping[str, int] | None, model: onnx.ModelProto | None = None) -> dict | None:
+        if self.ort_failed:
+            return None
+        shapes = ort_symbolic_shapes(model if model is not None else self.bound(values))
+        if shapes is None:
+            self.ort_failed = True
+        return shapes
+
+    def numbers(self, values: Mapping[str, int]) -> dict[str, tuple]:
+        """Every tensor's dims at ``values`` (ints, None where both tools leave it open)."""
+        inferred, _ = infer_shapes(self.bound(values))
+        shapes = value_shapes(inferred)
+        if any(s is None or any(not isinstance(d, int) for d in s) for s in shapes.values()) \
+                or _missing(inferred, shapes):
+            more = self.ort(values, inferred)
+            for name, s in (more or {}).items():
+                old = shapes.get(name)
+                if s is not None and (old is None or _known(s) > _known(old)):
+                    shapes[name] = s
+        return {n: None if s is None else tuple(d if isinstance(d, int) else None for d in s)
+                for n, s in shapes.items()}
+
+
+def _known(shape: tuple) -> int:
+    return sum(isinstance(d, int) for d in shape)
+
+
+def _missing(model: onnx.ModelProto, shapes: dict) -> bool:
+    return any(o and o not in shapes for n in model.graph.node for o in n.output)
+
+
+def _weights_as_inputs(model: onnx.ModelProto, omitted: set[str]) -> onnx.ModelProto:
+    """The structure read, with initializers whose data was left out turned into typed graph inputs."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    if not omitted:
+        return m
+    kept = [t for t in m.graph.initializer if t.name not in omitted]
+    stubs = [t for t in m.graph.initializer if t.name in omitted]
+    listed = {i.name for i in m.graph.input}
+    del m.graph.initializer[:]
+    m.graph.initializer.extend(kept)
+    m.graph.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                         for t in stubs if t.name not in listed)
+    return m
+
+
+def ort_symbolic_shapes(model: onnx.ModelProto) -> dict[str, Shape] | None:
+    """onnxruntime's symbolic shape inference, keeping what it infers where it stops early (its public
+    entry point raises then, and writes a file into the current folder); None when it fails."""
+    try:
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            sym = SymbolicShapeInference(2**31 - 1, True, False, 0)
+            sym._preprocess(model)
+            for _ in range(MAX_SYMBOLIC_PASSES):
+                if not sym.run_:
+                    break
+                sym._infer_impl()
+            return value_shapes(sym.out_mp_, extra=sym.known_vi_.values())
+    except Exception:  # a best-effort refinement: any failure leaves ONNX's shapes as they were
+        return None
+
+
+# -- fitting ----------------------------------------------------------------------------------------------
+def _monomials(variables: tuple[str, ...]) -> list[tuple[str, ...]]:
+    mons: list[tuple[str, ...]] = [()]
+    mons += [(v,) for v in variables]
+    mons += [pair for pair in itertools.combinations_with_replacement(variables, 2)]
+    return mons
+
+
+def _probe_points(variables: tuple[str, ...], count: int) -> list[dict[str, int]]:
+    """Distinct small points (3..40: under any model's position limit, above broadcast's special 1)."""
+    rng = random.Random(0x5EED)
+    points, seen = [], set()
+    while len(points) < count:
+        p = tuple(rng.randint(3, 40) for _ in variables)
+        if p not in seen:
+            seen.add(p)
+            points.append(dict(zip(variables, p, strict=True)))
+    return points
+
+
+def _fit(runner: _Runner, positions: list[tuple[str, int]], values: Mapping[str, int],
+         at_user: dict, variables: tuple[str, ...]) -> dict[tuple[str, int], str]:
+    """Integer polynomials (degree <= 2 in the input dims) for the dims known only as numbers."""
+    free = variables
+    if not positions or not free or len(free) > MAX_FIT_VARIABLES:
+        return {}
+    mons = _monomials(free)
+    points = _probe_points(free, len(mons) + 2)
+    columns: list[dict] = []
+    for p in points:
+        columns.append(runner.numbers({**values, **p}))
+    design = np.array([[_mono_value(m, p) for m in mons] for p in points], dtype=np.float64)
+    if np.linalg.matrix_rank(design) < len(mons):
+        return {}
+    ys = np.array([[_at(col, pos) for pos in positions] for col in columns], dtype=np.float64)
+    ok_rows = ~np.isnan(ys).any(axis=0)
+    coef, *_ = np.linalg.lstsq(design, np.nan_to_num(ys), rcond=None)
+    out: dict[tuple[str, int], str] = {}
+    for j, pos in enumerate(positions):
+        if not ok_rows[j]:
+            continue
+        c = np.rint(coef[:, j]).astype(np.int64)
+        poly = Poly()
+        for m, k in zip(mons, c, strict=True):
+            if k:
+                term = Poly.const(int(k))
+                for v in m:
+                    term = term * Poly.var(v)
+                poly = poly + term
+        exact = all(poly.evaluate({**values, **p}) == _at(col, pos) for p, col in zip(points, columns,
+                                                                                        strict=True))
+        if exact and poly.evaluate(values) == at_user[pos[0]][pos[1]]:
+            out[pos] = str(poly) if poly.constant is None else poly.constant
+    return out
+
+
+def _mono_value(m: tuple[str, ...], p: Mapping[str, int]) -> float:
+    v = 1.0
+    for s in m:
+        v *= p[s]
+    return v
+
+
+def _at(col: dict, pos: tuple[str, int]) -> float:
+    s = col.get(pos[0])
+    if s is None or pos[1] >= len(s) or s[pos[1]] is None:
+        return float("nan")
+    return float(s[pos[1]])
+

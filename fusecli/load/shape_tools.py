@@ -1,0 +1,77 @@
+"""ONNX shape inference, run within a budget, and the shapes it leaves in a model.
+
+Data propagation turns 1-D integer tensors into "shape values" element by element: a graph input, an
+initializer or a Constant claiming millions of such elements makes it allocate gigabytes (a 76-byte
+file took 10 GB). Such a model is inferred without data propagation, and the warning says so.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+import onnx
+
+DATA_PROP_ELEMENTS = int(os.environ.get("FUSECLI_MAX_SHAPE_VALUE_ELEMENTS", 1 << 16))
+_INT_TYPES = frozenset({onnx.TensorProto.INT64, onnx.TensorProto.INT32})
+
+
+def infer_shapes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str | None]:
+    """ONNX shape inference, with data propagation unless the model claims a huge 1-D integer tensor;
+    on failure the model as it was. Returns the model and a warning (or None)."""
+    big = _huge_shape_value(model)
+    note = None
+    if big is not None:
+        note = (f"{big} claims more than {DATA_PROP_ELEMENTS} integer elements; shape inference ran "
+                "without data propagation (raise FUSECLI_MAX_SHAPE_VALUE_ELEMENTS to allow it)")
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=big is None)
+        return inferred, note
+    except Exception as e:  # onnx raises several C++-mapped types here
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return model, f"shape inference failed, shapes may be missing: {first}"
+
+
+def _huge_shape_value(model: onnx.ModelProto) -> str | None:
+    """The name of a 1-D integer input, initializer or Constant longer than the data-propagation budget."""
+    g = model.graph
+    for vi in g.input:
+        tt = vi.type.tensor_type
+        if vi.type.HasField("tensor_type") and tt.elem_type in _INT_TYPES and len(tt.shape.dim) == 1:
+            d = tt.shape.dim[0]
+            if d.HasField("dim_value") and d.dim_value > DATA_PROP_ELEMENTS:
+                return f"graph input {vi.name!r}"
+    for t in g.initializer:
+        if t.data_type in _INT_TYPES and len(t.dims) == 1 and t.dims[0] > DATA_PROP_ELEMENTS:
+            return f"initializer {t.name!r}"
+    for n in g.node:
+        if n.op_type == "Constant":
+            for a in n.attribute:
+                if a.type == onnx.AttributeProto.TENSOR and a.t.data_type in _INT_TYPES \
+                        and len(a.t.dims) == 1 and a.t.dims[0] > DATA_PROP_ELEMENTS:
+                    return f"Constant {n.name or n.output[0]!r}"
+    return None
+
+
+def dims_of(value_info: onnx.ValueInfoProto) -> tuple | None:
+    """A value's dims: ints, names (or expressions), None where unknown; None when the rank is unknown."""
+    if not value_info.type.HasField("tensor_type"):
+        return None
+    tt = value_info.type.tensor_type
+    if not tt.HasField("shape"):
+        return None
+    return tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim)
+
+
+def value_shapes(model: onnx.ModelProto,
+                 extra: Iterable[onnx.ValueInfoProto] = ()) -> dict[str, tuple | None]:
+    """Dims of every value the model's graph describes (inputs, value_info, outputs, ``extra``)."""
+    g = model.graph
+    out: dict[str, tuple | None] = {}
+    for vi in (*g.input, *g.value_info, *g.output, *extra):
+        s = dims_of(vi)
+        if s is not None or vi.name not in out:
+            out[vi.name] = s
+    for t in g.initializer:
+        out[t.name] = tuple(t.dims)
+    return out
