@@ -105,7 +105,7 @@ class DimParseError(ValueError):
 def parse_dim(text: str) -> Poly:
     """'2*seq', 'seq + 1', 'batch*heads', 'seq**2' -> Poly; DimParseError for anything else."""
     try:
-        tree = ast.parse(text.strip(), mode="eval")
+        tree = ast.parse(text.strip().replace("^", "**"), mode="eval")  # seq^2 as fusecli prints it
     except (SyntaxError, ValueError):
         if text.isidentifier() or _name_like(text):
             return Poly.var(text)
@@ -126,7 +126,7 @@ def _poly_of(node: ast.AST, text: str) -> Poly:
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
         return -_poly_of(node.operand, text)
     if isinstance(node, ast.BinOp):
-        if isinstance(node.op, (ast.Pow, ast.BitXor)):
+        if isinstance(node.op, ast.Pow):
             exp = node.right
             if isinstance(exp, ast.Constant) and isinstance(exp.value, int) and 0 <= exp.value <= 8:
                 base, out = _poly_of(node.left, text), Poly.const(1)

@@ -36,6 +36,7 @@ class Liveness:
     saved_by_name: dict[str, Saved] = field(default_factory=dict)
     unknown: set[str] = field(default_factory=set)  # tensors of unknown size, left out of every total
     live_at_peak: list[Tensor] = field(default_factory=list)  # what the peak is made of
+    lifetimes: dict[str, tuple[int, int]] = field(default_factory=dict, repr=False)  # first, last step
     _reader_ops: dict[str, dict[str | None, set[str]]] = field(default_factory=dict, repr=False,
                                                                compare=False)
 
@@ -151,8 +152,9 @@ def analyze_liveness(joint: Graph, sizes: Mapping[str, int] | None = None,
     peak = timeline[peak_step] if timeline else resident + delta[0]
     at_peak = [t for t in joint.tensors.values() if t.kind in ("parameter", "constant")
                or (t.name in born and born[t.name] <= peak_step <= max(last[t.name], born[t.name]))]
+    lifetimes = {name: (b, max(last[name], b)) for name, b in born.items()}
     return Liveness(schedule, boundary, saved, timeline, peak, peak_step, resident,
-                    {s.tensor.name: s for s in saved}, unknown, at_peak)
+                    {s.tensor.name: s for s in saved}, unknown, at_peak, lifetimes)
 
 
 def _unique(nodes: list[Node]) -> list[Node]:

@@ -1,34 +1,98 @@
-"""Memory totals as polynomials in the model's input dims (saved, saved activations, peak).
+"""Memory totals as exact formulas in the model's input dims (saved, saved activations, peak).
 
-Each total is the sum of its tensors' byte polynomials (``sizes.tensor_formula``), so it is exact, not
-fitted: evaluated at the analysis's own dims it gives the reported numbers. The peak's formula is the
-bytes alive at the step where the peak falls at those dims (another size may move the peak elsewhere).
+Saved totals are sums of their tensors' byte polynomials (``sizes.tensor_formula``). The peak is the
+largest of the per-step live totals, each a polynomial; which step peaks depends on the sizes (weights
+dominate at small sizes, attention's seq^2 tensors at large ones), so the peak's formula is
+``max(P1, P2, ...)`` over the steps whose polynomial no other step's bounds coefficient by coefficient
+(input dims are >= 1, so such a step can never be the largest alone): exact at every size.
+Tensors of unknown size are named in the formula, never dropped silently.
 """
 
 from __future__ import annotations
 
-from .ir import Tensor
+import ast
+from collections.abc import Mapping
+
+import numpy as np
+
+from .dims import Poly, parse_dim
+from .ir import Graph, Tensor
 from .liveness import Liveness
 from .sizes import tensor_formula, total_formula
 
 TOTALS = ("saved_bytes", "saved_activation_bytes", "peak_bytes")
 
 
-def memory_formulas(live: Liveness) -> dict[str, str]:
-    """Each total as a formula string; a tensor of unknown size is named, never dropped."""
-    groups = {
-        "saved_bytes": [s.tensor for s in live.saved],
-        "saved_activation_bytes": [s.tensor for s in live.saved if s.tensor.kind == "activation"],
-        "peak_bytes": live.live_at_peak,
-    }
+def memory_formulas(live: Liveness, joint: Graph) -> dict[str, str]:
+    """Each total as a formula string (see the module docstring)."""
     out = {}
-    for key, tensors in groups.items():
+    for key, tensors in (("saved_bytes", [s.tensor for s in live.saved]),
+                         ("saved_activation_bytes", [s.tensor for s in live.saved
+                                                     if s.tensor.kind == "activation"])):
         poly, missing = total_formula(tensors)
-        text = str(poly)
-        if missing:
-            text += f" + unknown ({missing} tensor{'s' if missing > 1 else ''} of unknown size)"
-        out[key] = text
+        out[key] = str(poly) + _unknown_note(missing)
+    out["peak_bytes"] = peak_formula(live, joint)
     return out
+
+
+def _unknown_note(missing: int) -> str:
+    return f" + unknown ({missing} tensor{'s' if missing > 1 else ''} of unknown size)" if missing else ""
+
+
+def peak_formula(live: Liveness, joint: Graph) -> str:
+    """``max(...)`` of the step totals that can be the peak at some size (one polynomial when one can)."""
+    resident, missing = Poly(), 0
+    changes: list[tuple[int, int, Poly]] = []
+    for t in joint.tensors.values():
+        f = tensor_formula(t.shape, t.dtype)
+        if f is None:
+            missing += t.kind in ("parameter", "constant") or t.name in live.lifetimes
+            continue
+        if t.kind in ("parameter", "constant"):
+            resident = resident + f
+        elif t.name in live.lifetimes:
+            born, last = live.lifetimes[t.name]
+            changes.append((born, last, f))
+    monomials = sorted({m for _, _, f in changes for m in f.terms} | set(resident.terms))
+    index = {m: i for i, m in enumerate(monomials)}
+    steps = len(live.schedule)
+    delta = np.zeros((steps + 2, len(monomials)), dtype=np.int64)
+    for born, last, f in changes:
+        for m, c in f.terms.items():
+            delta[born + 1, index[m]] += c
+            delta[last + 2, index[m]] -= c
+    base = np.zeros(len(monomials), dtype=np.int64)
+    for m, c in resident.terms.items():
+        base[index[m]] += c
+    rows = np.cumsum(delta, axis=0)[1:steps + 1] + base  # liveness's timeline, one polynomial per step
+    front = _pareto_front(np.unique(rows, axis=0)) if steps else [base + delta[0]]
+    polys = [Poly({monomials[i]: int(c) for i, c in enumerate(r) if c}) for r in front]
+    polys.sort(key=str)
+    text = str(polys[0]) if len(polys) == 1 else "max(" + ", ".join(str(p) for p in polys) + ")"
+    return text + _unknown_note(missing)
+
+
+def _pareto_front(rows: np.ndarray) -> list[np.ndarray]:
+    """Rows no other row bounds coefficient by coefficient (sorted by total so dominators come first)."""
+    order = np.argsort(-rows.sum(axis=1), kind="stable")
+    front: list[np.ndarray] = []
+    for i in order:
+        r = rows[i]
+        if not any(np.all(f >= r) for f in front):
+            front.append(r)
+    return front
+
+
+def evaluate_formula(text: str, values: Mapping[str, int]) -> int | None:
+    """A formula fusecli prints (a polynomial, or ``max`` of several) evaluated at ``values``; None when
+    it names a tensor of unknown size or a dim without a value."""
+    if "unknown" in text:
+        return None
+    tree = ast.parse(text.replace("^", "**"), mode="eval").body
+    if isinstance(tree, ast.Call) and isinstance(tree.func, ast.Name) and tree.func.id == "max":
+        parts = [parse_dim(ast.unparse(a)).evaluate(values) for a in tree.args]
+        return None if any(p is None for p in parts) else max(parts)
+    return parse_dim(text).evaluate(values)
 
 
 def tensor_bytes_formula(t: Tensor) -> str | None:

@@ -8,6 +8,7 @@ from .ir import gc_paused
 from .liveness import Saved
 from .memory import memory_formulas, tensor_bytes_formula
 from .pipeline import Analysis
+from .sizes import total_formula
 from .units import format_bytes, format_shape
 
 
@@ -32,7 +33,7 @@ def _document(a: Analysis) -> dict:
         "memory": {"saved_bytes": live.saved_bytes,
                    "saved_activation_bytes": live.saved_activation_bytes,
                    "peak_bytes": live.peak_bytes,
-                   "formula": memory_formulas(live),
+                   "formula": memory_formulas(live, a.joint),
                    "incomplete": live.incomplete(),
                    "unknown_tensors": sum(a.unknown_sizes.values())},
         "patterns": [pattern_entry(m) for m in a.matches],
@@ -154,8 +155,11 @@ def print_formulas(a: Analysis, console) -> None:
     if not a.sizes.variables:
         return
     incomplete = set(a.liveness.incomplete())
-    for key, text in memory_formulas(a.liveness).items():
+    for key, text in memory_formulas(a.liveness, a.joint).items():
         note = " (leaves out tensors of unknown size)" if key in incomplete else ""
+        if text.startswith("max("):  # the exact peak is a max of several step totals: the JSON has it
+            here = total_formula(a.liveness.live_at_peak)[0]
+            text = f"{here} here; at other sizes the peak may fall elsewhere (--json: the exact max)"
         console.print(f"  {key.replace('_', ' ')} = {escape(text)} B{note}", highlight=False)
 
 

@@ -127,7 +127,7 @@ def _usable(shape: Shape, variables: tuple[str, ...], current: Shape) -> Shape:
     out = []
     for d in shape:
         if isinstance(d, str):
-            p = dim_poly(d.replace("**", "^").replace("^", "**"))
+            p = dim_poly(d)
             if p is None or not p.symbols() <= set(variables):
                 return None
             d = p.constant if p.constant is not None else (d if d in variables else str(p))
