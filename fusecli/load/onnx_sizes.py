@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import io
 import itertools
+import os
 import random
 from collections.abc import Mapping
 
@@ -47,7 +48,7 @@ def resolve_sizes(graph: Graph, values: Mapping[str, int], variables: tuple[str,
         return {}
     runner = _Runner(model, omitted, variables)
     # 1. symbolic, unbound
-    symbolic = runner.ort(None) or {}
+    symbolic = runner.ort(None, need=pending) or {}
     for name in list(pending):
         s = _usable(symbolic.get(name), variables, graph.tensors[name].shape)
         if s is not None:
@@ -58,7 +59,7 @@ def resolve_sizes(graph: Graph, values: Mapping[str, int], variables: tuple[str,
     if not pending and not checked:
         return {}
     # 2. numbers at the user's point: they check step 1's expressions and size what is still open
-    at_user = runner.numbers(values)
+    at_user = runner.numbers(values, pending | {t.name for t in checked})
     for t in checked:
         got = at_user.get(t.name)
         if got is None or len(got) != len(t.shape):
@@ -143,11 +144,14 @@ class _Runner:
         self.variables = variables
         self.ort_failed = False
 
-    def bound(self, values: Mapping[str, int] | None) -> onnx.ModelProto:
+    def bound(self, values: Mapping[str, int] | None, need: set[str] | None = None) -> onnx.ModelProto:
+        """The model (only what ``need`` depends on, when given) with its inputs bound to ``values``."""
+        m = _ancestors(self.model, need) if need is not None else None
         if values is None:
-            return self.model
-        m = onnx.ModelProto()
-        m.CopyFrom(self.model)
+            return m if m is not None else self.model
+        if m is None:
+            m = onnx.ModelProto()
+            m.CopyFrom(self.model)
         for vi in m.graph.input:
             if not vi.type.HasField("tensor_type") or not vi.type.tensor_type.HasField("shape"):
                 continue
@@ -160,20 +164,25 @@ class _Runner:
                     d.dim_value = v
         return m
 
-    def ort(self, values: Mapping[str, int] | None, model: onnx.ModelProto | None = None) -> dict | None:
+    def ort(self, values: Mapping[str, int] | None, model: onnx.ModelProto | None = None,
+            need: set[str] | None = None) -> dict | None:
         if self.ort_failed:
             return None
-        shapes = ort_symbolic_shapes(model if model is not None else self.bound(values))
+        shapes = ort_symbolic_shapes(model if model is not None else self.bound(values, need))
         if shapes is None:
             self.ort_failed = True
         return shapes
 
-    def numbers(self, values: Mapping[str, int]) -> dict[str, tuple]:
-        """Every tensor's dims at ``values`` (ints, None where both tools leave it open)."""
-        inferred, _ = infer_shapes(self.bound(values))
+    def numbers(self, values: Mapping[str, int], need: set[str] | None = None) -> dict[str, tuple]:
+        """Every tensor's dims at ``values`` (ints, None where both tools leave it open); onnxruntime's
+        (slower) inference runs only where ONNX's leaves open a tensor of ``need`` (default: any)."""
+        inferred, _ = infer_shapes(self.bound(values, need))
         shapes = value_shapes(inferred)
-        if any(s is None or any(not isinstance(d, int) for d in s) for s in shapes.values()) \
-                or _missing(inferred, shapes):
+        if need is not None:
+            open_ = any(_open(shapes.get(n)) for n in need)
+        else:
+            open_ = any(_open(s) for s in shapes.values()) or _missing(inferred, shapes)
+        if open_:
             more = self.ort(values, inferred)
             for name, s in (more or {}).items():
                 old = shapes.get(name)
@@ -181,6 +190,44 @@ class _Runner:
                     shapes[name] = s
         return {n: None if s is None else tuple(d if isinstance(d, int) else None for d in s)
                 for n, s in shapes.items()}
+
+
+def _ancestors(model: onnx.ModelProto, need: set[str]) -> onnx.ModelProto:
+    """The part of ``model`` that computes ``need``: the nodes they depend on, the inputs and
+    initializers those read, and ``need`` as outputs (shape tools then do only that work)."""
+    g = model.graph
+    producer = {o: i for i, n in enumerate(g.node) for o in n.output if o}
+    keep, todo, seen = set(), [n for n in need if n in producer], set(need)
+    while todo:
+        i = producer[todo.pop()]
+        if i in keep:
+            continue
+        keep.add(i)
+        for x in g.node[i].input:
+            if x and x not in seen:
+                seen.add(x)
+                if x in producer:
+                    todo.append(x)
+    out = onnx.ModelProto()
+    for fd, value in model.ListFields():
+        if fd.name != "graph":
+            if fd.is_repeated:
+                getattr(out, fd.name).extend(value)
+            elif fd.message_type is not None:
+                getattr(out, fd.name).CopyFrom(value)
+            else:
+                setattr(out, fd.name, value)
+    og = out.graph
+    og.name = g.name
+    og.node.extend(g.node[i] for i in sorted(keep))
+    og.input.extend(i for i in g.input if i.name in seen)
+    og.initializer.extend(t for t in g.initializer if t.name in seen)
+    og.output.extend(onnx.ValueInfoProto(name=n) for n in sorted(need) if n in producer)
+    return out
+
+
+def _open(shape: tuple | None) -> bool:
+    return shape is None or any(not isinstance(d, int) for d in shape)
 
 
 def _known(shape: tuple) -> int:
@@ -211,8 +258,7 @@ def ort_symbolic_shapes(model: onnx.ModelProto) -> dict[str, Shape] | None:
     """onnxruntime's symbolic shape inference, keeping what it infers where it stops early (its public
     entry point raises then, and writes a file into the current folder); None when it fails."""
     try:
-        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-
+        SymbolicShapeInference = _symbolic_shape_inference()
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             sym = SymbolicShapeInference(2**31 - 1, True, False, 0)
             sym._preprocess(model)
@@ -223,6 +269,27 @@ def ort_symbolic_shapes(model: onnx.ModelProto) -> dict[str, Shape] | None:
             return value_shapes(sym.out_mp_, extra=sym.known_vi_.values())
     except Exception:  # a best-effort refinement: any failure leaves ONNX's shapes as they were
         return None
+
+
+def _symbolic_shape_inference():
+    """onnxruntime's SymbolicShapeInference class, from its own file: importing it as
+    ``onnxruntime.tools.symbolic_shape_infer`` runs ``onnxruntime/tools/__init__.py`` first, which imports
+    PyTorch when it is installed (seconds). The file itself needs only onnx, numpy, sympy and packaging."""
+    import importlib.util
+    import sys
+
+    name = "fusecli._ort_symbolic_shape_infer"
+    module = sys.modules.get(name)
+    if module is None:
+        spec = importlib.util.find_spec("onnxruntime")
+        if spec is None or not spec.submodule_search_locations:
+            raise ImportError("onnxruntime is not installed")
+        path = os.path.join(spec.submodule_search_locations[0], "tools", "symbolic_shape_infer.py")
+        file_spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(file_spec)
+        sys.modules[name] = module
+        file_spec.loader.exec_module(module)
+    return module.SymbolicShapeInference
 
 
 # -- fitting ----------------------------------------------------------------------------------------------
@@ -254,8 +321,9 @@ def _fit(runner: _Runner, positions: list[tuple[str, int]], values: Mapping[str,
     mons = _monomials(free)
     points = _probe_points(free, len(mons) + 2)
     columns: list[dict] = []
+    need = {name for name, _ in positions}
     for p in points:
-        columns.append(runner.numbers({**values, **p}))
+        columns.append(runner.numbers({**values, **p}, need))
     design = np.array([[_mono_value(m, p) for m in mons] for p in points], dtype=np.float64)
     if np.linalg.matrix_rank(design) < len(mons):
         return {}
