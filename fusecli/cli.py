@@ -87,8 +87,12 @@ def main() -> None:
               help="Draw live bytes along the forward+backward schedule to FILE (.png/.svg/.pdf).")
 @click.option("--patterns", "patterns", default="", metavar="A,B",
               help="Only these fusion patterns (comma-separated names).")
+@click.option("--constant-weights", type=click.Choice(["parameters", "constants"]), default="parameters",
+              show_default=True,
+              help="ONNX: float Constant nodes in a weight's role (conv/matmul weight, norm scale, bias, "
+                   "embedding) are trainable parameters, or constants.")
 def analyze(model: str, as_json: bool, batch: int | None, dims: tuple[str, ...], signature: str | None,
-            wrt: str, plot_path: str | None, patterns: str) -> None:
+            wrt: str, plot_path: str | None, patterns: str, constant_weights: str) -> None:
     """Analyze MODEL (an .onnx file or a SavedModel folder)."""
     from .pipeline import Options
     from .pipeline import analyze as run_analysis
@@ -96,7 +100,7 @@ def analyze(model: str, as_json: bool, batch: int | None, dims: tuple[str, ...],
 
     options = Options(batch=batch or 1, dims=_parse_dims(dims), wrt_inputs=wrt == "inputs",
                       patterns=tuple(p.strip() for p in patterns.split(",") if p.strip()),
-                      signature=signature)
+                      signature=signature, constant_weights=constant_weights == "parameters")
     if plot_path:
         from .output import refuse_overwriting_input
 

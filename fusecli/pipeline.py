@@ -12,6 +12,7 @@ from .grad.rules import rule_for
 from .ir import Graph, Node, Tensor, gc_paused
 from .liveness import Liveness, analyze_liveness
 from .load import load_model
+from .load.constant_weights import no_parameter_warning
 
 
 @dataclass
@@ -23,6 +24,7 @@ class Options:
     wrt_inputs: bool = False
     patterns: tuple[str, ...] = ()
     signature: str | None = None  # SavedModels: which signature (default serving_default)
+    constant_weights: bool = True  # ONNX: Constant nodes in a weight's role are trainable parameters
 
 
 @dataclass
@@ -78,7 +80,11 @@ def analyze_graph(path: str, graph: Graph, options: Options) -> Analysis:
                                 keeps_for_shape=tensorflow_keeps_for_shape if tensorflow else None)
     progress.stage("fusion")
     matches = find_fusions(graph, joint, liveness, options.batch, options.dims, options.patterns)
-    return Analysis(path, graph, options, joint, liveness, matches, list(graph.meta.get("warnings", [])))
+    warnings = list(graph.meta.get("warnings", []))
+    no_params = None if options.wrt_inputs else no_parameter_warning(graph)
+    if no_params:
+        warnings.append(no_params)
+    return Analysis(path, graph, options, joint, liveness, matches, warnings)
 
 
 def analyze(path: str, options: Options | None = None, batch_given: bool = True,
@@ -88,7 +94,7 @@ def analyze(path: str, options: Options | None = None, batch_given: bool = True,
     options = options or Options()
     with gc_paused(), progress.stages(on_stage):
         progress.stage("reading")
-        graph = load_model(path, options.signature)
+        graph = load_model(path, options.signature, options.constant_weights)
         result = analyze_graph(path, graph, options)
     unset = [d for d in symbolic_dims(graph) if d not in options.dims]
     if unset and not batch_given:
