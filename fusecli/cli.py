@@ -208,7 +208,8 @@ def rewrite_command(model: str, output: str, target: str, mode: str, patterns: s
 
     options = RewriteOptions(target=target, mode=mode, batch=batch or 1, dims=_parse_dims(dims),
                              patterns=tuple(p.strip() for p in patterns.split(",") if p.strip()),
-                             verify=not no_verify, bench=bench, threads=threads, signature=signature)
+                             verify=not no_verify, bench=bench, threads=threads, signature=signature,
+                             keep_weights=False)
     result = run_rewrite(model, options, output)
     for w in result.warnings:
         click.echo(f"warning: {w}", err=True)

@@ -19,6 +19,7 @@ import onnx
 KEEP_BYTES = 4096  # payloads up to this size are kept (shape constants, scalars)
 _MODEL_GRAPH = 7
 _TENSOR_DATA_FIELDS = frozenset({4, 5, 6, 7, 9, 10, 11})
+_RAW_DATA = 9
 
 
 class WireError(ValueError):
@@ -101,15 +102,34 @@ def _fields(src: _Source, start: int, end: int):
         pos = vend
 
 
-def _slim_tensor(src: _Source, start: int, end: int) -> list[bytes] | None:
-    """A TensorProto without its data fields when they are larger than KEEP_BYTES, else None (keep it)."""
+def _slim_tensor(src: _Source, start: int, end: int, external: str | None = None) -> list[bytes] | None:
+    """A TensorProto without its data fields when they are larger than KEEP_BYTES, else None (keep it).
+
+    With ``external`` (the file's name), a payload held in raw_data becomes a reference to its own
+    bytes in the file (ONNX external data: location, offset, length), to be read when needed; other
+    payloads are kept."""
     if end - start <= KEEP_BYTES:
         return None  # its data fields cannot be larger than the whole message
     fields = list(_fields(src, start, end))
-    data = sum(vend - vpos for n, _, _, vpos, vend in fields if n in _TENSOR_DATA_FIELDS)
-    if data <= KEEP_BYTES:
+    data = [(n, vpos, vend) for n, _, _, vpos, vend in fields if n in _TENSOR_DATA_FIELDS]
+    if sum(vend - vpos for _, vpos, vend in data) <= KEEP_BYTES:
         return None
-    return [src.read(f, vend) for n, _, f, _, vend in fields if n not in _TENSOR_DATA_FIELDS]
+    kept = [src.read(f, vend) for n, _, f, _, vend in fields if n not in _TENSOR_DATA_FIELDS]
+    if external is None:
+        return kept
+    if len(data) != 1 or data[0][0] != _RAW_DATA or any(n in (13, 14) for n, *_ in fields):
+        return None
+    _, vpos, vend = data[0]
+    for key, value in (("location", external), ("offset", str(vpos)), ("length", str(vend - vpos))):
+        entry = _string_field(1, key) + _string_field(2, value)
+        kept.append(_encode_varint((13 << 3) | 2) + _encode_varint(len(entry)) + entry)  # external_data
+    kept.append(_encode_varint(14 << 3) + _encode_varint(1))  # data_location = EXTERNAL
+    return kept
+
+
+def _string_field(number: int, text: str) -> bytes:
+    data = text.encode()
+    return _encode_varint((number << 3) | 2) + _encode_varint(len(data)) + data
 
 
 # Where weights live: message -> {field number: the message that field holds}
@@ -127,27 +147,28 @@ _MODEL_CHILDREN = {_MODEL_GRAPH: _GRAPH, 20: _TRAINING, 25: _FUNCTION}  # graph,
 MAX_DEPTH = 64  # nested messages (subgraphs in subgraphs); protobuf itself refuses past 100
 
 
-def _slim(src: _Source, start: int, end: int, kind: int, depth: int = 0) -> list[bytes] | None:
+def _slim(src: _Source, start: int, end: int, kind: int, depth: int = 0,
+          external: str | None = None) -> list[bytes] | None:
     """A message's bytes with large tensor payloads cut out (unchanged runs copied as one), or None
     when nothing in it changes. Messages no larger than KEEP_BYTES are not even parsed."""
     if kind == _TENSOR:
-        return _slim_tensor(src, start, end)
-    if end - start <= KEEP_BYTES:
-        return None
+        return _slim_tensor(src, start, end, external)
+    if end - start <= KEEP_BYTES or (kind == _SPARSE and external is not None):
+        return None  # (sparse tensors cannot refer to external data: kept whole when asked for that)
     if depth > MAX_DEPTH:
         raise WireError(f"messages nested more than {MAX_DEPTH} deep")
-    return _rewrite_fields(src, start, end, _CHILDREN[kind], depth)
+    return _rewrite_fields(src, start, end, _CHILDREN[kind], depth, external)
 
 
 def _rewrite_fields(src: _Source, start: int, end: int, children: dict[int, int],
-                    depth: int) -> list[bytes] | None:
+                    depth: int, external: str | None = None) -> list[bytes] | None:
     parts: list[bytes] = []
     run = start  # start of the run of fields kept as they are
     for number, wtype, fstart, vpos, vend in _fields(src, start, end):
         child = children.get(number)
         if child is None or wtype != 2:
             continue
-        inner = _slim(src, vpos, vend, child, depth + 1)
+        inner = _slim(src, vpos, vend, child, depth + 1, external)
         if inner is None:
             continue
         if fstart > run:
@@ -161,12 +182,15 @@ def _rewrite_fields(src: _Source, start: int, end: int, children: dict[int, int]
     return parts
 
 
-def read_structure(path: str) -> tuple[onnx.ModelProto, set[str]]:
+def read_structure(path: str, external: bool = False) -> tuple[onnx.ModelProto, set[str]]:
     """The model without large weight payloads, and the names of the main graph's initializers and
-    Constant node outputs left without data."""
+    Constant node outputs left without data. ``external``: payloads in raw_data become ONNX external
+    data references to the file itself (read later, only where needed, e.g. by
+    ``onnx.numpy_helper.to_array(t, base_dir)``); the set is then empty."""
+    location = os.path.basename(path) if external else None
     with open(path, "rb") as f:
         src = _Source(f)
-        parts = _rewrite_fields(src, 0, len(src), _MODEL_CHILDREN, 0) or [src.read(0, len(src))]
+        parts = _rewrite_fields(src, 0, len(src), _MODEL_CHILDREN, 0, location) or [src.read(0, len(src))]
     model = onnx.ModelProto()
     model.ParseFromString(b"".join(parts))
     omitted = {t.name for t in model.graph.initializer if _left_out(t)}

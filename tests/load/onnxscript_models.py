@@ -5,7 +5,7 @@ code, each with ``make_model_with_random_weights()``; they hold every weight in 
 ``save(name, folder)`` writes ``<name>.constants.onnx`` (as built, 0 initializers) and
 ``<name>.initializers.onnx`` (onnx_ir's LiftConstantsToInitializersPass: every Constant of at least 16
 elements becomes an initializer), both through ``onnx_ir.save``. The tests use the small ones (BART,
-Whisper encoder); the benchmark all of them.
+Whisper encoder); benchmarks/bench_constant_weights.py all of them.
 """
 
 from __future__ import annotations
@@ -51,6 +51,6 @@ def save(name: str, folder: Path) -> tuple[Path, Path]:
     return constants, initializers
 
 
-if __name__ == "__main__":  # python benchmarks/constant_weight_models.py FOLDER NAME...
+if __name__ == "__main__":  # python tests/load/onnxscript_models.py FOLDER NAME...
     for n in sys.argv[2:]:
         print(*save(n, Path(sys.argv[1])))
