@@ -6,6 +6,7 @@ import os
 import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import onnx
 from onnx import helper
@@ -24,7 +25,9 @@ from .shapes import refine_shapes
 from .source import load_weights, open_source, restore_weights
 from .splice import write_spliced
 from .values import Names, Weights
-from .verify import Timing, Verification, bench, verify
+
+if TYPE_CHECKING:
+    from .verify import Timing, Verification
 
 TARGETS = ("cpu", "cuda")
 MODES = ("inference", "training")
@@ -155,6 +158,8 @@ def rewrite(path: str, options: RewriteOptions | None = None, output: str | None
         result = RewriteResult(path, output, options, model, applied, nodes_before, len(model.graph.node),
                                ops_before, op_counts(model), folded, passes, warnings=list(first.warnings))
         if options.verify or options.bench:
+            from .verify import bench, verify  # onnxruntime, imported only when it runs
+
             rewritten = _session_source(model, work, base_dir if spliced else None)
             if options.verify:
                 result.verification = verify(source.onnx_path, rewritten, options.batch, options.dims)
