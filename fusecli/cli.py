@@ -99,8 +99,12 @@ def main() -> None:
               help="Draw live bytes along the forward+backward schedule to FILE (.png/.svg/.pdf).")
 @click.option("--patterns", "patterns", default="", metavar="A,B",
               help="Only these fusion patterns (comma-separated names).")
+@click.option("--constant-weights", type=click.Choice(["parameters", "constants"]), default="parameters",
+              show_default=True,
+              help="ONNX: float Constant nodes in a weight's role (conv/matmul weight, norm scale, bias, "
+                   "embedding) are trainable parameters, or constants.")
 def analyze(model: str, as_json: bool, batch: int | None, dims: tuple[str, ...], signature: str | None,
-            wrt: str, plot_path: str | None, patterns: str) -> None:
+            wrt: str, plot_path: str | None, patterns: str, constant_weights: str) -> None:
     """Analyze MODEL (an .onnx file or a SavedModel folder)."""
     from .pipeline import Options
     from .pipeline import analyze as run_analysis
@@ -108,7 +112,7 @@ def analyze(model: str, as_json: bool, batch: int | None, dims: tuple[str, ...],
 
     options = Options(batch=batch, dims=_parse_dims(dims), wrt_inputs=wrt == "inputs",
                       patterns=tuple(p.strip() for p in patterns.split(",") if p.strip()),
-                      signature=signature)
+                      signature=signature, constant_weights=constant_weights == "parameters")
     if plot_path:
         from .output import refuse_overwriting_input
 
@@ -216,7 +220,8 @@ def rewrite_command(model: str, output: str, target: str, mode: str, patterns: s
 
     options = RewriteOptions(target=target, mode=mode, batch=batch or 1, dims=_parse_dims(dims),
                              patterns=tuple(p.strip() for p in patterns.split(",") if p.strip()),
-                             verify=not no_verify, bench=bench, threads=threads, signature=signature)
+                             verify=not no_verify, bench=bench, threads=threads, signature=signature,
+                             keep_weights=False)
     result = run_rewrite(model, options, output)
     for w in result.warnings:
         click.echo(f"warning: {w}", err=True)

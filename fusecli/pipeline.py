@@ -12,6 +12,7 @@ from .grad.rules import rule_for
 from .ir import Graph, Node, Tensor, gc_paused
 from .liveness import Liveness, analyze_liveness
 from .load import load_model, resolve_sizes
+from .load.constant_weights import no_parameter_warning
 from .sizes import Sizes, bind
 
 
@@ -24,6 +25,7 @@ class Options:
     wrt_inputs: bool = False
     patterns: tuple[str, ...] = ()
     signature: str | None = None  # SavedModels: which signature (default serving_default)
+    constant_weights: bool = True  # ONNX: Constant nodes in a weight's role are trainable parameters
 
 
 @dataclass
@@ -93,8 +95,11 @@ def analyze_graph(path: str, graph: Graph, options: Options) -> Analysis:
                                 keeps_for_shape=tensorflow_keeps_for_shape if tensorflow else None)
     progress.stage("fusion")
     matches = find_fusions(graph, joint, liveness, sizes, options.patterns)
-    return Analysis(path, graph, options, joint, liveness, matches,
-                    [*graph.meta.get("warnings", []), *warnings], sizes, unknown)
+    warnings = [*graph.meta.get("warnings", []), *warnings]
+    no_params = None if options.wrt_inputs else no_parameter_warning(graph)
+    if no_params:
+        warnings.append(no_params)
+    return Analysis(path, graph, options, joint, liveness, matches, warnings, sizes, unknown)
 
 
 def analyze(path: str, options: Options | None = None,
@@ -104,5 +109,5 @@ def analyze(path: str, options: Options | None = None,
     options = options or Options()
     with gc_paused(), progress.stages(on_stage):
         progress.stage("reading")
-        graph = load_model(path, options.signature)
+        graph = load_model(path, options.signature, options.constant_weights)
         return analyze_graph(path, graph, options)

@@ -27,7 +27,8 @@ def _document(a: Analysis) -> dict:
         "batch": a.sizes.batch if a.sizes.batch is not None else a.options.batch,
         "dims": {n: a.sizes[n] for n in a.sizes.variables},
         "resolved_dims": dict(a.sizes.opaque),
-        "forward": {"nodes": len(g.nodes), "tensors": len(g.tensors)},
+        "forward": {"nodes": len(g.nodes), "tensors": len(g.tensors),
+                    "constant_weights": g.meta.get("constant_weights", 0)},
         "backward": {"nodes": len(a.joint.backward_nodes())},
         "saved": [saved_entry(s) for s in live.saved],
         "memory": {"saved_bytes": live.saved_bytes,
@@ -87,6 +88,8 @@ def print_report(a: Analysis, console) -> None:
         kinds[t.kind] = kinds.get(t.kind, 0) + 1
     summary.add_row("forward nodes", str(len(g.nodes)))
     summary.add_row("tensors", ", ".join(f"{kinds[k]} {k}" for k in sorted(kinds)))
+    if g.meta.get("constant_weights"):
+        summary.add_row("weights", f"{g.meta['constant_weights']} parameters read from Constant nodes")
     summary.add_row("dims", dims_text(a))
     for t in g.inputs:
         summary.add_row("input", f"{t.name} {t.dtype} {format_shape(t.shape)}")

@@ -8,9 +8,10 @@ from ..errors import FuseError
 from ..ir import Graph
 
 
-def load_model(path: str, signature: str | None = None) -> Graph:
+def load_model(path: str, signature: str | None = None, constant_weights: bool = True) -> Graph:
     """Load an ONNX file or a SavedModel folder (its ``signature``, default serving_default) into a
-    forward Graph; FuseError on bad input."""
+    forward Graph (ONNX ``constant_weights``: Constant nodes in a weight's role are parameters);
+    FuseError on bad input."""
     if os.path.basename(path) == "saved_model.pb" and os.path.isfile(path):
         path = os.path.dirname(path) or "."  # the SavedModel's own file names its folder
     if os.path.isdir(path):
@@ -25,7 +26,7 @@ def load_model(path: str, signature: str | None = None) -> Graph:
         raise FuseError(f"{path}: --signature applies to SavedModel folders only")
     from .onnx import load_onnx
 
-    graph = load_onnx(path)
+    graph = load_onnx(path, constant_weights)
     graph.lint()
     return graph
 

@@ -16,6 +16,7 @@ from ..errors import FuseError
 from ..ir import FLOAT_DTYPES, Graph, GraphError, Node, Tensor, topological_order
 from ..kinds import ONNX_KINDS, ONNX_MS_KINDS
 from .common import mark_constant_subgraphs, refine_bias_adds
+from .constant_weights import promote_constant_weights
 from .onnx_wire import WireError, read_structure
 from .shape_tools import dims_of, infer_shapes
 
@@ -113,24 +114,25 @@ def _small_value(tensor: onnx.TensorProto):
         return None
 
 
-def load_onnx(path: str) -> Graph:
-    """Read an ONNX file into a forward Graph (weights are never read; small constants are)."""
+def load_onnx(path: str, constant_weights: bool = True) -> Graph:
+    """Read an ONNX file into a forward Graph (weights are never read; small constants are);
+    ``constant_weights``: Constant nodes in a weight's role are trainable parameters."""
     model, omitted = read_model(path)
     check_external_data(model, path)
-    graph = graph_of_model(model, os.path.basename(path))
+    graph = graph_of_model(model, os.path.basename(path), constant_weights)
     for name in omitted:
         graph.tensors[name].meta["data_omitted"] = True
     graph.meta["onnx_structure"] = (model, omitted)  # for sizing at the user's dims (load.onnx_sizes)
     return graph
 
 
-def graph_of_model(model: onnx.ModelProto, name: str) -> Graph:
+def graph_of_model(model: onnx.ModelProto, name: str, constant_weights: bool = True) -> Graph:
     """Shape inference, then the IR graph of an in-memory model (its weights may be left out)."""
     opset = opset_of(model)
     progress.stage("shape inference")
     model, warning = infer_shapes(model)
     progress.stage("building the graph")
-    graph = build_graph(model, name)
+    graph = build_graph(model, name, constant_weights)
     graph.meta["opset"] = opset
     if opset and opset < MIN_OPSET:
         graph.meta.setdefault("warnings", []).append(
@@ -141,7 +143,7 @@ def graph_of_model(model: onnx.ModelProto, name: str) -> Graph:
     return graph
 
 
-def build_graph(model: onnx.ModelProto, name: str = "model") -> Graph:
+def build_graph(model: onnx.ModelProto, name: str = "model", constant_weights: bool = True) -> Graph:
     """The IR graph of a (shape-inferred) ModelProto."""
     g = model.graph
     graph = Graph(g.name or name, fmt="onnx")
@@ -220,6 +222,7 @@ def build_graph(model: onnx.ModelProto, name: str = "model") -> Graph:
     _constant_values(mark_constant_subgraphs(graph, _CONST_OPS, weight_ops=("ConstantOfShape",)))
     _fill_missing_shapes(graph)
     refine_kinds(graph)
+    promote_constant_weights(graph, constant_weights)
     return graph
 
 

@@ -239,19 +239,41 @@ def _missing(model: onnx.ModelProto, shapes: dict) -> bool:
 
 
 def _weights_as_inputs(model: onnx.ModelProto, omitted: set[str]) -> onnx.ModelProto:
-    """The structure read, with initializers whose data was left out turned into typed graph inputs."""
+    """The structure read, with initializers and Constant nodes whose data was left out turned into typed
+    graph inputs (onnxruntime's inference reads every Constant's value)."""
     m = onnx.ModelProto()
     m.CopyFrom(model)
-    if not omitted:
-        return m
-    kept = [t for t in m.graph.initializer if t.name not in omitted]
-    stubs = [t for t in m.graph.initializer if t.name in omitted]
-    listed = {i.name for i in m.graph.input}
-    del m.graph.initializer[:]
-    m.graph.initializer.extend(kept)
-    m.graph.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
-                         for t in stubs if t.name not in listed)
+    g = m.graph
+    stubs = [t for t in g.initializer if t.name in omitted]
+    if stubs:
+        kept = [t for t in g.initializer if t.name not in omitted]
+        del g.initializer[:]
+        g.initializer.extend(kept)
+    constants = [(n, n.attribute[0].t) for n in g.node
+                 if n.op_type == "Constant" and len(n.attribute) == 1
+                 and n.attribute[0].type == onnx.AttributeProto.TENSOR
+                 and _payload_left_out(n.attribute[0].t)]
+    if constants:
+        dropped = {id(n) for n, _ in constants}
+        nodes = [n for n in g.node if id(n) not in dropped]
+        del g.node[:]
+        g.node.extend(nodes)
+    listed = {i.name for i in g.input}
+    g.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                   for t in stubs if t.name not in listed)
+    g.input.extend(helper.make_tensor_value_info(n.output[0], t.data_type, list(t.dims))
+                   for n, t in constants)
     return m
+
+
+def _payload_left_out(t: onnx.TensorProto) -> bool:
+    """A tensor with elements but no data: its payload was skipped when the structure was read."""
+    n = 1
+    for d in t.dims:
+        n *= d
+    return n > 0 and t.data_location != onnx.TensorProto.EXTERNAL and not (
+        t.raw_data or t.float_data or t.int32_data or t.int64_data or t.double_data or t.uint64_data
+        or t.string_data)
 
 
 def ort_symbolic_shapes(model: onnx.ModelProto) -> dict[str, Shape] | None:

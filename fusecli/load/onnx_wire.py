@@ -1,10 +1,13 @@
-"""Read an ONNX file's structure without its weights: large initializer payloads skipped at the wire level.
+"""Read an ONNX file's structure without its weights: large tensor payloads skipped at the wire level.
 
 The file is read through a small window with os.pread, so skipped payloads are never read (nor mapped
-into the process); ModelProto.graph (field 7) is re-encoded with each large initializer's data fields
-(float_data, int32_data, string_data, int64_data, raw_data, double_data, uint64_data) left out, and the
-slim bytes are parsed with onnx's own messages. Names, dtypes, dims and small constants (Reshape shapes,
-Clip bounds: what shape inference and the patterns need) are kept.
+into the process). Every TensorProto that holds weights (initializers, sparse initializers, and the
+``value`` / ``sparse_value`` / tensor attributes of nodes such as ``Constant``, in the main graph, in
+subgraphs, in local functions and training graphs) is re-encoded with its large data fields (float_data,
+int32_data, string_data, int64_data, raw_data, double_data, uint64_data) left out; messages no larger
+than KEEP_BYTES cannot hold such a payload and are copied as they are, unparsed. The slim bytes are
+parsed with onnx's own messages. Names, dtypes, dims and small constants (Reshape shapes, Clip bounds,
+a norm's eps: what shape inference and the patterns need) are kept.
 """
 
 from __future__ import annotations
@@ -14,8 +17,9 @@ import os
 import onnx
 
 KEEP_BYTES = 4096  # payloads up to this size are kept (shape constants, scalars)
-_MODEL_GRAPH, _GRAPH_INITIALIZER = 7, 5
+_MODEL_GRAPH = 7
 _TENSOR_DATA_FIELDS = frozenset({4, 5, 6, 7, 9, 10, 11})
+_RAW_DATA = 9
 
 
 class WireError(ValueError):
@@ -98,54 +102,109 @@ def _fields(src: _Source, start: int, end: int):
         pos = vend
 
 
-def _slim_tensor(src: _Source, start: int, end: int) -> bytes | None:
-    """A TensorProto without its data fields when they are larger than KEEP_BYTES, else None (keep it)."""
+def _slim_tensor(src: _Source, start: int, end: int, external: str | None = None) -> list[bytes] | None:
+    """A TensorProto without its data fields when they are larger than KEEP_BYTES, else None (keep it).
+
+    With ``external`` (the file's name), a payload held in raw_data becomes a reference to its own
+    bytes in the file (ONNX external data: location, offset, length), to be read when needed; other
+    payloads are kept."""
     if end - start <= KEEP_BYTES:
         return None  # its data fields cannot be larger than the whole message
     fields = list(_fields(src, start, end))
-    data = sum(vend - vpos for n, _, _, vpos, vend in fields if n in _TENSOR_DATA_FIELDS)
-    if data <= KEEP_BYTES:
+    data = [(n, vpos, vend) for n, _, _, vpos, vend in fields if n in _TENSOR_DATA_FIELDS]
+    if sum(vend - vpos for _, vpos, vend in data) <= KEEP_BYTES:
         return None
-    return b"".join(src.read(f, vend) for n, _, f, _, vend in fields if n not in _TENSOR_DATA_FIELDS)
+    kept = [src.read(f, vend) for n, _, f, _, vend in fields if n not in _TENSOR_DATA_FIELDS]
+    if external is None:
+        return kept
+    if len(data) != 1 or data[0][0] != _RAW_DATA or any(n in (13, 14) for n, *_ in fields):
+        return None
+    _, vpos, vend = data[0]
+    for key, value in (("location", external), ("offset", str(vpos)), ("length", str(vend - vpos))):
+        entry = _string_field(1, key) + _string_field(2, value)
+        kept.append(_encode_varint((13 << 3) | 2) + _encode_varint(len(entry)) + entry)  # external_data
+    kept.append(_encode_varint(14 << 3) + _encode_varint(1))  # data_location = EXTERNAL
+    return kept
 
 
-def _slim_graph(src: _Source, start: int, end: int) -> list[bytes]:
-    """The GraphProto's bytes with large initializer payloads cut out; unchanged runs copied as one."""
+def _string_field(number: int, text: str) -> bytes:
+    data = text.encode()
+    return _encode_varint((number << 3) | 2) + _encode_varint(len(data)) + data
+
+
+# Where weights live: message -> {field number: the message that field holds}
+_TENSOR, _SPARSE, _GRAPH, _FUNCTION, _NODE, _ATTRIBUTE, _TRAINING = range(7)
+_CHILDREN = {
+    _SPARSE: {1: _TENSOR, 2: _TENSOR},  # values, indices
+    _GRAPH: {1: _NODE, 5: _TENSOR, 15: _SPARSE},  # node, initializer, sparse_initializer
+    _FUNCTION: {7: _NODE, 11: _ATTRIBUTE},  # node, attribute_proto (default values)
+    _NODE: {5: _ATTRIBUTE},
+    # t, g, tensors, graphs, sparse_tensor, sparse_tensors
+    _ATTRIBUTE: {5: _TENSOR, 6: _GRAPH, 10: _TENSOR, 11: _GRAPH, 22: _SPARSE, 23: _SPARSE},
+    _TRAINING: {1: _GRAPH, 2: _GRAPH},  # initialization, algorithm
+}
+_MODEL_CHILDREN = {_MODEL_GRAPH: _GRAPH, 20: _TRAINING, 25: _FUNCTION}  # graph, training_info, functions
+MAX_DEPTH = 64  # nested messages (subgraphs in subgraphs); protobuf itself refuses past 100
+
+
+def _slim(src: _Source, start: int, end: int, kind: int, depth: int = 0,
+          external: str | None = None) -> list[bytes] | None:
+    """A message's bytes with large tensor payloads cut out (unchanged runs copied as one), or None
+    when nothing in it changes. Messages no larger than KEEP_BYTES are not even parsed."""
+    if kind == _TENSOR:
+        return _slim_tensor(src, start, end, external)
+    if end - start <= KEEP_BYTES or (kind == _SPARSE and external is not None):
+        return None  # (sparse tensors cannot refer to external data: kept whole when asked for that)
+    if depth > MAX_DEPTH:
+        raise WireError(f"messages nested more than {MAX_DEPTH} deep")
+    return _rewrite_fields(src, start, end, _CHILDREN[kind], depth, external)
+
+
+def _rewrite_fields(src: _Source, start: int, end: int, children: dict[int, int],
+                    depth: int, external: str | None = None) -> list[bytes] | None:
     parts: list[bytes] = []
     run = start  # start of the run of fields kept as they are
     for number, wtype, fstart, vpos, vend in _fields(src, start, end):
-        if number != _GRAPH_INITIALIZER or wtype != 2:
+        child = children.get(number)
+        if child is None or wtype != 2:
             continue
-        tensor = _slim_tensor(src, vpos, vend)
-        if tensor is None:
+        inner = _slim(src, vpos, vend, child, depth + 1, external)
+        if inner is None:
             continue
         if fstart > run:
             parts.append(src.read(run, fstart))
-        parts += [_encode_varint((_GRAPH_INITIALIZER << 3) | 2), _encode_varint(len(tensor)), tensor]
+        parts += [_encode_varint((number << 3) | 2), _encode_varint(sum(len(p) for p in inner)), *inner]
         run = vend
+    if not parts:
+        return None
     if end > run:
         parts.append(src.read(run, end))
     return parts
 
 
-def read_structure(path: str) -> tuple[onnx.ModelProto, set[str]]:
-    """The model without large weight payloads, and the names of the initializers left without data."""
+def read_structure(path: str, external: bool = False) -> tuple[onnx.ModelProto, set[str]]:
+    """The model without large weight payloads, and the names of the main graph's initializers and
+    Constant node outputs left without data. ``external``: payloads in raw_data become ONNX external
+    data references to the file itself (read later, only where needed, e.g. by
+    ``onnx.numpy_helper.to_array(t, base_dir)``); the set is then empty."""
+    location = os.path.basename(path) if external else None
     with open(path, "rb") as f:
         src = _Source(f)
-        parts = []
-        for number, wtype, fstart, vpos, vend in _fields(src, 0, len(src)):
-            if number == _MODEL_GRAPH and wtype == 2:
-                graph = _slim_graph(src, vpos, vend)
-                parts += [_encode_varint((_MODEL_GRAPH << 3) | 2),
-                          _encode_varint(sum(len(p) for p in graph)), *graph]
-            else:
-                parts.append(src.read(fstart, vend))
+        parts = _rewrite_fields(src, 0, len(src), _MODEL_CHILDREN, 0, location) or [src.read(0, len(src))]
     model = onnx.ModelProto()
     model.ParseFromString(b"".join(parts))
-    omitted = {t.name for t in model.graph.initializer
-               if t.data_location != onnx.TensorProto.EXTERNAL and not _has_data(t)
-               and _numel(t) > 0}
+    omitted = {t.name for t in model.graph.initializer if _left_out(t)}
+    for node in model.graph.node:
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and node.output:
+            for a in node.attribute:
+                if (a.name == "value" and _left_out(a.t)) or \
+                        (a.name == "sparse_value" and _left_out(a.sparse_tensor.values)):
+                    omitted.add(node.output[0])
     return model, omitted
+
+
+def _left_out(t: onnx.TensorProto) -> bool:
+    return t.data_location != onnx.TensorProto.EXTERNAL and not _has_data(t) and _numel(t) > 0
 
 
 def _numel(t: onnx.TensorProto) -> int:

@@ -7,6 +7,7 @@ from onnx import helper
 
 from ..ir import Graph
 from .emit import MS, Emission
+from .proto import is_big_constant
 
 
 def protos_by_ir_name(model: onnx.ModelProto, graph: Graph) -> dict[str, onnx.NodeProto]:
@@ -24,9 +25,16 @@ def protos_by_ir_name(model: onnx.ModelProto, graph: Graph) -> dict[str, onnx.No
     return out
 
 
+def weights_in_constants(model: onnx.ModelProto) -> bool:
+    """The model holds its weights in Constant nodes, none in initializers (onnxscript, onnx_ir)."""
+    return not model.graph.initializer and any(is_big_constant(n) for n in model.graph.node)
+
+
 def apply(model: onnx.ModelProto, emissions: list[Emission], protos: dict[str, onnx.NodeProto]) -> None:
-    """Replace each emission's nodes by its new ones, placed where its last removed node was."""
+    """Replace each emission's nodes by its new ones, placed where its last removed node was; new
+    weights are stored as the model stores its own (initializers, or Constant nodes before the nodes)."""
     g = model.graph
+    as_constants = weights_in_constants(model)
     old = list(g.node)  # hold the wrappers: ids below stay theirs
     order = {id(n): i for i, n in enumerate(old)}
     anchor: dict[int, Emission] = {}
@@ -38,12 +46,17 @@ def apply(model: onnx.ModelProto, emissions: list[Emission], protos: dict[str, o
     nodes: list[onnx.NodeProto] = []
     for n in old:
         if id(n) in anchor:
+            if as_constants:
+                nodes.extend(helper.make_node("Constant", [], [t.name], name=t.name, value=t)
+                             for t in anchor[id(n)].initializers)
             nodes.extend(anchor[id(n)].nodes)
         if id(n) not in removed:
             nodes.append(n)
     _replace(g.node, nodes)
     listed_inputs = model.ir_version < 4  # IR 3 lists every initializer as a graph input too
     for e in emissions:
+        if as_constants:
+            continue
         g.initializer.extend(e.initializers)
         if listed_inputs:
             g.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))

@@ -6,6 +6,7 @@ import os
 import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import onnx
 from onnx import helper
@@ -21,9 +22,12 @@ from .plan import plan
 from .proto import light_copy
 from .save import needs_external_data, write_model
 from .shapes import refine_shapes
-from .source import load_weights, open_source
+from .source import load_weights, open_source, restore_weights
+from .splice import write_spliced
 from .values import Names, Weights
-from .verify import Timing, Verification, bench, verify
+
+if TYPE_CHECKING:
+    from .verify import Timing, Verification
 
 TARGETS = ("cpu", "cuda")
 MODES = ("inference", "training")
@@ -43,6 +47,7 @@ class RewriteOptions:
     bench_runs: int = 50
     max_passes: int = 4
     signature: str | None = None  # SavedModels: the signature tf2onnx converts (default: its first)
+    keep_weights: bool = True  # False: the result's model leaves its payloads in the input file
 
 
 @dataclass
@@ -108,10 +113,12 @@ def rewrite_passes(model: onnx.ModelProto, first: Analysis, options: RewriteOpti
     passes = 0
     outputs = {o.name for o in model.graph.output}
     for _ in range(options.max_passes):
+        if not analysis.matches:
+            break  # nothing to emit: no pass (nor its shape refinement) needed
         refine_shapes(model, analysis.graph)
         _value_infos(analysis.graph, known)
         protos = protos_by_ir_name(model, analysis.graph)
-        weights = Weights(model)
+        weights = Weights(model, os.path.dirname(os.path.abspath(label)))
         ctx = Context(options.target, options.mode, opset_of(model), weights, Names(model), protos, outputs)
         emissions = plan(analysis.matches, ctx)
         folded |= weights.folded
@@ -144,10 +151,16 @@ def rewrite(path: str, options: RewriteOptions | None = None, output: str | None
         nodes_before, ops_before = len(model.graph.node), op_counts(model)
         applied, passes, folded = rewrite_passes(model, first, options, source.onnx_path)
         prune(model)
+        base_dir = os.path.dirname(os.path.abspath(source.onnx_path))
+        spliced = not needs_external_data(model)  # payloads copied file to file when written
+        if not spliced:
+            restore_weights(model, source.onnx_path)  # past 2 GB: written with its own data file
         result = RewriteResult(path, output, options, model, applied, nodes_before, len(model.graph.node),
                                ops_before, op_counts(model), folded, passes, warnings=list(first.warnings))
         if options.verify or options.bench:
-            rewritten = _session_source(model, work)
+            from .verify import bench, verify  # onnxruntime, imported only when it runs
+
+            rewritten = _session_source(model, work, base_dir if spliced else None)
             if options.verify:
                 result.verification = verify(source.onnx_path, rewritten, options.batch, options.dims)
                 if not result.verification.ok:
@@ -162,15 +175,23 @@ def rewrite(path: str, options: RewriteOptions | None = None, output: str | None
                                         ("original, ORT default opts", source.onnx_path, "default"),
                                         ("rewritten, ORT default opts", rewritten, "default")],
                                        options.batch, options.dims, options.threads, runs=options.bench_runs)
-        if output is not None:
+        if output is not None and spliced:
+            write_spliced(model, output, base_dir, source.protected)
+        elif output is not None:
             result.data_file = write_model(model, output, source.protected)
+        if spliced and options.keep_weights:
+            restore_weights(model, source.onnx_path)
     return result
 
 
-def _session_source(model: onnx.ModelProto, work: str) -> bytes | str:
-    """Bytes for onnxruntime, or a file in ``work`` (with its data file) past 2 GB."""
+def _session_source(model: onnx.ModelProto, work: str, base_dir: str | None = None) -> bytes | str:
+    """A file in ``work`` for onnxruntime: payloads spliced from ``base_dir``'s files when given, else
+    the model (with its data file past 2 GB)."""
+    path = os.path.join(work, "rewritten.onnx")
+    if base_dir is not None:
+        write_spliced(model, path, base_dir)
+        return path
     if not needs_external_data(model):
         return model.SerializeToString()
-    path = os.path.join(work, "rewritten.onnx")
     write_model(model, path)
     return path

@@ -8,13 +8,16 @@ Only an emitter's checks read them (is the skip of a SkipLayerNormalization the 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
+import os
+import sys
 
 import onnx
 from onnx import helper
 
 from ..ir import Graph
-from .proto import light_copy
+from .proto import is_big_constant, light_copy
 
 
 def _open(shape) -> bool:
@@ -22,9 +25,18 @@ def _open(shape) -> bool:
 
 
 def _weights_as_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The model with big float weights turned into graph inputs: shapes known, values never read."""
+    """The model with big float weights (initializers and Constant nodes) turned into graph inputs:
+    shapes known, values never read."""
     light = light_copy(model)
     stubs = [t for t in light.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    constants = [n for n in light.graph.node if is_big_constant(n) and n.output and n.output[0]]
+    if constants:
+        made = {id(n) for n in constants}
+        nodes = [n for n in light.graph.node if id(n) not in made]
+        del light.graph.node[:]
+        light.graph.node.extend(nodes)
+        stubs += [onnx.TensorProto(name=n.output[0], data_type=n.attribute[0].t.data_type,
+                                   dims=n.attribute[0].t.dims) for n in constants]
     names = {t.name for t in stubs}
     listed = {i.name for i in light.graph.input}
     kept = [t for t in light.graph.initializer if t.name not in names]
@@ -35,14 +47,29 @@ def _weights_as_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
     return light
 
 
+def _symbolic_shape_inference():
+    """onnxruntime's SymbolicShapeInference, loaded from its file: importing it as
+    ``onnxruntime.tools.symbolic_shape_infer`` runs ``onnxruntime.tools``' ``__init__``, which imports
+    torch when it is installed (seconds) for a helper this module does not use."""
+    name = "fusecli_ort_symbolic_shape_infer"
+    module = sys.modules.get(name)
+    if module is None:
+        origin = importlib.util.find_spec("onnxruntime").origin
+        path = os.path.join(os.path.dirname(origin), "tools", "symbolic_shape_infer.py")
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules[name] = module
+    return module.SymbolicShapeInference
+
+
 def refine_shapes(model: onnx.ModelProto, graph: Graph) -> int:
     """Give activations with open dims the symbolic shapes onnxruntime infers; how many were refined."""
     open_tensors = [t for t in graph.tensors.values() if t.kind == "activation" and _open(t.shape)]
     if not open_tensors:
         return 0
     try:
-        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-
+        SymbolicShapeInference = _symbolic_shape_inference()  # noqa: N806 (a class)
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             # SymbolicShapeInference.infer_shapes, less its dump of sym_shape_infer_temp.onnx into the
             # current folder when some shape stays unknown (the partial result is still of use here)

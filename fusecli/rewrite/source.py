@@ -10,6 +10,7 @@ from onnx import external_data_helper
 
 from ..errors import FuseError
 from ..load import load_model
+from ..load.onnx_wire import read_structure
 
 SAVEDMODEL_OPSET = 17
 
@@ -86,17 +87,26 @@ def convert_savedmodel(folder: str, signature: str | None = None,
 
 
 def load_weights(path: str) -> tuple[onnx.ModelProto, list[str]]:
-    """The model with its weights (external data read too; the analysis checked where it points),
-    and the external data files it read."""
+    """The model with its weights left where they are: large raw payloads (initializers and Constant
+    nodes) become external data references to the model file itself, read only when a fold asks for
+    them (``Weights``) or when the model is written (``restore_weights``); and the external data files
+    it reads (the analysis checked where they point)."""
     try:
-        model = onnx.load(path, load_external_data=False)
-        files = external_files(model, path)
-        if files:
-            external_data_helper.load_external_data_for_model(model, os.path.dirname(os.path.abspath(path)))
+        model, _ = read_structure(path, external=True)
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise FuseError(f"{path}: cannot read the model's weights: {first}") from None
-    return model, files
+    own = os.path.abspath(path)
+    return model, [f for f in external_files(model, path) if os.path.abspath(f) != own]
+
+
+def restore_weights(model: onnx.ModelProto, path: str) -> None:
+    """Read every payload still left in a file (``load_weights``) into the model, for writing it out."""
+    try:
+        external_data_helper.load_external_data_for_model(model, os.path.dirname(os.path.abspath(path)))
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise FuseError(f"{path}: cannot read the model's weights: {first}") from None
 
 
 def save_plain(model: onnx.ModelProto, path: str) -> None:

@@ -1,4 +1,6 @@
-"""Weight values: initializers, and constant subgraphs evaluated on demand with onnx's reference runtime."""
+"""Weight values: initializers and Constant nodes, and constant subgraphs evaluated on demand with onnx's
+reference runtime. Payloads left in a file (external data, or fusecli's reader's references to the model
+file itself) are read only for the tensors asked for."""
 
 from __future__ import annotations
 
@@ -30,9 +32,10 @@ class Names:
 class Weights:
     """Numpy values of a model's tensors that do not depend on graph inputs (cached)."""
 
-    def __init__(self, model: onnx.ModelProto) -> None:
+    def __init__(self, model: onnx.ModelProto, base_dir: str = "") -> None:
         g = model.graph
         self.model = model
+        self.base_dir = base_dir  # where external data lives
         self.initializers = {t.name: t for t in g.initializer}
         self.inputs = {v.name for v in g.input} - set(self.initializers)
         self.producer = {o: n for n in g.node for o in n.output if o}
@@ -63,13 +66,23 @@ class Weights:
             return self._cache[name]
         if not self.is_constant(name):
             return None
+        node = self.producer.get(name)
         if name in self.initializers:
-            value = numpy_helper.to_array(self.initializers[name])
+            value = numpy_helper.to_array(self.initializers[name], self.base_dir)
+        elif node is not None and node.op_type == "Constant" and len(node.attribute) == 1 \
+                and node.attribute[0].name == "value" and node.attribute[0].HasField("t"):
+            value = numpy_helper.to_array(node.attribute[0].t, self.base_dir)
         else:
             value = self._evaluate(name)
             self.folded.add(name)
         self._cache[name] = value
         return value
+
+    def _in_memory(self, t: onnx.TensorProto) -> onnx.TensorProto:
+        """``t`` with its payload in memory (a copy read from its file when it is external)."""
+        if t.data_location != onnx.TensorProto.EXTERNAL:
+            return t
+        return numpy_helper.from_array(numpy_helper.to_array(t, self.base_dir), t.name)
 
     def _evaluate(self, name: str) -> np.ndarray:
         """Run the constant subgraph that makes ``name`` in onnx.reference.ReferenceEvaluator."""
@@ -82,13 +95,19 @@ class Weights:
                 continue
             seen.add(t)
             if t in self.initializers:
-                inits.append(self.initializers[t])
+                inits.append(self._in_memory(self.initializers[t]))
             else:
                 node = self.producer[t]
                 if all(id(node) != id(n) for n in nodes):
                     nodes.append(node)
+                    if node.op_type == "Constant" and any(
+                            a.t.data_location == onnx.TensorProto.EXTERNAL for a in node.attribute):
+                        value = numpy_helper.from_array(self.value(t), t)  # its payload read here
+                        node = onnx.helper.make_node("Constant", [], [t], value=value)
+                        nodes[-1] = node
                 stack.extend(node.input)
         order = {id(n): i for i, n in enumerate(self.model.graph.node)}
+        order.update({id(n): order[id(self.producer[n.output[0]])] for n in nodes if id(n) not in order})
         nodes.sort(key=lambda n: order[id(n)])
         graph = onnx.helper.make_graph(nodes, "constant", [], [onnx.ValueInfoProto(name=name)], inits)
         sub = onnx.helper.make_model(graph, opset_imports=list(self.model.opset_import),

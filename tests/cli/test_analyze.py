@@ -26,7 +26,7 @@ def test_json_contract_on_conv_bias_relu(sample):
     assert set(doc) == CONTRACT_KEYS
     assert doc["fusecli"] == __version__ and doc["model"] == path and doc["format"] == "onnx"
     assert doc["batch"] == 4 and doc["dims"] == {"N": 4} and doc["resolved_dims"] == {}
-    assert doc["forward"] == {"nodes": 3, "tensors": 6}
+    assert doc["forward"] == {"nodes": 3, "tensors": 6, "constant_weights": 0}
     assert set(doc["memory"]) == {"saved_bytes", "saved_activation_bytes", "peak_bytes", "formula",
                                   "incomplete", "unknown_tensors"}
     assert doc["memory"]["incomplete"] == [] and doc["memory"]["unknown_tensors"] == 0

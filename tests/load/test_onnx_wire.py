@@ -61,3 +61,93 @@ def test_truncated_bytes_raise_wire_error(tmp_path):
         p.write_bytes(data[:cut])
         with pytest.raises((WireError, Exception)):
             read_structure(str(p))
+
+
+# -- weights held in Constant nodes ---------------------------------------------------------------------
+def _constant(name: str, value: np.ndarray) -> onnx.NodeProto:
+    return helper.make_node("Constant", [], [name], name=f"make_{name}",
+                            value=numpy_helper.from_array(value, name))
+
+
+def _constant_model() -> onnx.ModelProto:
+    """Weights in Constant nodes: in the main graph, inside an If branch, and in a local function."""
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((64, 64)).astype(np.float32)
+    sparse = helper.make_sparse_tensor(numpy_helper.from_array(np.ones(2000, np.float32), "v"),
+                                       numpy_helper.from_array(np.arange(2000, dtype=np.int64), "i"),
+                                       [64, 64])
+    branch = helper.make_graph([_constant("w_then", w), helper.make_node("MatMul", ["x", "w_then"], ["t"])],
+                               "then", [], [vi("t", "N", 64)])
+    other = helper.make_graph([helper.make_node("Identity", ["x"], ["e"])], "else", [], [vi("e", "N", 64)])
+    fn = helper.make_function("local", "Proj", ["a"], ["b"],
+                              [_constant("w_fn", w), helper.make_node("MatMul", ["a", "w_fn"], ["b"])],
+                              [helper.make_opsetid("", 17)])
+    nodes = [_constant("w", w), _constant("eps", np.array(1e-5, np.float32)),
+             _constant("shape", np.array([-1, 64], np.int64)),
+             helper.make_node("Constant", [], ["s"], sparse_value=sparse),
+             helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "eps"], ["a"]),
+             helper.make_node("Reshape", ["a", "shape"], ["r"]),
+             helper.make_node("MatMul", ["r", "s"], ["q"]),
+             helper.make_node("Proj", ["q"], ["p"], domain="local"),
+             helper.make_node("ReduceSum", ["p"], ["sum"], keepdims=0),
+             helper.make_node("Greater", ["sum", "eps"], ["cond"]),
+             helper.make_node("If", ["cond"], ["y"], then_branch=branch, else_branch=other)]
+    model = make_model(nodes, [vi("x", "N", 64)], [vi("y", "N", 64)])
+    model.functions.append(fn)
+    model.opset_import.append(helper.make_opsetid("local", 1))
+    return model
+
+
+def _tensors(model: onnx.ModelProto):
+    """Every Constant's value tensor (sparse: its values), by output name, in graphs and functions."""
+    found = {}
+
+    def walk(nodes):
+        for n in nodes:
+            for a in n.attribute:
+                if a.name == "value":
+                    found[n.output[0]] = a.t
+                elif a.name == "sparse_value":
+                    found[n.output[0]] = a.sparse_tensor.values
+                for g in [a.g] if a.HasField("g") else []:
+                    walk(g.node)
+
+    walk(model.graph.node)
+    for f in model.functions:
+        walk(f.node)
+    return found
+
+
+def test_constant_payloads_are_skipped_in_graphs_subgraphs_and_functions(save_model):
+    model = _constant_model()
+    slim, omitted = read_structure(save_model(model))
+    assert omitted == {"w", "s"}  # the main graph's Constant weights (a 16 KiB dense, an 8 KiB sparse one)
+    full, light = _tensors(model), _tensors(slim)
+    for name in ("w", "w_then", "w_fn", "s"):
+        t = light[name]
+        assert not t.raw_data and t.data_type == full[name].data_type
+        assert list(t.dims) == list(full[name].dims)
+    for name in ("eps", "shape"):  # small constants stay readable
+        assert light[name].SerializeToString() == full[name].SerializeToString()
+    assert slim.ByteSize() < 4000 < 3 * 16384 < model.ByteSize()
+
+
+def test_external_references_read_back_the_same_weights(save_model, tmp_path):
+    model = _constant_model()
+    path = save_model(model)
+    refs, _ = read_structure(path, external=True)
+    light = _tensors(refs)
+    assert light["w"].data_location == onnx.TensorProto.EXTERNAL and light["w_fn"].HasField("data_location")
+    assert numpy_helper.to_array(light["w_then"], str(tmp_path)).tobytes() == \
+        numpy_helper.to_array(_tensors(model)["w_then"]).tobytes()
+    onnx.external_data_helper.load_external_data_for_model(refs, str(tmp_path))
+    for name, t in _tensors(model).items():
+        np.testing.assert_array_equal(numpy_helper.to_array(_tensors(refs)[name]), numpy_helper.to_array(t))
+
+
+def test_constant_weights_keep_shapes_and_are_marked_unread(save_model):
+    g = load_model(save_model(_constant_model()))
+    assert g.tensors["w"].shape == (64, 64) and g.tensors["w"].meta.get("data_omitted")
+    assert g.tensors["w"].kind == "parameter"  # the MatMul's weight operand
+    assert "value" in g.tensors["eps"].meta and "value" in g.tensors["shape"].meta
+    assert g.tensors["r"].shape[1] == 64  # the Reshape's shape constant was read
