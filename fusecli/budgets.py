@@ -12,7 +12,7 @@ from .errors import FuseError
 
 # name -> (default, what it bounds); FUSECLI_MAX_<NAME> raises it
 DEFAULTS = {
-    "OUTPUTS": (1_000_000, "outputs one SavedModel op may claim"),
+    "OUTPUTS": (65_536, "outputs one SavedModel op may claim"),
     "CALL_DEPTH": (256, "levels of nested SavedModel function calls"),
     "SAVED_MODEL_BYTES": (2 * 1024**3, "bytes of saved_model.pb"),  # protobuf's own 2 GiB message limit
     "FEED_ELEMENTS": (1 << 28, "elements of one random verification input"),  # 1 GiB of float32
@@ -33,7 +33,7 @@ def check(name: str, value: int, where: str) -> None:
     """FuseError naming the budget when ``value`` exceeds it (negative values are refused too)."""
     cap = limit(name)
     if value < 0:
-        raise FuseError(f"{where}: {value} is not a valid count of {DEFAULTS[name][1]}")
+        raise FuseError(f"{where}: {value} is not a valid count")
     if value > cap:
-        raise FuseError(f"{where}: {value:,} {DEFAULTS[name][1]} is over fusecli's budget of {cap:,} "
+        raise FuseError(f"{where}: over fusecli's budget of {cap:,} {DEFAULTS[name][1]} "
                         f"(raise it with FUSECLI_MAX_{name}=N)")

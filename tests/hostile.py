@@ -165,9 +165,11 @@ def constant_attr_in_folder(folder: str) -> str:
     ext.external_data.add(key="length", value=str(data.nbytes))
     c = helper.make_node("Constant", [], ["c"], "const")
     c.attribute.append(helper.make_attribute("value", ext))
-    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((4, 4, 3, 3)).astype(np.float32), "w")
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((4, 4, 3, 3)).astype(np.float32),
+                                "w")
     nodes = [c, helper.make_node("Conv", ["x", "w"], ["conv"], "conv", pads=[1, 1, 1, 1]),
-             helper.make_node("Add", ["conv", "c"], ["a"], "bias"), helper.make_node("Relu", ["a"], ["y"], "relu")]
+             helper.make_node("Add", ["conv", "c"], ["a"], "bias"),
+             helper.make_node("Relu", ["a"], ["y"], "relu")]
     return save(model(nodes, [vi("x", 1, 4, 6, 6)], [vi("y", 1, 4, 6, 6)], [w]), folder)
 
 

@@ -10,6 +10,7 @@ from onnx import external_data_helper
 
 from ..errors import FuseError
 from ..load import load_model
+from ..load.onnx import external_location, tensors_of
 
 SAVEDMODEL_OPSET = 17
 
@@ -29,12 +30,12 @@ def is_savedmodel(path: str) -> bool:
 
 
 def external_files(model: onnx.ModelProto, path: str) -> list[str]:
-    """The external data files the model at ``path`` reads."""
+    """The external data files the model at ``path`` reads (from any tensor: attributes and subgraphs too)."""
     folder = os.path.dirname(os.path.abspath(path))
     files = set()
-    for t in model.graph.initializer:
+    for _, t in tensors_of(model):
         if t.data_location == onnx.TensorProto.EXTERNAL:
-            loc = next((e.value for e in t.external_data if e.key == "location"), "")
+            loc = external_location(t)
             if loc:
                 files.add(os.path.join(folder, loc))
     return sorted(files)
@@ -91,8 +92,12 @@ def load_weights(path: str) -> tuple[onnx.ModelProto, list[str]]:
     try:
         model = onnx.load(path, load_external_data=False)
         files = external_files(model, path)
-        if files:
-            external_data_helper.load_external_data_for_model(model, os.path.dirname(os.path.abspath(path)))
+        folder = os.path.dirname(os.path.abspath(path))
+        for _, t in tensors_of(model) if files else ():  # every tensor, local functions' too
+            if t.data_location == onnx.TensorProto.EXTERNAL:
+                external_data_helper.load_external_data_for_tensor(t, folder)
+                t.data_location = onnx.TensorProto.DEFAULT
+                del t.external_data[:]
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise FuseError(f"{path}: cannot read the model's weights: {first}") from None
