@@ -311,7 +311,7 @@ def _fill_missing_shapes(graph: Graph) -> None:
     """Shapes ONNX inference leaves out: Dropout's mask is shaped like its input."""
     for node in graph.nodes:
         if node.op_type == "Dropout" and len(node.outputs) > 1 and node.outputs[1] is not None:
-            mask, x = node.outputs[1], node.inputs[0]
+            mask, x = node.outputs[1], node.input(0)
             if mask.shape is None and x is not None:
                 mask.shape = x.shape
                 mask.dtype = "bool" if graph.meta.get("opset", 10) >= 10 else x.dtype

@@ -13,6 +13,18 @@ _NOT_CONSTANT = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", 
                            "Multinomial", "Bernoulli"})
 
 
+def tensor_array(t: onnx.TensorProto) -> np.ndarray:
+    """numpy_helper.to_array, with a FuseError naming the tensor when its data does not fit its dims."""
+    try:
+        return numpy_helper.to_array(t)
+    except Exception as e:  # onnx raises ValueError, TypeError or its own errors for bad payloads
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        types = onnx.TensorProto.DataType
+        dtype = types.Name(t.data_type) if t.data_type in types.values() else str(t.data_type)
+        raise FuseError(f"initializer {t.name!r} (dims {list(t.dims)}, {dtype}): its data does not fit "
+                        f"its dims and type ({first})") from None
+
+
 class Names:
     """Unique names for new tensors and nodes of one model."""
 
@@ -64,7 +76,7 @@ class Weights:
         if not self.is_constant(name):
             return None
         if name in self.initializers:
-            value = numpy_helper.to_array(self.initializers[name])
+            value = tensor_array(self.initializers[name])
         else:
             value = self._evaluate(name)
             self.folded.add(name)
