@@ -78,8 +78,10 @@ def base_models() -> list[onnx.ModelProto]:
                   _p(rng, "beta", 8)])
     shape = numpy_helper.from_array(np.array([0, -1], np.int64), "shape")
     lo, hi = (numpy_helper.from_array(np.array(v, np.float32), k) for k, v in (("lo", 0.0), ("hi", 6.0)))
-    misc = _model([n("Gemm", ["x", "w", "b"], ["g"], "gemm", transB=1), n("Clip", ["g", "lo", "hi"], ["c"], "clip"),
-                   n("Reshape", ["c", "shape"], ["r"], "reshape"), n("Softmax", ["r"], ["s"], "softmax", axis=-1),
+    misc = _model([n("Gemm", ["x", "w", "b"], ["g"], "gemm", transB=1),
+                   n("Clip", ["g", "lo", "hi"], ["c"], "clip"),
+                   n("Reshape", ["c", "shape"], ["r"], "reshape"),
+                   n("Softmax", ["r"], ["s"], "softmax", axis=-1),
                    n("Dropout", ["s"], ["d", "mask"], "drop"), n("Sigmoid", ["d"], ["y"], "sig")],
                   [_vi("x", "N", 8)], [_vi("y"), _vi("mask", dtype=TensorProto.BOOL)],
                   [_p(rng, "w", 6, 8), _p(rng, "b", 6), lo, hi, shape])
@@ -131,7 +133,8 @@ def _odd_attr(r: random.Random, name: str) -> onnx.AttributeProto:
 
 ATTR_NAMES = ["axis", "alpha", "beta", "epsilon", "pads", "strides", "kernel_shape", "dilations", "group",
               "transA", "transB", "perm", "axes", "keepdims", "to", "value", "mode", "auto_pad", "activation",
-              "activation_params", "min", "max", "seed", "ratio", "then_branch", "body", "split", "approximate"]
+              "activation_params", "min", "max", "seed", "ratio", "then_branch", "body", "split",
+              "approximate"]
 
 
 def _dim(r: random.Random, d: onnx.TensorShapeProto.Dimension) -> None:
@@ -299,7 +302,8 @@ def _child(path: str, out_path: str) -> dict:
         return {"result": "ok"}
     except FuseError as e:
         text = " ".join(str(e).split())
-        return {"result": "error", "stage": stage, "message": text[:300], "lines": str(e).strip().count("\n") + 1}
+        return {"result": "error", "stage": stage, "message": text[:300],
+                "lines": str(e).strip().count("\n") + 1}
     except MemoryError:
         return {"result": "memory", "stage": stage}
     except RecursionError:

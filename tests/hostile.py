@@ -155,6 +155,13 @@ def ort_refuses(folder: str) -> str:
                       extra=[helper.make_opsetid("com.microsoft", 1)]), folder)
 
 
+def reshape_fails_at_run(folder: str) -> str:
+    """A Reshape of [N, 4] to [3, 5]: onnxruntime fails while running it (and logs its own error line)."""
+    shape = numpy_helper.from_array(np.array([3, 5], np.int64), "shape")
+    node = helper.make_node("Reshape", ["x", "shape"], ["y"], "reshape")
+    return save(model([node], [vi("x", "N", 4)], [vi("y", 3, 5)], [shape]), folder)
+
+
 def constant_attr_in_folder(folder: str) -> str:
     """Legitimate external data of a Constant attribute, beside the model (rewrite carries it along)."""
     os.makedirs(folder, exist_ok=True)
@@ -247,14 +254,17 @@ def unpack_claims(folder: str, num: int = 3_000_000) -> str:
     return saved_model(folder, body, "r:y:0", [_UNPACK, _RELU])
 
 
-def shapen_claims(folder: str, n: int = 10**9) -> str:
+def shapen_claims(folder: str, n: int = 10**9, used: bool = False) -> str:
+    """ShapeN claiming ``n`` outputs; ``used``: the function reads one of them."""
     body = [{"name": "s", "op": "ShapeN", "input": ["x"], "attr": {"N": n, "T": 1, "out_type": 3}},
-            {"name": "r", "op": "Relu", "input": ["x"], "attr": {"T": 1}}]
+            {"name": "r", "op": "Relu", "input": ["s:output:0" if used else "x"], "attr": {"T": 1}}]
     return saved_model(folder, body, "r:y:0", [_SHAPEN, _RELU])
 
 
 def dangling_reference(folder: str, ref: str = "missing:0") -> str:
-    body = [{"name": "r", "op": "Relu", "input": [ref], "attr": {"T": 1}}]
+    """Node ``r`` reads ``ref`` (``r2`` is a Relu of the argument ``x``, with one output)."""
+    body = [{"name": "r2", "op": "Relu", "input": ["x"], "attr": {"T": 1}},
+            {"name": "r", "op": "Relu", "input": [ref, "r2:y:0"], "attr": {"T": 1}}]
     return saved_model(folder, body, "r:y:0", [_RELU])
 
 

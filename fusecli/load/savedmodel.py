@@ -370,9 +370,12 @@ class _Loader:
                 return None
             name, arg, k = _split_ref(ref)
             if name not in body:
-                if ref in env or name in env:
-                    return env.get(ref, env.get(name))
-                raise self.dangling(reader, fname, ref, "no node or argument of that name")
+                if ref in env:
+                    return env[ref]
+                if name in env and k == 0 and arg is None:  # an argument is one value
+                    return env[name]
+                raise self.dangling(reader, fname, ref, "no node or argument of that name"
+                                    if name not in env else f"argument {name!r} is one value")
             layout = layouts[name]
             if arg is not None and arg not in layout and layout:
                 raise self.dangling(reader, fname, ref, f"{name!r} has no output {arg!r}")
