@@ -16,6 +16,7 @@ tests/test_fuzz_structure.py runs it for a bounded time in CI (FUSECLI_FUZZ_SECO
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import random
@@ -314,8 +315,10 @@ def _child(path: str, out_path: str) -> dict:
                 "where": [ln.strip() for ln in tb if ln.strip().startswith("File")][-3:]}
 
 
-def run_case(path: str, out_path: str, time_limit: float = TIME_LIMIT, memory_cap: int = MEMORY_CAP) -> dict:
-    """Run one model file through analyze, render and rewrite in a forked child, under the limits."""
+def run_case(path: str, out_path: str, time_limit: float = TIME_LIMIT, memory_cap: int = MEMORY_CAP,
+             work=None) -> dict:
+    """Run one model file through analyze, render and rewrite (``work(path, out_path)``, default
+    ``_child``) in a forked child, under the limits."""
     read, write = os.pipe()
     cap = _vm_bytes() + memory_cap
     t0 = time.perf_counter()
@@ -329,7 +332,10 @@ def run_case(path: str, out_path: str, time_limit: float = TIME_LIMIT, memory_ca
             with open(os.devnull, "w") as null:  # onnxruntime and onnx may print from C++
                 os.dup2(null.fileno(), 1)
                 os.dup2(null.fileno(), 2)
-            result = _child(path, out_path)
+            try:
+                result = (work or _child)(path, out_path)
+            except MemoryError:
+                result = {"result": "memory"}
             result["peak_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
             os.write(write, json.dumps(result).encode())
         except BaseException:
@@ -372,17 +378,25 @@ def preload() -> None:
     import fusecli.rewrite  # noqa: F401
 
 
-def fuzz(seconds: float, seed: int = 0, max_cases: int | None = None, log=None) -> dict:
-    """Cases ``seed, seed+1, ...`` until ``seconds`` pass; a summary with every finding."""
+def fuzz(seconds: float, seed: int = 0, max_cases: int | None = None, log=None,
+         seeds: list[int] | None = None) -> dict:
+    """Cases ``seed, seed+1, ...`` (or exactly ``seeds``) until ``seconds`` pass; a summary with every
+    finding."""
     preload()
     bases = base_models()
     counts: dict[str, int] = {}
     findings, slowest, peak = [], 0.0, 0
     start = time.perf_counter()
-    case = seed
+    todo = iter(seeds) if seeds is not None else itertools.count(seed)
+    if max_cases is not None:
+        todo = itertools.islice(todo, max_cases)
+    done = 0
     with tempfile.TemporaryDirectory(prefix="fusecli-fuzz-") as work:
         path, out = os.path.join(work, "model.onnx"), os.path.join(work, "out.onnx")
-        while time.perf_counter() - start < seconds and (max_cases is None or case - seed < max_cases):
+        for case in todo:
+            if time.perf_counter() - start >= seconds:
+                break
+            done += 1
             m, edits = make_case(case, bases)
             with open(path, "wb") as f:
                 f.write(m.SerializeToString())
@@ -398,8 +412,7 @@ def fuzz(seconds: float, seed: int = 0, max_cases: int | None = None, log=None) 
                 findings.append({"seed": case, "edits": edits, **result})
                 if log:
                     print(json.dumps(findings[-1]), file=log, flush=True)
-            case += 1
-    return {"cases": case - seed, "seconds": round(time.perf_counter() - start, 1), "counts": counts,
+    return {"cases": done, "seconds": round(time.perf_counter() - start, 1), "counts": counts,
             "slowest_case_s": slowest, "peak_mib": peak, "findings": findings}
 
 
@@ -408,8 +421,12 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=120)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cases", type=int, default=None)
+    parser.add_argument("--seeds", default=None, help="comma-separated seeds to replay (one case each)")
     args = parser.parse_args()
-    summary = fuzz(args.seconds, args.seed, args.cases, log=sys.stderr)
+    if args.seeds:
+        summary = fuzz(args.seconds, seeds=[int(x) for x in args.seeds.split(",")], log=sys.stderr)
+    else:
+        summary = fuzz(args.seconds, args.seed, args.cases, log=sys.stderr)
     print(json.dumps(summary))
 
 
