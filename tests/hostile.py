@@ -147,19 +147,28 @@ def huge_dims(folder: str) -> str:
     return save(model(nodes, [vi("x", 2**62, 4, 1, 1)], [vi("y", 2**62, 4, 1, 1)], [w]), folder)
 
 
+def _conv_relu(x: str = "x") -> tuple[list, list]:
+    """Conv + Relu (a FusedConv for rewrite, so that verification runs) on [N, 4, 1, 1]."""
+    w = numpy_helper.from_array(np.eye(4, dtype=np.float32).reshape(4, 4, 1, 1), "w")
+    nodes = [helper.make_node("Conv", [x, "w"], ["c"], "conv"),
+             helper.make_node("Relu", ["c"], ["r"], "relu")]
+    return nodes, [w]
+
+
 def ort_refuses(folder: str) -> str:
     """A model onnxruntime cannot load (an unknown op): its own log lines must not reach the terminal."""
-    nodes = [helper.make_node("Relu", ["x"], ["r"], "relu"),
-             helper.make_node("NoSuchOp", ["r"], ["y"], "odd", domain="com.microsoft")]
-    return save(model(nodes, [vi("x", 1, 4)], [vi("y", 1, 4)],
+    nodes, inits = _conv_relu()
+    nodes.append(helper.make_node("NoSuchOp", ["r"], ["y"], "odd", domain="com.microsoft"))
+    return save(model(nodes, [vi("x", 1, 4, 1, 1)], [vi("y", 1, 4, 1, 1)], inits,
                       extra=[helper.make_opsetid("com.microsoft", 1)]), folder)
 
 
 def reshape_fails_at_run(folder: str) -> str:
-    """A Reshape of [N, 4] to [3, 5]: onnxruntime fails while running it (and logs its own error line)."""
-    shape = numpy_helper.from_array(np.array([3, 5], np.int64), "shape")
-    node = helper.make_node("Reshape", ["x", "shape"], ["y"], "reshape")
-    return save(model([node], [vi("x", "N", 4)], [vi("y", 3, 5)], [shape]), folder)
+    """A Reshape of [N, 4, 1, 1] to [3, 5]: onnxruntime fails while running it (and logs its own line)."""
+    nodes, inits = _conv_relu()
+    inits.append(numpy_helper.from_array(np.array([3, 5], np.int64), "shape"))
+    nodes.append(helper.make_node("Reshape", ["r", "shape"], ["y"], "reshape"))
+    return save(model(nodes, [vi("x", "N", 4, 1, 1)], [vi("y", 3, 5)], inits), folder)
 
 
 def constant_attr_in_folder(folder: str) -> str:
