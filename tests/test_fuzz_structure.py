@@ -33,7 +33,7 @@ def _run(args: list[str], timeout: float) -> dict:
 
 def test_past_findings_end_cleanly():
     seeds = SHORT_DATA + DROPOUT
-    summary = _run(["--seeds", ",".join(map(str, seeds)), "--seconds", "300"], timeout=400)
+    summary = _run(["--seeds", ",".join(map(str, seeds)), "--bases", "5", "--seconds", "300"], timeout=400)
     assert summary["cases"] == len(seeds)
     assert not summary["findings"], summary["findings"]
 
