@@ -40,6 +40,7 @@ OpDef's output types and the node's attrs (OpDef defaults fill the attrs a Saved
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 
@@ -86,9 +87,9 @@ def tensor_value(proto) -> np.ndarray | None:
     """The numpy value of a small TensorProto, else None (strings, large or unreadable tensors)."""
     dtype = dtype_name(proto.dtype)
     shape = shape_of(proto.tensor_shape)
-    if dtype not in _NP_DTYPES or shape is None:
+    if dtype not in _NP_DTYPES or shape is None or None in shape:
         return None
-    n = int(np.prod(shape)) if shape else 1
+    n = math.prod(shape) if shape else 1  # Python ints: a huge claimed shape cannot wrap around
     if n > SMALL_VALUE_ELEMENTS:
         return None
     try:
