@@ -11,7 +11,7 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx import numpy_helper
 
-from .. import progress
+from .. import budgets, progress
 from ..errors import FuseError
 from ..ir import FLOAT_DTYPES, Graph, GraphError, Node, Tensor, topological_order
 from ..kinds import ONNX_KINDS, ONNX_MS_KINDS
@@ -55,19 +55,59 @@ def read_model(path: str) -> tuple[onnx.ModelProto, set[str]]:
     return model, omitted
 
 
+def tensors_of(model: onnx.ModelProto):
+    """Every TensorProto of the model, with where it lives: initializers, sparse initializers, tensor
+    attributes (Constant's value, ...) of nodes in the graph, in subgraphs (If/Loop/Scan) and in local
+    functions. Walked with a stack, so deep nesting costs no recursion."""
+    A = onnx.AttributeProto
+    stack = [("graph", model.graph, 0)]
+    for fn in model.functions:
+        stack.append((f"function {fn.name!r}", fn, 0))
+    while stack:
+        where, g, depth = stack.pop()
+        budgets.check("SUBGRAPH_DEPTH", depth, f"subgraph {where}")
+        inside = "" if where == "graph" else f"{where}: "
+        if isinstance(g, onnx.GraphProto):
+            for t in g.initializer:
+                yield f"{inside}initializer {t.name!r}", t
+            for sp in g.sparse_initializer:
+                yield f"{inside}sparse initializer {sp.values.name!r}", sp.values
+                yield f"{inside}sparse initializer {sp.values.name!r} (indices)", sp.indices
+        for node in g.node:
+            label = f"{inside}node {node.name or node.op_type!r}"
+            for a in node.attribute:
+                if a.type == A.TENSOR or a.HasField("t"):
+                    yield f"{label} attribute {a.name!r}", a.t
+                for t in a.tensors:
+                    yield f"{label} attribute {a.name!r}", t
+                for sp in (*([a.sparse_tensor] if a.HasField("sparse_tensor") else []), *a.sparse_tensors):
+                    yield f"{label} attribute {a.name!r}", sp.values
+                    yield f"{label} attribute {a.name!r} (indices)", sp.indices
+                if a.HasField("g"):
+                    stack.append((f"{label} attribute {a.name!r}", a.g, depth + 1))
+                stack.extend((f"{label} attribute {a.name!r}", sub, depth + 1) for sub in a.graphs)
+
+
+def external_location(t: onnx.TensorProto) -> str:
+    return next((e.value for e in t.external_data if e.key == "location"), "")
+
+
 def check_external_data(model: onnx.ModelProto, path: str) -> None:
-    """Refuse external data that is missing or whose location leaves the model's folder."""
+    """Refuse external data that is missing or whose location leaves the model's folder, wherever the
+    tensor lives (see ``tensors_of``)."""
     folder = os.path.realpath(os.path.dirname(os.path.abspath(path)))
-    for init in model.graph.initializer:
-        if init.data_location != onnx.TensorProto.EXTERNAL:
+    for where, t in tensors_of(model):
+        if t.data_location != onnx.TensorProto.EXTERNAL:
             continue
-        location = next((e.value for e in init.external_data if e.key == "location"), "")
+        location = external_location(t)
+        if "\x00" in location:
+            raise FuseError(f"{path}: external data location of {where} holds a NUL byte; refused")
         target = os.path.realpath(os.path.join(folder, location))
         if not location or os.path.isabs(location) or os.path.commonpath([folder, target]) != folder:
-            raise FuseError(f"{path}: external data of {init.name!r} points outside the model's "
+            raise FuseError(f"{path}: external data of {where} points outside the model's "
                             f"folder ({location!r}); refused")
         if not os.path.isfile(target):
-            raise FuseError(f"{path}: external data file {location!r} of {init.name!r} is missing")
+            raise FuseError(f"{path}: external data file {location!r} of {where} is missing")
 
 
 def opset_of(model: onnx.ModelProto) -> int:
@@ -171,11 +211,24 @@ def build_graph(model: onnx.ModelProto, name: str = "model", constant_weights: b
         value = _small_value(init)
         if value is not None:
             t.meta["value"] = value
+    for sparse in g.sparse_initializer:  # a dense tensor of ``dims`` stored as values + indices
+        init = sparse.values
+        if init.name in initializer_names:
+            raise FuseError(f"initializer {init.name!r} is defined twice")
+        initializer_names.add(init.name)
+        dtype = dtype_name(init.data_type)
+        numel = 1
+        for d in sparse.dims:
+            numel *= d
+        graph.tensor(init.name, dtype=dtype, shape=tuple(sparse.dims),
+                     kind="parameter" if dtype in FLOAT_DTYPES and numel > 1 else "constant")
     for vi in g.input:
         if vi.name in initializer_names:
             continue  # IR < 4 lists initializers as inputs too
         if vi.name in graph.tensors:
             raise FuseError(f"graph input {vi.name!r} is listed twice")
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type == onnx.TensorProto.UNDEFINED:
+            raise FuseError(f"graph input {vi.name!r} has no element type (UNDEFINED)")
         graph.inputs.append(make(vi.name, "input"))
 
     protos = list(g.node)  # one Python wrapper per node, read by both loops
@@ -246,7 +299,7 @@ def _fill_missing_shapes(graph: Graph) -> None:
     """Shapes ONNX inference leaves out: Dropout's mask is shaped like its input."""
     for node in graph.nodes:
         if node.op_type == "Dropout" and len(node.outputs) > 1 and node.outputs[1] is not None:
-            mask, x = node.outputs[1], node.inputs[0]
+            mask, x = node.outputs[1], node.input(0)
             if mask.shape is None and x is not None:
                 mask.shape = x.shape
                 mask.dtype = "bool" if graph.meta.get("opset", 10) >= 10 else x.dtype
@@ -261,6 +314,15 @@ CHANNEL_FIRST_KINDS = frozenset({"conv", "conv_transpose", "batch_norm", "max_po
                                  "instance_norm", "group_norm", "lrn"})  # ONNX: NCHW, channel = axis 1
 
 
+def _scalar(value) -> float | None:
+    """A one-element bound as a float; anything else (a vector min/max, a string) is no known bound."""
+    try:
+        v = np.asarray(value)
+        return float(v.reshape(-1)[0]) if v.size == 1 else None
+    except (TypeError, ValueError):
+        return None
+
+
 def refine_kinds(graph: Graph) -> None:
     """Kinds that depend on operands: per-channel constant Add -> bias_add, Clip(0, 6) -> relu6."""
     refine_bias_adds(graph, lambda x: 1 if x.producer is not None
@@ -271,8 +333,7 @@ def refine_kinds(graph: Graph) -> None:
             if lo is None and len(node.inputs) > 1:
                 lo = constant_value(node.inputs[1])
                 hi = constant_value(node.input(2))
-            lo = None if lo is None else float(lo)
-            hi = None if hi is None else float(hi)
+            lo, hi = _scalar(lo), _scalar(hi)
             node.meta["clip_bounds"] = (lo, hi)
             if lo == 0.0 and hi == 6.0:
                 node.kind = "relu6"

@@ -40,11 +40,14 @@ OpDef's output types and the node's attrs (OpDef defaults fill the attrs a Saved
 
 from __future__ import annotations
 
+import math
 import os
+import sys
 
 import numpy as np
 from google.protobuf.message import DecodeError
 
+from .. import budgets
 from ..errors import FuseError
 from ..ir import Graph, Node, Tensor, unique_name
 from ..kinds import TF_KINDS
@@ -84,9 +87,9 @@ def tensor_value(proto) -> np.ndarray | None:
     """The numpy value of a small TensorProto, else None (strings, large or unreadable tensors)."""
     dtype = dtype_name(proto.dtype)
     shape = shape_of(proto.tensor_shape)
-    if dtype not in _NP_DTYPES or shape is None:
+    if dtype not in _NP_DTYPES or shape is None or None in shape:
         return None
-    n = int(np.prod(shape)) if shape else 1
+    n = math.prod(shape) if shape else 1  # Python ints: a huge claimed shape cannot wrap around
     if n > SMALL_VALUE_ELEMENTS:
         return None
     try:
@@ -157,6 +160,8 @@ def read_saved_model(path: str):
         raise FuseError(f"{path}: no such folder" if not os.path.exists(path) else f"{path}: not a folder")
     if not os.path.isfile(pb):
         raise FuseError(f"{path}: a folder without saved_model.pb is not a SavedModel")
+    size = os.path.getsize(pb)  # checked before reading
+    budgets.check("SAVED_MODEL_BYTES", size, f"{path}: saved_model.pb of {size:,} bytes")
     with open(pb, "rb") as f:
         data = f.read()
     if not data:
@@ -190,11 +195,19 @@ def load_savedmodel(path: str, signature: str = "serving_default") -> Graph:
     if signature not in meta.signature_def or signature.startswith("__"):
         available = ", ".join(names) if names else "none"
         raise FuseError(f"{path}: no signature {signature!r} (available: {available})")
+    depth = budgets.limit("CALL_DEPTH")
+    old_limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(old_limit, 4 * depth + 1000))  # a level of calls is about 3 frames
     try:
         return _Loader(path, meta, signature).build()
+    except RecursionError:
+        raise FuseError(f"{path}: function calls nested too deeply to follow (FUSECLI_MAX_CALL_DEPTH "
+                        f"{depth})") from None
     except (ValueError, KeyError, IndexError, TypeError) as e:  # a damaged or hand-edited function library
         raise FuseError(f"{path}: saved_model.pb is inconsistent, cannot follow its graph "
                         f"({type(e).__name__}: {' '.join(str(e).split())[:120]})") from None
+    finally:
+        sys.setrecursionlimit(old_limit)
 
 
 def _split_ref(ref: str) -> tuple[str, str | None, int]:
@@ -343,6 +356,8 @@ class _Loader:
             raise self.fail(f"function {fname!r} is called but not in the library")
         if fname in self.stack:
             raise self.fail(f"function {fname!r} calls itself")
+        # each level is a few Python frames: refused well before the interpreter's recursion limit
+        budgets.check("CALL_DEPTH", len(self.stack) + 1, f"{self.path}: function {fname!r}")
         self.stack.append(fname)
         sig = fdef.signature
         env = {a.name: (args[i] if i < len(args) else None) for i, a in enumerate(sig.input_arg)}
@@ -351,24 +366,36 @@ class _Loader:
         outputs: dict[str, list] = {}
         layouts: dict[str, dict[str, int]] = {}
 
-        def resolve(ref: str):
+        def resolve(ref: str, reader: str):
             if not ref:
                 return None
             name, arg, k = _split_ref(ref)
             if name not in body:
-                return env.get(ref, env.get(name))
-            offset = layouts[name].get(arg, 0) if arg is not None else 0
+                if ref in env:
+                    return env[ref]
+                if name in env and k == 0 and arg is None:  # an argument is one value
+                    return env[name]
+                raise self.dangling(reader, fname, ref, "no node or argument of that name"
+                                    if name not in env else f"argument {name!r} is one value")
+            layout = layouts[name]
+            if arg is not None and arg not in layout and layout:
+                raise self.dangling(reader, fname, ref, f"{name!r} has no output {arg!r}")
+            i = (layout.get(arg, 0) if arg is not None else 0) + k
             outs = outputs[name]
-            i = offset + k
-            return outs[i] if i < len(outs) else None
+            if i >= len(outs):
+                raise self.dangling(reader, fname, ref, f"{name!r} has {len(outs)} outputs")
+            return outs[i]
 
         for nd in self.order(body, rets):
-            ins = [resolve(r) for r in self.data_inputs(nd)]
+            ins = [resolve(r, f"node {nd.name!r}") for r in self.data_inputs(nd)]
             layout, dtypes = self.layout(nd)
             layouts[nd.name] = layout
             outputs[nd.name] = self.emit(nd, prefix, ins, dtypes)
         self.stack.pop()
-        return [resolve(r) for r in rets]
+        return [resolve(r, "its return value") for r in rets]
+
+    def dangling(self, reader: str, fname: str, ref: str, why: str) -> FuseError:
+        return self.fail(f"{reader} of function {fname!r} reads {ref!r}, which does not exist ({why})")
 
     @staticmethod
     def order(body: dict, rets: list[str]) -> list:
@@ -414,6 +441,7 @@ class _Loader:
             opdef = self.opdefs.get(nd.op)
         if opdef is None:  # not in the stripped op list: count outputs by their shapes
             n = len(nd.attr["_output_shapes"].list.shape) if "_output_shapes" in nd.attr else 1
+            budgets.check("OUTPUTS", n, f"{self.path}: node {nd.name!r} ({nd.op}) claims {n:,} outputs")
             t = self.attr(nd, "T") or self.attr(nd, "dtype")
             return {}, [dtype_name(t.type) if t is not None else "float32"] * n
         layout, dtypes = {}, []
@@ -422,6 +450,8 @@ class _Loader:
             if arg.type_list_attr:
                 a = self.attr(nd, arg.type_list_attr)
                 dtypes += [dtype_name(x) for x in a.list.type] if a is not None else []
+                budgets.check("OUTPUTS", len(dtypes), f"{self.path}: node {nd.name!r} ({nd.op}) claims "
+                              f"{len(dtypes):,} outputs ({arg.type_list_attr})")
                 continue
             if arg.type:
                 dt = dtype_name(arg.type)
@@ -432,7 +462,13 @@ class _Loader:
             if arg.number_attr:
                 a = self.attr(nd, arg.number_attr)
                 n = a.i if a is not None else 1
+                budgets.check("OUTPUTS", len(dtypes) + n, f"{self.path}: node {nd.name!r} ({nd.op}) "
+                              f"claims {n:,} outputs ({arg.number_attr})")
             dtypes += [dt] * n
+        shapes = nd.attr["_output_shapes"].list.shape if "_output_shapes" in nd.attr else None
+        if shapes is not None and len(shapes) != len(dtypes):  # what TensorFlow traced says it made
+            raise self.fail(f"node {nd.name!r} ({nd.op}) claims {len(dtypes):,} outputs but its "
+                            f"_output_shapes lists {len(shapes):,}")
         return layout, dtypes
 
     # -- nodes ------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from ..errors import FuseError
 from ..fusion.match import Match
 from ..ir import Node, Tensor
 from .fold import channel_vector, fold_batch_norm, fold_bias, fold_scale_shift
@@ -74,10 +75,26 @@ def _attrs(proto: onnx.NodeProto) -> list[onnx.AttributeProto]:
     return list(proto.attribute)
 
 
+_ATTR_KINDS = {onnx.AttributeProto.FLOAT: "a float", onnx.AttributeProto.INT: "an int",
+               onnx.AttributeProto.STRING: "a string", onnx.AttributeProto.INTS: "a list of ints",
+               onnx.AttributeProto.FLOATS: "a list of floats"}
+
+
 def _attr(proto: onnx.NodeProto, name: str, default=None):
+    """An attribute's value, of the kind its default has (a number, a string; a list of ints where the
+    default is None); FuseError naming the node when the file holds another kind."""
     a = next((a for a in proto.attribute if a.name == name), None)
-    value = default if a is None else helper.get_attribute_value(a)
-    return value.decode() if isinstance(value, bytes) else value
+    if a is None:
+        return default
+    A = onnx.AttributeProto
+    want = ((A.FLOAT, A.INT) if isinstance(default, (int, float)) else (A.STRING,) if isinstance(default, str)
+            else (A.INTS,))
+    if a.type not in want:
+        raise FuseError(f"node {proto.name or proto.op_type!r}: attribute {name!r} is "
+                        f"{_ATTR_KINDS.get(a.type, A.AttributeType.Name(a.type).lower())}, "
+                        f"not {' or '.join(_ATTR_KINDS[k] for k in want)}")
+    value = helper.get_attribute_value(a)
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
 
 def _node(op: str, inputs: list[str], output: str, name: str, domain: str = "",

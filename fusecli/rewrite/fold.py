@@ -25,10 +25,11 @@ def channel_vector(param: np.ndarray, out_rank: int, channels: int, axis: int = 
 def fold_batch_norm(w: np.ndarray, b: np.ndarray | None, gamma: np.ndarray, beta: np.ndarray,
                     mean: np.ndarray, var: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray]:
     """BatchNorm(conv(x, w) + b) as one conv: (w', b')."""
-    s = gamma.astype(np.float64) / np.sqrt(var.astype(np.float64) + eps)
     # w' = w * gamma / sqrt(var + eps) per out channel; b' = (b - mean) * gamma / sqrt(var + eps) + beta
-    b0 = np.zeros(w.shape[0]) if b is None else b.astype(np.float64)
-    return _scaled(w, s), ((b0 - mean.astype(np.float64)) * s + beta.astype(np.float64)).astype(w.dtype)
+    with np.errstate(all="ignore"):  # var + eps <= 0 gives inf/NaN, as the unfused BatchNorm computes
+        s = gamma.astype(np.float64) / np.sqrt(var.astype(np.float64) + eps)
+        b0 = np.zeros(w.shape[0]) if b is None else b.astype(np.float64)
+        return _scaled(w, s), ((b0 - mean.astype(np.float64)) * s + beta.astype(np.float64)).astype(w.dtype)
 
 
 def fold_scale_shift(w: np.ndarray, b: np.ndarray | None, scale: np.ndarray,
@@ -49,4 +50,5 @@ def fold_bias(b: np.ndarray | None, bias: np.ndarray, dtype) -> np.ndarray:
 
 def _scaled(w: np.ndarray, s: np.ndarray) -> np.ndarray:
     """w * s along the output-channel axis 0 (OIHW; grouped convs too: O spans all groups)."""
-    return (w.astype(np.float64) * s.reshape((-1,) + (1,) * (w.ndim - 1))).astype(w.dtype)
+    with np.errstate(all="ignore"):
+        return (w.astype(np.float64) * s.reshape((-1,) + (1,) * (w.ndim - 1))).astype(w.dtype)

@@ -21,6 +21,7 @@ def to_json(r: RewriteResult) -> dict:
         "rewrites": [{"pattern": a.pattern, "kernel": a.kernel, "nodes": a.nodes} for a in r.applied],
         "kernels": r.kernel_counts(),
         "ops": {"before": r.ops_before, "after": r.ops_after},
+        "unchanged": r.unchanged,
         "verification": None if v is None else {
             "ok": v.ok,
             "levels": {lvl: [{"output": c.name, "dtype": c.dtype, "relative_l2_error": c.error,
@@ -56,6 +57,8 @@ def format_summary(r: RewriteResult) -> str:
         errs = ", ".join(f"{v.worst(lvl):.2g} ({_LEVEL_NAMES.get(lvl, lvl)})" for lvl in v.checks)
         lines.append(f"verified with onnxruntime (CPU, batch {r.options.batch}): {outs} output"
                      f"{'s' if outs != 1 else ''}, largest relative L2 error {errs}")
+    elif r.unchanged and r.options.verify:
+        lines.append("not verified: nothing was rewritten, the output's graph is the input's")
     else:
         lines.append("not verified (--no-verify)")
     if r.timings:

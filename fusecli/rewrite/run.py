@@ -74,6 +74,7 @@ class RewriteResult:
     timings: list[Timing] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     data_file: str | None = None
+    unchanged: bool = False  # nothing rewritten or pruned (then not verified: the graphs are the same)
 
     def kernel_counts(self) -> dict[str, int]:
         return dict(Counter(a.kernel for a in self.applied))
@@ -149,6 +150,7 @@ def rewrite(path: str, options: RewriteOptions | None = None, output: str | None
         if not source.converted:
             source.protected += data_files
         nodes_before, ops_before = len(model.graph.node), op_counts(model)
+        initializers_before = len(model.graph.initializer)
         applied, passes, folded = rewrite_passes(model, first, options, source.onnx_path)
         prune(model)
         base_dir = os.path.dirname(os.path.abspath(source.onnx_path))
@@ -157,11 +159,15 @@ def rewrite(path: str, options: RewriteOptions | None = None, output: str | None
             restore_weights(model, source.onnx_path)  # past 2 GB: written with its own data file
         result = RewriteResult(path, output, options, model, applied, nodes_before, len(model.graph.node),
                                ops_before, op_counts(model), folded, passes, warnings=list(first.warnings))
-        if options.verify or options.bench:
+        # nothing rewritten and nothing pruned: the output is the input's graph, there is nothing to compare
+        # (onnxruntime's sessions would be most of the time on a big graph)
+        result.unchanged = not applied and result.nodes_after == nodes_before \
+            and len(model.graph.initializer) == initializers_before
+        if (options.verify and not result.unchanged) or options.bench:
             from .verify import bench, verify  # onnxruntime, imported only when it runs
 
             rewritten = _session_source(model, work, base_dir if spliced else None)
-            if options.verify:
+            if options.verify and not result.unchanged:
                 result.verification = verify(source.onnx_path, rewritten, options.batch, options.dims)
                 if not result.verification.ok:
                     level, c = result.verification.failures()[0]

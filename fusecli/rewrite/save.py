@@ -5,12 +5,11 @@ from __future__ import annotations
 import contextlib
 import os
 
-import numpy as np
 import onnx
-from onnx import numpy_helper
 
 from ..output import atomic_write, refuse_overwriting_input
 from .proto import copy_with_initializers
+from .values import tensor_array
 
 PROTOBUF_LIMIT = 2 * 1024**3  # a ModelProto cannot be serialized past 2 GB
 EXTERNAL_THRESHOLD = 1024  # tensors of at least this many bytes go to the data file
@@ -24,8 +23,9 @@ def weight_bytes(model: onnx.ModelProto) -> int:
             total += int(next((e.value for e in t.external_data if e.key == "length"), 0) or 0)
         elif t.raw_data:
             total += len(t.raw_data)
-        else:
-            total += int(np.prod(t.dims, dtype=np.int64)) * 8
+        else:  # the typed fields hold what is there (a tensor's dims may claim more)
+            total += 8 * max(len(t.float_data), len(t.int32_data), len(t.int64_data), len(t.double_data),
+                             len(t.uint64_data)) + sum(len(s) for s in t.string_data)
     return total
 
 
@@ -58,7 +58,7 @@ def write_model(model: onnx.ModelProto, out: str, protected: list[str] = ()) -> 
         def external(t: onnx.TensorProto) -> onnx.TensorProto:
             if t.data_location == onnx.TensorProto.EXTERNAL or t.data_type == onnx.TensorProto.STRING:
                 return t
-            raw = t.raw_data if t.HasField("raw_data") else numpy_helper.to_array(t).tobytes()
+            raw = t.raw_data if t.HasField("raw_data") else tensor_array(t).tobytes()
             if len(raw) < EXTERNAL_THRESHOLD:
                 return t
             offset = f.tell()

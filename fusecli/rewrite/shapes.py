@@ -19,6 +19,8 @@ from onnx import helper
 from ..ir import Graph
 from .proto import is_big_constant, light_copy
 
+MAX_ROUNDS = 8  # rounds of symbolic inference (each merges dims found equal; real models need 1-3)
+
 
 def _open(shape) -> bool:
     return shape is None or any(d is None or (isinstance(d, str) and d.startswith("unk__")) for d in shape)
@@ -75,7 +77,9 @@ def refine_shapes(model: onnx.ModelProto, graph: Graph) -> int:
             # current folder when some shape stays unknown (the partial result is still of use here)
             sym = SymbolicShapeInference(2**31 - 1, True, False, 0)
             sym._preprocess(_weights_as_inputs(model))
-            while sym.run_:
+            for _ in range(MAX_ROUNDS):  # its own loop (run_ set again each round) can go on forever
+                if not sym.run_:
+                    break
                 sym._infer_impl()
             inferred = sym.out_mp_
     except Exception:  # an optional refinement: any failure leaves the shapes as they were

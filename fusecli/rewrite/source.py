@@ -10,6 +10,7 @@ from onnx import external_data_helper
 
 from ..errors import FuseError
 from ..load import load_model
+from ..load.onnx import external_location, tensors_of
 from ..load.onnx_wire import read_structure
 
 SAVEDMODEL_OPSET = 17
@@ -30,12 +31,12 @@ def is_savedmodel(path: str) -> bool:
 
 
 def external_files(model: onnx.ModelProto, path: str) -> list[str]:
-    """The external data files the model at ``path`` reads."""
+    """The external data files the model at ``path`` reads (from any tensor: attributes and subgraphs too)."""
     folder = os.path.dirname(os.path.abspath(path))
     files = set()
-    for t in model.graph.initializer:
+    for _, t in tensors_of(model):
         if t.data_location == onnx.TensorProto.EXTERNAL:
-            loc = next((e.value for e in t.external_data if e.key == "location"), "")
+            loc = external_location(t)
             if loc:
                 files.add(os.path.join(folder, loc))
     return sorted(files)

@@ -15,6 +15,19 @@ _NOT_CONSTANT = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", 
                            "Multinomial", "Bernoulli"})
 
 
+def tensor_array(t: onnx.TensorProto, base_dir: str = "") -> np.ndarray:
+    """numpy_helper.to_array (external payloads read from ``base_dir``), with a FuseError naming the
+    tensor when its data does not fit its dims."""
+    try:
+        return numpy_helper.to_array(t, base_dir)
+    except Exception as e:  # onnx raises ValueError, TypeError or its own errors for bad payloads
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        types = onnx.TensorProto.DataType
+        dtype = types.Name(t.data_type) if t.data_type in types.values() else str(t.data_type)
+        raise FuseError(f"initializer {t.name!r} (dims {list(t.dims)}, {dtype}): its data does not fit "
+                        f"its dims and type ({first})") from None
+
+
 class Names:
     """Unique names for new tensors and nodes of one model."""
 
@@ -68,10 +81,10 @@ class Weights:
             return None
         node = self.producer.get(name)
         if name in self.initializers:
-            value = numpy_helper.to_array(self.initializers[name], self.base_dir)
+            value = tensor_array(self.initializers[name], self.base_dir)
         elif node is not None and node.op_type == "Constant" and len(node.attribute) == 1 \
                 and node.attribute[0].name == "value" and node.attribute[0].HasField("t"):
-            value = numpy_helper.to_array(node.attribute[0].t, self.base_dir)
+            value = tensor_array(node.attribute[0].t, self.base_dir)
         else:
             value = self._evaluate(name)
             self.folded.add(name)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnxruntime as ort
 
+from .. import budgets
 from ..errors import FuseError
 
 Source = bytes | str  # a serialized model or a path (a path reads external data beside it)
@@ -20,6 +21,8 @@ LEVELS = {"disabled": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
           "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
           "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
           "default": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}
+QUIET = 4  # onnxruntime's FATAL: its own (coloured) error lines stay off the terminal; fusecli says why
+ort.set_default_logger_severity(QUIET)  # load-time messages go through the default logger
 _NP = {"tensor(float)": np.float32, "tensor(double)": np.float64, "tensor(float16)": np.float16,
        "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int16)": np.int16,
        "tensor(int8)": np.int8, "tensor(uint8)": np.uint8, "tensor(bool)": np.bool_}
@@ -58,7 +61,7 @@ def session_options(level: str = "disabled", threads: int | None = None,
                     spinning: bool = True) -> ort.SessionOptions:
     so = ort.SessionOptions()
     so.graph_optimization_level = LEVELS[level]
-    so.log_severity_level = 3
+    so.log_severity_level = QUIET
     if threads:
         so.intra_op_num_threads = threads
         so.inter_op_num_threads = 1
@@ -88,6 +91,12 @@ def make_feeds(sess: ort.InferenceSession, batch: int = 1, dims: Mapping[str, in
         shape = [d if isinstance(d, int) else dims.get(d, batch if axis == 0 else 1) if isinstance(d, str)
                  else (batch if axis == 0 else 1) for axis, d in enumerate(i.shape)]
         dtype = _NP.get(i.type)
+        if any(not isinstance(d, int) or d < 0 for d in shape):
+            raise FuseError(f"cannot make a random value for input {i.name!r} of shape {i.shape}")
+        numel = 1
+        for d in shape:
+            numel *= d
+        budgets.check("FEED_ELEMENTS", numel, f"verification input {i.name!r} of shape {shape}")
         if dtype is None:
             raise FuseError(f"cannot make a random value for input {i.name!r} of type {i.type}")
         if np.issubdtype(dtype, np.floating):
@@ -101,8 +110,10 @@ def make_feeds(sess: ort.InferenceSession, batch: int = 1, dims: Mapping[str, in
 
 def run(sess: ort.InferenceSession, feeds: dict, what: str) -> dict[str, np.ndarray]:
     names = {i.name for i in sess.get_inputs()}
+    quiet = ort.RunOptions()
+    quiet.log_severity_level = QUIET
     try:
-        outs = sess.run(None, {k: v for k, v in feeds.items() if k in names})
+        outs = sess.run(None, {k: v for k, v in feeds.items() if k in names}, quiet)
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise FuseError(f"onnxruntime failed to run the {what} model: {first} "

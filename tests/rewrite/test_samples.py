@@ -72,8 +72,11 @@ def test_sample(sample, name, target, mode):
     original = onnx.load(path)
     r = rewrite(path, RewriteOptions(target=target, mode=mode, batch=3))
     v = r.verification
-    assert v is not None and v.ok and set(v.checks) == {"disabled", "default"}
-    assert all(c.error <= 1e-4 for cs in v.checks.values() for c in cs)
+    if r.unchanged:  # nothing rewritten or pruned: no sessions made, the graph is the input's
+        assert v is None and not r.applied and r.model.graph == original.graph
+    else:
+        assert v is not None and v.ok and set(v.checks) == {"disabled", "default"}
+        assert all(c.error <= 1e-4 for cs in v.checks.values() for c in cs)
     assert_same_outputs(path, r.model, batch=3)
     onnx.checker.check_model(r.model, full_check=True)
     if target == "cuda":
