@@ -182,8 +182,8 @@ def analyze(model: str, as_json: bool, batch: int | None, dims: tuple[str, ...],
     if plot_path:
         from .plot import plot_timeline
 
-        note = plot_timeline(result.liveness, plot_path,
-                             f"{os.path.basename(os.path.normpath(model))}: live memory, batch {options.batch}")
+        title = f"{os.path.basename(os.path.normpath(model))}: live memory, batch {options.batch}"
+        note = plot_timeline(result.liveness, plot_path, title)
         click.echo(f"wrote {plot_path} ({note})", err=True)
     if as_json:
         click.echo(_dump_json(to_json(result)))

@@ -10,19 +10,17 @@ Every step is linear in the length of the names (no wrapping library on 50k-char
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 from collections import Counter
 from dataclasses import dataclass
 
 from .fusion.match import Match
+from .names import ELLIPSIS, common_scope, cut, cut_end, fit_unique, name_pattern, skeleton
 from .pipeline import Analysis
 from .units import format_bytes, format_shape, sum_bytes
 
-ELLIPSIS = "…"
 MIN_WIDTH, MAX_WIDTH = 60, 200
-_DIGITS = re.compile(r"(\d+)")
 _NAMEISH = re.compile(r"[^\s,;()]*[/:\d][^\s,;()]*")  # tokens that carry names or numbers
 
 
@@ -43,23 +41,6 @@ def terminal_width() -> int:
 
 
 # ---- names ---------------------------------------------------------------------------------------
-
-def common_scope(names: list[str], share: float = 0.8) -> str:
-    """The '/'-ended scope prefix that at least ``share`` of the names start with ('' if none): printed
-    once and shown as '…/' (Keras exports put almost every node under one call and model scope)."""
-    if len(names) < 2:
-        return ""
-    prefix = ""
-    while True:
-        counts = Counter(n[len(prefix):].split("/", 1)[0] + "/" for n in names
-                         if n.startswith(prefix) and "/" in n[len(prefix):])
-        if not counts:
-            return prefix
-        segment, c = counts.most_common(1)[0]
-        if c < share * len(names):
-            return prefix
-        prefix += segment
-
 
 class Namer:
     """Strips the common scope prefix from node and tensor names (backward names 'gradients/<fwd>')."""
@@ -82,66 +63,14 @@ class Namer:
         return _NAMEISH.sub(lambda m: cut(m.group(0), limit), text)
 
 
-def cut_end(text: str, width: int) -> str:
-    """A list cut at the end: '1 A, 2 B, …'."""
-    return text if len(text) <= width else text[:max(1, width - 1)] + ELLIPSIS
-
-
-def cut(text: str, width: int, head: int | None = None) -> str:
-    """``text`` in at most ``width`` characters: the middle replaced by '…' (``head`` chars kept first)."""
-    if len(text) <= width:
-        return text
-    width = max(width, 3)
-    head = max(1, min(width - 2, head if head is not None else width // 3))
-    return text[:head] + ELLIPSIS + text[len(text) - (width - head - 1):]
-
-
-def fit_unique(texts: list[str], width: int) -> list[str]:
-    """Cut each text to ``width`` keeping enough of its head to tell it from every other text:
-    the head reaches one character past the longest prefix it shares with any other (its sorted
-    neighbours), so two different texts never read the same when that fits."""
-    long = [i for i, t in enumerate(texts) if len(t) > width]
-    if not long:
-        return list(texts)
-    order = sorted(range(len(texts)), key=texts.__getitem__)
-    rank = {i: r for r, i in enumerate(order)}
-    out = list(texts)
-    for i in long:
-        t, r, shared = texts[i], rank[i], 0
-        for j in (r - 1, r + 1):
-            if 0 <= j < len(order) and texts[order[j]] != t:
-                shared = max(shared, len(os.path.commonprefix([t, texts[order[j]]])))
-        first = t.find("/", 2 if t.startswith(ELLIPSIS + "/") else 1) + 1  # keep the first scope whole
-        head = max(width // 3, first if first <= width * 0.7 else 0, shared + 2)
-        if head <= width - 2:
-            out[i] = cut(t, width, head)
-        else:  # they differ far in: show a window that ends just past the difference
-            start = shared + 2 - (width - 2)
-            out[i] = ELLIPSIS + t[start:shared + 2] + ELLIPSIS
-    return out
-
-
-def name_pattern(names: list[str]) -> str:
-    """'conv2_block1_1_conv', 'conv2_block2_1_conv' -> 'conv2_block*_1_conv' (same skeleton assumed)."""
-    parts = [_DIGITS.split(n) for n in names]
-    first = parts[0]
-    if any(len(p) != len(first) for p in parts):
-        return names[0]
-    return "".join(tok if k % 2 == 0 or all(p[k] == tok for p in parts) else "*"
-                   for k, tok in enumerate(first))
-
-
-def skeleton(name: str) -> str:
-    return _DIGITS.sub("#", name)
-
-
 # ---- layout --------------------------------------------------------------------------------------
 
 @dataclass
 class Column:
     header: str
     right: bool = False
-    flex: int = 0  # > 0: shrinks to fit (names), sharing the space left in this proportion
+    flex: int = 0  # > 0: shrinks to fit, sharing the space left in this proportion
+    names: bool = False  # a flexible column of names: cut so that no two read the same
 
 
 def table(columns: list[Column], rows: list[list[str]], width: int, indent: str = "  ") -> list[str]:
@@ -162,7 +91,9 @@ def table(columns: list[Column], rows: list[list[str]], width: int, indent: str 
             room -= widths[k]
         for k in flex:
             if widths[k] < natural[k]:
-                cells = fit_unique([r[k] for r in rows], widths[k])
+                cells = [r[k] for r in rows]
+                cells = fit_unique(cells, widths[k]) if columns[k].names else \
+                    [cut_end(c, widths[k]) for c in cells]
                 for r, c in zip(rows, cells, strict=True):
                     r[k] = c
     lines = []
@@ -204,7 +135,7 @@ class _Style:
 # ---- verdict classes -------------------------------------------------------------------------------
 
 def verdict_class(m: Match) -> str:
-    """'training-safe', 'training-safe if recomputed', 'inference only', 'backward fusion' or 'not fusable'."""
+    """'training-safe', 'training-safe if recomputed', 'inference only', 'backward fusion', 'not fusable'."""
     v = m.verdict
     if m.pattern.phase == "backward":
         return "backward fusion" if v.training_safe else "not fusable"
@@ -284,8 +215,8 @@ def summary_lines(a: Analysis, width: int, style: _Style) -> list[str]:
     cols = [Column("pattern"), Column("matches", right=True), Column("inference", right=True),
             Column("training", right=True), Column("recompute", right=True), Column("blocked", right=True)]
     n = len(a.matches)
-    return ["", style(f"fusion: {n} match{'es' if n != 1 else ''}", bold=True) + ", how many are safe to fuse"]\
-        + table(cols, body, width) \
+    title = style(f"fusion: {n} match{'es' if n != 1 else ''}", bold=True) + ", how many are safe to fuse"
+    return ["", title] + table(cols, body, width) \
         + wrap("recompute: training-safe if the kernel recomputes what backward reads; blocked: bytes "
                "backward reads from inside the fused kernels", width, "  ")
 
@@ -323,7 +254,8 @@ def saved_lines(a: Analysis, namer: Namer, width: int, everything: bool, top: in
     title = "saved for backward" + ("" if len(shown) == len(saved) else
                                     f", largest {len(shown)} of {len(saved)} (--all lists every one)")
     rows = [[format_bytes(s.bytes), s.tensor.kind, namer(s.tensor.name), _readers(s)] for s in shown]
-    cols = [Column("bytes", right=True), Column("kind"), Column("tensor", flex=3), Column("read by", flex=2)]
+    cols = [Column("bytes", right=True), Column("kind"), Column("tensor", flex=3, names=True),
+            Column("read by", flex=2)]
     return ["", title] + table(cols, rows, width)
 
 
