@@ -221,10 +221,11 @@ def render(model: str, view: str, as_dot: bool, output: str | None, mode: str, f
            collapse: int, max_nodes: int, batch: int | None, dims: tuple[str, ...], signature: str | None,
            wrt: str) -> None:
     """Draw MODEL's before / after / backward view (Graphviz)."""
+    from . import progress
     from .output import atomic_write, check_output
     from .pipeline import Options
     from .pipeline import analyze as run_analysis
-    from .render import FORMATS, build_dot, run_dot
+    from .render import BIG_GRAPH_NODES, FORMATS, FocusError, RenderOptions, build_dot, count_nodes, run_dot
 
     if output is None and not as_dot:
         stem = os.path.splitext(os.path.basename(os.path.normpath(model)))[0]
@@ -234,24 +235,35 @@ def render(model: str, view: str, as_dot: bool, output: str | None, mode: str, f
         raise click.BadParameter("--dot writes DOT source: give -o FILE.dot or no -o", param_hint="--dot")
     options = Options(batch=batch or 1, dims=_parse_dims(dims), wrt_inputs=wrt == "inputs",
                       signature=signature)
-    result = run_analysis(model, options, batch_given=batch is not None)
-    for w in result.warnings:
-        click.echo(f"warning: {w}", err=True)
-    source, count = build_dot(result, view, focus, hops, collapse, mode)
-    if fmt == "dot":
-        if output is None:
-            click.echo(source)
-            return
-        data = source.encode()
-    else:
-        if count > max_nodes:
+    with progress.stages() as stage:
+        result = run_analysis(model, options, batch_given=batch is not None)
+        for w in result.warnings:
+            click.echo(f"warning: {w}", err=True)
+        render_options = RenderOptions(view, focus, hops, collapse, mode, fmt)
+        try:
+            count = count_nodes(result, render_options)
+        except FocusError as e:
+            raise click.BadParameter(str(e).split(": ", 1)[-1], param_hint="--focus") from None
+        if fmt != "dot" and count > max_nodes:
             raise FuseError(f"{count} nodes are too many to lay out (--max-nodes {max_nodes}); draw part "
                             "with --focus NODE --hops N, collapse scopes with --collapse DEPTH, or write "
                             "--dot and lay it out yourself")
-        data = run_dot(source, fmt)
-    with atomic_write(output) as f:
-        f.write(data)
-    click.echo(f"wrote {output} ({view} view, {count} nodes)", err=True)
+        stage(f"drawing {count} nodes")
+        source, count = build_dot(result, view, focus, hops, collapse, mode, fmt)
+        if fmt == "dot":
+            if output is None:
+                click.echo(source)
+                return
+            data = source.encode()
+        else:
+            stage(f"laying out {count} nodes (Graphviz dot)")
+            data = run_dot(source, fmt)
+        stage("writing")
+        with atomic_write(output) as f:
+            f.write(data)
+    big_png = fmt == "png" and count > BIG_GRAPH_NODES
+    hint = "; PNG scaled to fit 14,400 px, .svg keeps every detail" if big_png else ""
+    click.echo(f"wrote {output} ({view} view, {count} nodes{hint})", err=True)
 
 
 @main.command("rewrite")
