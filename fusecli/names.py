@@ -93,12 +93,16 @@ def skeleton(name: str) -> str:
     return _DIGITS.sub("#", name)
 
 
-def last_segments(name: str, prefix: str = "", segments: int = 2, limit: int = 40) -> str:
-    """A short label: the name without ``prefix``, its last ``segments`` '/'-parts, cut to ``limit``."""
+def last_segments(name: str, prefix: str = "", limit: int = 40) -> str:
+    """A short label: the name without ``prefix``, then as many of its last '/'-segments as fit in
+    ``limit`` characters ('…/' marks the ones left out); a last segment longer than that is cut."""
     if prefix and name.startswith(prefix):
         name = name[len(prefix):]
-    parts = name.rstrip("/").rsplit("/", segments)
-    short = "/".join(parts[-segments:]) if len(parts) > segments else name
-    if short != name:
-        short = ELLIPSIS + "/" + short
-    return cut(short, limit, head=limit // 3)
+    if len(name) <= limit:
+        return name
+    start = len(name) - (limit - 2)  # room for '…/'
+    j = name.find("/", start - 1)
+    if 0 <= j < len(name) - 1:
+        return ELLIPSIS + "/" + name[j + 1:]
+    last = name[name.rfind("/") + 1:]
+    return cut(last, limit, head=limit // 3)

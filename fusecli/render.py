@@ -169,6 +169,13 @@ class _Drawer:
         if not self.dry:
             self.dot.edge(a, b, **attrs)
 
+    def same_rank(self, groups: dict[str, list[str]]) -> None:
+        """Draw each key's nodes on the rank of the key."""
+        if self.dry:
+            return
+        for key, ids in groups.items():
+            self.dot.body.append("\t{rank=same; " + "; ".join([key, *ids]) + "}\n")
+
     def short(self, name: str) -> str:
         return last_segments(name, self.prefix, limit=LABEL_CHARS)
 
@@ -310,6 +317,14 @@ def draw_backward(d: _Drawer, a: Analysis, nodes: set[int] | None, o: RenderOpti
                 continue
             if id(t.producer) in bids:
                 d.edge(bids[id(t.producer)], bids[id(n)], color="#b9770e", style="dashed")
+    # each backward op on the rank of the forward op it differentiates: backward runs up beside forward,
+    # and saved-tensor edges stay short (long edges make dot's layout slow on big graphs)
+    beside: dict[str, list[str]] = {}
+    for n in back:
+        f = forward_ids.get(n.meta.get("forward"))
+        if f in drawn:
+            beside.setdefault(drawn[f], []).append(bids[id(n)])
+    d.same_rank(beside)
     small = len(drawn) <= PARAMS_DRAWN_UP_TO
     for s in live.saved:
         t = s.tensor
@@ -327,8 +342,7 @@ def draw_backward(d: _Drawer, a: Analysis, nodes: set[int] | None, o: RenderOpti
             d.edge(src, bids[id(r)], label=escape(f"{d.short(t.name)} {format_bytes(s.bytes)}"
                                                   + (" (shape)" if s.reads == "shape" else ""), 200),
                    tooltip=escape(t.name), color=COLORS["none"] if blocks else "#4a6fa5",
-                   penwidth="2.5" if blocks else "1.2", fontcolor=COLORS["none"] if blocks else "#333333",
-                   constraint="false")
+                   penwidth="2.5" if blocks else "1.2", fontcolor=COLORS["none"] if blocks else "#333333")
     d.legend(FORWARD_LEGEND + [
         ("backward op", BACKWARD_STYLE),
         ("saved tensor: edge from its maker\nto the backward ops that read it", {"shape": "plaintext",
