@@ -161,9 +161,6 @@ def check_output(path: str, inputs: list[str], formats: tuple[str, ...], option:
     fmt = os.path.splitext(path)[1].lower().lstrip(".")
     if path.endswith(("/", os.sep)) or os.path.isdir(path):
         raise FuseError(f"{option} {path}: is a folder; give a file name")
-    if fmt not in formats:
-        raise click.BadParameter(f"{path!r}: the file name must end in "
-                                 f"{', '.join('.' + f for f in formats)}", param_hint=option)
     if os.path.lexists(path):
         try:
             st = os.stat(path)
@@ -192,6 +189,9 @@ def check_output(path: str, inputs: list[str], formats: tuple[str, ...], option:
             files += _external_data(i)
         if any(_same(path, f) for f in files):
             raise FuseError(f"{option} {path}: is a file of the input model {i}; refusing to overwrite it")
+    if fmt not in formats:
+        raise click.BadParameter(f"{path!r}: the file name must end in "
+                                 f"{', '.join('.' + f for f in formats)}", param_hint=option)
     return fmt
 
 
