@@ -296,7 +296,10 @@ def rewrite_command(model: str, output: str, target: str, mode: str, patterns: t
     options = RewriteOptions(target=target, mode=mode, batch=batch or 1, dims=_parse_dims(dims),
                              patterns=patterns,
                              verify=not no_verify, bench=bench, threads=threads, signature=signature)
-    result = run_rewrite(model, options, output)
+    from . import progress
+
+    with progress.stages():
+        result = run_rewrite(model, options, output)
     for w in result.warnings:
         click.echo(f"warning: {w}", err=True)
     click.echo(_dump_json(rewrite_json(result)) if as_json else format_summary(result))

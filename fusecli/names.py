@@ -70,7 +70,7 @@ def fit_unique(texts: list[str], width: int) -> list[str]:
             out[i] = cut(t, width, head)
             continue
         # they differ far in: the head, then as much of the end as fits, or a window on the difference
-        h = width // 4
+        h = max(width // 4, min(first, width - 1 - (len(t) - shared)))
         rest = width - h - 1
         if len(t) - rest <= shared:
             out[i] = t[:h] + ELLIPSIS + t[len(t) - rest:]

@@ -188,7 +188,7 @@ def check_output(path: str, inputs: list[str], formats: tuple[str, ...], option:
         if os.path.isfile(i) and os.path.basename(i) != "saved_model.pb":
             files += _external_data(i)
         if any(_same(path, f) for f in files):
-            raise FuseError(f"{option} {path}: is a file of the input model {i}; refusing to overwrite it")
+            raise FuseError(f"{option} {path}: refusing to overwrite the input model (a file of {i})")
     if fmt not in formats:
         raise click.BadParameter(f"{path!r}: the file name must end in "
                                  f"{', '.join('.' + f for f in formats)}", param_hint=option)

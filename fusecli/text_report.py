@@ -21,6 +21,7 @@ from .pipeline import Analysis
 from .units import format_bytes, format_shape, sum_bytes
 
 MIN_WIDTH, MAX_WIDTH = 60, 200
+_UNIT = re.compile(r"(\d) (?=(?:B|KiB|MiB|GiB)\b)")
 _NAMEISH = re.compile(r"[^\s,;()]*[/:\d][^\s,;()]*")  # tokens that carry names or numbers
 
 
@@ -108,7 +109,10 @@ def wrap(text: str, width: int, indent: str) -> list[str]:
     """Greedy word wrap with the indent kept on every line (linear: words longer than a line are cut)."""
     room = max(20, width - len(indent))
     lines, line = [], ""
-    for word in text.split():
+    text = _UNIT.sub("\\1\u00a0", text.replace("\n", " "))  # '32 B' stays on one line
+    for word in text.split(" "):
+        if not word:
+            continue
         word = cut(word, room)
         if line and len(line) + 1 + len(word) > room:
             lines.append(indent + line)
@@ -117,7 +121,7 @@ def wrap(text: str, width: int, indent: str) -> list[str]:
             line = f"{line} {word}" if line else word
     if line:
         lines.append(indent + line)
-    return lines
+    return [x.replace("\u00a0", " ") for x in lines]
 
 
 class _Style:
@@ -164,9 +168,10 @@ def blocked_bytes(m: Match) -> int | None:
 def header_lines(a: Analysis, namer: Namer, width: int) -> list[str]:
     g = a.graph
     kinds = Counter(t.kind for t in g.tensors.values())
-    lines = [cut(f"{a.path} ({g.format}): {len(g.nodes)} forward ops, "
-                 f"{len(a.joint.backward_nodes())} backward ops; batch {a.options.batch}"
-                 + "".join(f", {k}={v}" for k, v in sorted(a.options.dims.items())), width),
+    dims = "".join(f", {k}={v}" for k, v in sorted(a.options.dims.items()))
+    lines = [cut(a.path, width),
+             *wrap(f"{g.format}: {len(g.nodes)} forward ops, {len(a.joint.backward_nodes())} backward ops; "
+                   f"batch {a.options.batch}{dims}", width, ""),
              cut_end("tensors: " + ", ".join(f"{kinds[k]} {k}" for k in sorted(kinds)), width)]
     for label, tensors in (("input", g.inputs), ("output", g.outputs)):
         shown = tensors[:4]
@@ -291,7 +296,8 @@ def matches_lines(a: Analysis, namer: Namer, width: int, verbose: bool, style: _
     for m in a.matches:
         groups.setdefault(_group_key(m), []).append(m)
     lines = ["", "matches" + ("" if verbose else " (repeated blocks on one line; -v lists each)"),
-             "  would TensorFlow's Grappler (TF) or ONNX Runtime (ORT) fuse it, on CPU and on GPU"]
+             *wrap("would TensorFlow's Grappler (TF) or ONNX Runtime (ORT) fuse it, on CPU and GPU", width,
+                   "  ")]
     for (pattern, cls, ops, _, _), ms in groups.items():
         first = ms[0]
         names = [_scope(namer(m.nodes[0].name)) for m in ms]

@@ -11,7 +11,6 @@ from click.testing import CliRunner
 from onnx import helper
 
 from fusecli.cli import main
-from fusecli.errors import FuseError
 from fusecli.pipeline import Options, analyze
 from fusecli.render import COLORS, PNG_MAX_INCHES, FocusError, build_dot, scope_of
 from tests.conftest import ZOO, make_model, vi
@@ -225,7 +224,7 @@ def test_cli_writes_svg_and_png(sample, tmp_path):
 @pytest.mark.parametrize("args,message,code", [
     (["--max-nodes", "1", "-o", "{tmp}/g.svg"], "too many to lay out", 1),
     (["-o", "{tmp}/g.jpg"], "must end in", 2),
-    (["-o", "{model}"], "refusing to overwrite it", 1),
+    (["-o", "{model}"], "refusing to overwrite the input model", 1),
     (["--focus", "nothing_here", "--dot"], "no node or pattern", 2),
     (["--focus", "conv_bias_act:x", "--dot"], "PATTERN:K", 2),
 ])
@@ -247,7 +246,8 @@ def test_too_many_nodes_refused_before_any_dot_is_built(sample, tmp_path, monkey
         raise AssertionError("DOT built")
 
     monkeypatch.setattr(fusecli.render, "build_dot", no_dot)
-    r = run("render", sample("bn_add_relu"), "--max-nodes", "2", "-o", str(tmp_path / "g.svg"), "--batch", "1")
+    r = run("render", sample("bn_add_relu"), "--max-nodes", "2", "-o", str(tmp_path / "g.svg"),
+            "--batch", "1")
     assert r.exit_code == 1 and "too many to lay out" in r.stderr
 
 

@@ -10,6 +10,7 @@ from onnx import external_data_helper
 
 from ..errors import FuseError
 from ..load import load_model
+from ..progress import stage
 
 SAVEDMODEL_OPSET = 17
 
@@ -51,6 +52,7 @@ def open_source(path: str, workdir: str, signature: str | None = None) -> Source
     # is imported (and prints its start-up logs) for the conversion
     load_model(folder, signature)
     out = os.path.join(workdir, "model.onnx")
+    stage("converting with tf2onnx")
     model = convert_savedmodel(folder, signature)
     save_plain(model, out)
     return Source(path, out, converted=True)
