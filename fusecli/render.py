@@ -211,6 +211,13 @@ def _forward(d: _Drawer, a: Analysis, nodes: set[int] | None, fused: list[Match]
     fused_of = {id(n): m for m in fused for n in m.nodes}
     rejected_of = {id(n): m for m in rejected for n in m.nodes}
     drawn: dict[int, str] = {}
+    if d.dry:  # count only: the same keys, no labels or attributes
+        for n in _drawable(a.graph, nodes):
+            m = fused_of.get(id(n))
+            scope = scope_of(n.name, collapse, d.prefix) if collapse and m is None else None
+            key = id(m) if m is not None else ("scope", scope) if scope is not None else id(n)
+            drawn[id(n)] = d.node(key, str)
+        return drawn
     for n in _drawable(a.graph, nodes):
         m = fused_of.get(id(n))
         if m is not None:
@@ -256,6 +263,8 @@ def _forward_edges(d: _Drawer, a: Analysis, nodes: set[int] | None, drawn: dict[
                 src = _leaf(d, t)  # graph inputs, and tensors entering a focused drawing
             else:
                 continue  # parameters and constants are not drawn in the op graph
+            if d.dry:
+                continue
             dst = drawn[id(n)]
             key = (src, dst, t.name if labelled else None)  # big graphs: one edge per pair of boxes
             if src != dst and key not in seen:
@@ -309,9 +318,9 @@ def draw_backward(d: _Drawer, a: Analysis, nodes: set[int] | None, o: RenderOpti
     back = [n for n in joint.backward_nodes() if in_view is None or n.meta.get("forward") in in_view]
     bids = {}
     for n in back:
-        bids[id(n)] = d.node(id(n), lambda n=n: _label(n.op_type, d.short(n.name)), tooltip=escape(n.name),
-                             **BACKWARD_STYLE)
-    for n in back:
+        bids[id(n)] = d.node(id(n), str) if d.dry else d.node(
+            id(n), lambda n=n: _label(n.op_type, d.short(n.name)), tooltip=escape(n.name), **BACKWARD_STYLE)
+    for n in back if not d.dry else ():
         for t in n.inputs:
             if t is None or t.producer is None or t.producer.phase != "backward":
                 continue
@@ -338,7 +347,7 @@ def draw_backward(d: _Drawer, a: Analysis, nodes: set[int] | None, o: RenderOpti
         else:
             continue
         blocks = t.name in blocking
-        for r in readers:
+        for r in readers if not d.dry else ():
             d.edge(src, bids[id(r)], label=escape(f"{d.short(t.name)} {format_bytes(s.bytes)}"
                                                   + (" (shape)" if s.reads == "shape" else ""), 200),
                    tooltip=escape(t.name), color=COLORS["none"] if blocks else "#4a6fa5",

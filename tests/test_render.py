@@ -12,7 +12,7 @@ from onnx import helper
 
 from fusecli.cli import main
 from fusecli.pipeline import Options, analyze
-from fusecli.render import COLORS, PNG_MAX_INCHES, FocusError, build_dot, scope_of
+from fusecli.render import COLORS, PNG_MAX_INCHES, FocusError, RenderOptions, build_dot, count_nodes, scope_of
 from tests.conftest import ZOO, make_model, vi
 
 needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's dot is not installed")
@@ -47,9 +47,10 @@ def edges(g: dict) -> list[tuple[str, str, dict]]:
                                   "matmul_bias_relu"])
 @pytest.mark.parametrize("view", ["before", "after", "backward"])
 def test_every_view_of_every_sample_is_valid_dot(sample, name, view):
-    source, count = build_dot(analyze(sample(name), Options(batch=2)), view)
+    a = analyze(sample(name), Options(batch=2))
+    source, count = build_dot(a, view)
     g = layout(source)
-    assert count == len(drawn(g))
+    assert count == len(drawn(g)) == count_nodes(a, RenderOptions(view=view))  # the dry count agrees
     assert [c["label"] for c in g["objects"] if "nodes" in c] and legend(g)  # every view has a legend
 
 
