@@ -31,18 +31,19 @@ def plot_timeline(live: Liveness, path: str, title: str) -> str:
     ax.plot(steps, y, color="#1f77b4", lw=1.2)
     ax.fill_between(steps, y, alpha=0.15, color="#1f77b4")
     top = max(y, default=0) or 1
-    ax.set_ylim(0, top * 1.22)  # headroom: the phase names sit above the curve, not on it
+    ax.set_ylim(0, top * 1.3)  # headroom: the phase names sit above the curve, not on it
     if live.boundary < len(timeline):
         ax.axvline(live.boundary - 0.5, color="#d62728", ls="--", lw=1)
-        ax.text(live.boundary, top * 1.18, " backward", color="#d62728", va="top")
-        ax.text(live.boundary - 1, top * 1.18, "forward ", color="#555", va="top", ha="right")
+        ax.text(live.boundary, top * 1.27, " backward", color="#d62728", va="top")
+        ax.text(live.boundary - 1, top * 1.27, "forward ", color="#555", va="top", ha="right")
     if 0 <= live.peak_step < len(timeline):
         x = live.peak_step
         ax.plot([x], [y[x]], "o", color="#d62728")
         # the label goes to the side with more room, below the phase names
         right = x < len(timeline) / 2
         ax.annotate(f"peak {format_bytes(timeline[x])}", (x, y[x]), textcoords="offset points",
-                    xytext=(8 if right else -8, -14), ha="left" if right else "right")
+                    xytext=(8 if right else -8, 6), ha="left" if right else "right", va="bottom",
+                    bbox={"boxstyle": "square,pad=0.1", "facecolor": "white", "edgecolor": "none"})
     ax.set_xlabel("schedule step (op)")
     ax.set_ylabel(f"live {unit}")
     ax.set_title(title)
