@@ -34,4 +34,5 @@ def test_plot_labels_the_peak_in_its_unit(sample, tmp_path, monkeypatch):
     peak_kib = a.liveness.peak_bytes / 1024
     assert 1 <= peak_kib < 1024
     assert f"peak {peak_kib:.1f} KiB" in shown["texts"] and shown["ylabel"] == ["live KiB"]
-    assert note.endswith(f"peak {peak_kib:.1f} KiB") and (tmp_path / "p.svg").read_bytes().startswith(b"<?xml")
+    assert note.endswith(f"peak {peak_kib:.1f} KiB")
+    assert (tmp_path / "p.svg").read_bytes().startswith(b"<?xml")
