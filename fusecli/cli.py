@@ -180,10 +180,13 @@ def analyze(model: str, as_json: bool, batch: int | None, dims: tuple[str, ...],
         for w in result.warnings:
             click.echo(f"warning: {w}", err=True)
     if plot_path:
+        from . import progress
         from .plot import plot_timeline
 
         title = f"{os.path.basename(os.path.normpath(model))}: live memory, batch {options.batch}"
-        note = plot_timeline(result.liveness, plot_path, title)
+        with progress.stages() as stage:
+            stage("plotting")
+            note = plot_timeline(result.liveness, plot_path, title)
         click.echo(f"wrote {plot_path} ({note})", err=True)
     if as_json:
         click.echo(_dump_json(to_json(result)))
