@@ -6,6 +6,7 @@ import atexit
 import gc
 import json
 import os
+import signal
 import sys
 
 import click
@@ -23,10 +24,34 @@ def _fail(message: str) -> None:
     sys.exit(1)
 
 
+class Terminated(BaseException):
+    """SIGTERM, raised where the program is so that temp files are removed as on Ctrl-C."""
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated()
+
+
+def _quiet_broken_pipe() -> None:
+    """The reader went away (``| head``): exit quietly as Unix tools do (128 + SIGPIPE)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # no second error when Python flushes stdout at exit
+    except (OSError, ValueError):
+        pass
+    sys.exit(141)
+
+
 class _Group(click.Group):
-    """Turns FuseError (and any unexpected error) into one ``error:`` line and exit 1."""
+    """Turns FuseError (and any unexpected error) into one ``error:`` line and exit 1; usage errors
+    into one ``error:`` line and exit 2; SIGTERM cleans up like Ctrl-C; a broken pipe is quiet."""
 
     def invoke(self, ctx):
+        previous = None
+        try:
+            previous = signal.signal(signal.SIGTERM, _on_sigterm)
+        except ValueError:  # not the main thread
+            pass
         try:
             return super().invoke(ctx)
         except UsageError as e:
@@ -34,16 +59,28 @@ class _Group(click.Group):
             sys.exit(2)
         except FuseError as e:
             _fail(" ".join(str(e).split()))
+        except click.UsageError as e:
+            hint = f" (fusecli {e.ctx.command.name} -h for help)" if e.ctx and e.ctx.command.name else ""
+            click.echo(f"error: {' '.join(e.format_message().split())}{hint}", err=True)
+            sys.exit(2)
         except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException, SystemExit):
             raise
+        except BrokenPipeError:
+            _quiet_broken_pipe()
         except KeyboardInterrupt:
             click.echo("error: interrupted", err=True)
             sys.exit(130)
+        except Terminated:
+            click.echo("error: terminated", err=True)
+            sys.exit(143)
         except Exception as e:  # a bug of ours must still not print a traceback at the user
             if os.environ.get("FUSECLI_DEBUG"):
                 raise
             _fail(f"internal error {type(e).__name__}: {' '.join(str(e).split())[:300]} "
                   "(set FUSECLI_DEBUG=1 for the traceback)")
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
 
 
 def _dump_json(doc: dict) -> str:
@@ -69,6 +106,41 @@ def _dims_text(result) -> str:
     """'batch=2, seq=128' (or 'its fixed sizes'): the sizes an analysis counted bytes at."""
     sizes = result.sizes
     return ", ".join(f"{n}={sizes[n]}" for n in sizes.variables) or "its fixed sizes"
+
+
+def _parse_patterns(ctx, param, value: str | None) -> tuple[str, ...]:
+    """--patterns A,B: known names, at least one (a usage error otherwise)."""
+    if value is None:
+        return ()
+    from .fusion.patterns import BY_NAME
+
+    names = tuple(p.strip() for p in value.split(","))
+    if not any(names) or not all(names):
+        raise click.BadParameter("give pattern names separated by commas, e.g. conv_bn_act,bn_add_act "
+                                 f"(known: {', '.join(BY_NAME)})")
+    unknown = [n for n in names if n not in BY_NAME]
+    if unknown:
+        raise click.BadParameter(f"unknown pattern {unknown[0]!r} (known: {', '.join(BY_NAME)})")
+    return names
+
+
+def _patterns_option(f):
+    return click.option("--patterns", "patterns", default=None, metavar="A,B", callback=_parse_patterns,
+                        help="Only these fusion patterns (comma-separated names).")(f)
+
+
+PLOT_FORMATS = ("png", "svg", "pdf")
+
+
+def _check_plot(plot_path: str, model: str) -> None:
+    """--plot: a writable image path, and matplotlib installed, before any analysis."""
+    import importlib.util
+
+    from .output import check_output
+
+    check_output(plot_path, [model], PLOT_FORMATS, "--plot")
+    if importlib.util.find_spec("matplotlib") is None:
+        raise FuseError("--plot needs matplotlib: pip install 'fusecli[plot]'")
 
 
 def _common_options(f):
@@ -97,40 +169,51 @@ def main() -> None:
               help="Differentiate w.r.t. the trainable parameters, or the float graph inputs too.")
 @click.option("--plot", "plot_path", metavar="FILE.png", default=None,
               help="Draw live bytes along the forward+backward schedule to FILE (.png/.svg/.pdf).")
-@click.option("--patterns", "patterns", default="", metavar="A,B",
-              help="Only these fusion patterns (comma-separated names).")
+@_patterns_option
 @click.option("--constant-weights", type=click.Choice(["parameters", "constants"]), default="parameters",
               show_default=True,
               help="ONNX: float Constant nodes in a weight's role (conv/matmul weight, norm scale, bias, "
                    "embedding) are trainable parameters, or constants.")
+@click.option("-v", "--verbose", is_flag=True, help="List every saved tensor and every match.")
+@click.option("-q", "--quiet", is_flag=True, help="Print the summary only (verdicts per pattern, memory).")
+@click.option("--all", "all_saved", is_flag=True, help="List every saved tensor (default: the largest 10).")
 def analyze(model: str, as_json: bool, batch: int | None, dims: tuple[str, ...], signature: str | None,
-            wrt: str, plot_path: str | None, patterns: str, constant_weights: str) -> None:
+            wrt: str, plot_path: str | None, patterns: tuple[str, ...], constant_weights: str, verbose: bool,
+            quiet: bool, all_saved: bool) -> None:
     """Analyze MODEL (an .onnx file or a SavedModel folder)."""
     from .pipeline import Options
     from .pipeline import analyze as run_analysis
-    from .report import print_report, to_json
+    from .report import to_json
 
+    if verbose and quiet:
+        raise click.BadParameter("-v and -q exclude each other", param_hint="-q")
     options = Options(batch=batch, dims=_parse_dims(dims), wrt_inputs=wrt == "inputs",
-                      patterns=tuple(p.strip() for p in patterns.split(",") if p.strip()),
-                      signature=signature, constant_weights=constant_weights == "parameters")
+                      patterns=patterns, signature=signature,
+                      constant_weights=constant_weights == "parameters")
     if plot_path:
-        from .output import refuse_overwriting_input
-
-        refuse_overwriting_input(plot_path, [model])
+        _check_plot(plot_path, model)
     result = run_analysis(model, options)
-    for w in result.warnings:
-        click.echo(f"warning: {w}", err=True)
+    if as_json:
+        for w in result.warnings:
+            click.echo(f"warning: {w}", err=True)
     if plot_path:
+        from . import progress
         from .plot import plot_timeline
 
-        plot_timeline(result.liveness, plot_path,
-                      f"{os.path.basename(model)}: live memory at {_dims_text(result)}")
+        title = f"{os.path.basename(os.path.normpath(model))}: live memory at {_dims_text(result)}"
+        with progress.stages() as stage:
+            stage("plotting")
+            note = plot_timeline(result.liveness, plot_path, title)
+        click.echo(f"wrote {plot_path} ({note})", err=True)
     if as_json:
         click.echo(_dump_json(to_json(result)))
         return
-    from rich.console import Console
+    from .text_report import TextOptions, print_text_report
 
-    print_report(result, Console())
+    color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+    print_text_report(result, TextOptions(verbose=verbose, quiet=quiet, all_saved=all_saved, color=color))
+    for w in result.warnings:  # after the report, where a reader at a terminal sees them last
+        click.echo(f"warning: {w}", err=True)
 
 
 @main.command()
@@ -158,39 +241,49 @@ def render(model: str, view: str, as_dot: bool, output: str | None, mode: str, f
            collapse: int, max_nodes: int, batch: int | None, dims: tuple[str, ...], signature: str | None,
            wrt: str) -> None:
     """Draw MODEL's before / after / backward view (Graphviz)."""
-    from .output import atomic_write, refuse_overwriting_input
+    from . import progress
+    from .output import atomic_write, check_output
     from .pipeline import Options
     from .pipeline import analyze as run_analysis
-    from .render import build_dot, output_format, run_dot
+    from .render import BIG_GRAPH_NODES, FORMATS, FocusError, RenderOptions, build_dot, count_nodes, run_dot
 
     if output is None and not as_dot:
         stem = os.path.splitext(os.path.basename(os.path.normpath(model)))[0]
         output = f"{stem}.{view}.svg"
-    if output is not None:
-        refuse_overwriting_input(output, [model])
-    fmt = "dot" if output is None else output_format(output)
+    fmt = "dot" if output is None else check_output(output, [model], FORMATS, "-o")
     if as_dot and output is not None and fmt != "dot":
         raise click.BadParameter("--dot writes DOT source: give -o FILE.dot or no -o", param_hint="--dot")
     options = Options(batch=batch, dims=_parse_dims(dims), wrt_inputs=wrt == "inputs",
                       signature=signature)
-    result = run_analysis(model, options)
-    for w in result.warnings:
-        click.echo(f"warning: {w}", err=True)
-    source, count = build_dot(result, view, focus, hops, collapse, mode)
-    if fmt == "dot":
-        if output is None:
-            click.echo(source)
-            return
-        data = source.encode()
-    else:
-        if count > max_nodes:
+    with progress.stages() as stage:
+        result = run_analysis(model, options)
+        for w in result.warnings:
+            click.echo(f"warning: {w}", err=True)
+        render_options = RenderOptions(view, focus, hops, collapse, mode, fmt)
+        try:
+            count = count_nodes(result, render_options)
+        except FocusError as e:
+            raise click.BadParameter(str(e).split(": ", 1)[-1], param_hint="--focus") from None
+        if fmt != "dot" and count > max_nodes:
             raise FuseError(f"{count} nodes are too many to lay out (--max-nodes {max_nodes}); draw part "
                             "with --focus NODE --hops N, collapse scopes with --collapse DEPTH, or write "
                             "--dot and lay it out yourself")
-        data = run_dot(source, fmt)
-    with atomic_write(output) as f:
-        f.write(data)
-    click.echo(f"wrote {output} ({view} view, {count} nodes)", err=True)
+        stage(f"drawing {count} nodes")
+        source, count = build_dot(result, view, focus, hops, collapse, mode, fmt)
+        if fmt == "dot":
+            if output is None:
+                click.echo(source)
+                return
+            data = source.encode()
+        else:
+            stage(f"laying out {count} nodes (Graphviz dot)")
+            data = run_dot(source, fmt)
+        stage("writing")
+        with atomic_write(output) as f:
+            f.write(data)
+    big_png = fmt == "png" and count > BIG_GRAPH_NODES
+    hint = "; PNG scaled to fit 14,400 px, .svg keeps every detail" if big_png else ""
+    click.echo(f"wrote {output} ({view} view, {count} nodes{hint})", err=True)
 
 
 @main.command("rewrite")
@@ -200,8 +293,7 @@ def render(model: str, view: str, as_dot: bool, output: str | None, mode: str, f
               help="Emit only kernels that ONNX Runtime's CPU or CUDA provider has.")
 @click.option("--mode", type=click.Choice(["inference", "training"]), default="inference", show_default=True,
               help="Rewrite inference-safe matches (BatchNorm folded), or training-safe ones only.")
-@click.option("--patterns", "patterns", default="", metavar="A,B",
-              help="Only these fusion patterns (comma-separated names).")
+@_patterns_option
 @_common_options
 @click.option("--no-verify", "no_verify", is_flag=True,
               help="Skip the onnxruntime comparison of original and rewritten outputs.")
@@ -209,20 +301,26 @@ def render(model: str, view: str, as_dot: bool, output: str | None, mode: str, f
 @click.option("--threads", type=click.IntRange(min=1), default=None,
               help="intra-op threads for --bench (default: the CPUs this process may use).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the summary.")
-def rewrite_command(model: str, output: str, target: str, mode: str, patterns: str, batch: int | None,
+def rewrite_command(model: str, output: str, target: str, mode: str, patterns: tuple[str, ...],
+                    batch: int | None,
                     dims: tuple[str, ...], signature: str | None, no_verify: bool, bench: bool,
                     threads: int | None, as_json: bool) -> None:
     """Rewrite MODEL's fusion matches as ONNX Runtime kernels, verify, and write OUT.onnx."""
+    from .output import check_output
     from .rewrite import RewriteOptions
     from .rewrite import rewrite as run_rewrite
     from .rewrite.report import format_summary
     from .rewrite.report import to_json as rewrite_json
 
+    check_output(output, [model], ("onnx",), "-o")
     options = RewriteOptions(target=target, mode=mode, batch=batch or 1, dims=_parse_dims(dims),
-                             patterns=tuple(p.strip() for p in patterns.split(",") if p.strip()),
+                             patterns=patterns,
                              verify=not no_verify, bench=bench, threads=threads, signature=signature,
                              keep_weights=False)
-    result = run_rewrite(model, options, output)
+    from . import progress
+
+    with progress.stages():
+        result = run_rewrite(model, options, output)
     for w in result.warnings:
         click.echo(f"warning: {w}", err=True)
     click.echo(_dump_json(rewrite_json(result)) if as_json else format_summary(result))

@@ -4,34 +4,53 @@ from __future__ import annotations
 
 from .liveness import Liveness
 from .output import atomic_write
+from .units import format_bytes
 
 
-def plot_timeline(live: Liveness, path: str, title: str) -> None:
-    """Draw the live-bytes timeline to ``path`` (any format matplotlib writes: .png, .svg, .pdf)."""
+def axis_unit(peak: int) -> tuple[str, int]:
+    """The unit the axis is drawn in: the largest whose peak value is at least 1."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if peak >= size:
+            return unit, size
+    return "B", 1
+
+
+def plot_timeline(live: Liveness, path: str, title: str) -> str:
+    """Draw the live-bytes timeline to ``path`` (.png, .svg or .pdf); a short note of what was drawn."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    timeline = [0 if b is None else b for b in live.timeline]
+    peak = max(timeline, default=0)
+    unit, size = axis_unit(peak)
     fig, ax = plt.subplots(figsize=(10, 4))
-    steps = range(len(live.timeline))
-    mib = [b / 2**20 for b in live.timeline]
-    ax.plot(steps, mib, color="#1f77b4", lw=1.2)
-    ax.fill_between(steps, mib, alpha=0.15, color="#1f77b4")
-    if live.boundary < len(live.timeline):
+    steps = range(len(timeline))
+    y = [b / size for b in timeline]
+    ax.plot(steps, y, color="#1f77b4", lw=1.2)
+    ax.fill_between(steps, y, alpha=0.15, color="#1f77b4")
+    top = max(y, default=0) or 1
+    ax.set_ylim(0, top * 1.3)  # headroom: the phase names sit above the curve, not on it
+    if live.boundary < len(timeline):
         ax.axvline(live.boundary - 0.5, color="#d62728", ls="--", lw=1)
-        ax.text(live.boundary, max(mib) * 0.98, " backward", color="#d62728", va="top")
-        ax.text(live.boundary - 1, max(mib) * 0.98, "forward ", color="#555", va="top", ha="right")
-    if live.peak_step >= 0:
-        ax.plot([live.peak_step], [mib[live.peak_step]], "o", color="#d62728")
-        ax.annotate(f"peak {mib[live.peak_step]:.1f} MiB", (live.peak_step, mib[live.peak_step]),
-                    textcoords="offset points", xytext=(6, -12))
+        ax.text(live.boundary, top * 1.27, " backward", color="#d62728", va="top")
+        ax.text(live.boundary - 1, top * 1.27, "forward ", color="#555", va="top", ha="right")
+    if 0 <= live.peak_step < len(timeline):
+        x = live.peak_step
+        ax.plot([x], [y[x]], "o", color="#d62728")
+        # the label goes to the side with more room, below the phase names
+        right = x < len(timeline) / 2
+        ax.annotate(f"peak {format_bytes(timeline[x])}", (x, y[x]), textcoords="offset points",
+                    xytext=(8 if right else -8, 6), ha="left" if right else "right", va="bottom",
+                    bbox={"boxstyle": "square,pad=0.1", "facecolor": "white", "edgecolor": "none"})
     ax.set_xlabel("schedule step (op)")
-    ax.set_ylabel("live MiB")
+    ax.set_ylabel(f"live {unit}")
     ax.set_title(title)
     ax.margins(x=0.01)
     fig.tight_layout()
-    fmt = path.rsplit(".", 1)[-1].lower() if "." in path else "png"
+    fmt = path.rsplit(".", 1)[-1].lower()
     with atomic_write(path) as f:
         fig.savefig(f, format=fmt, dpi=120)
     plt.close(fig)
+    return f"live memory over {len(timeline)} steps, peak {format_bytes(peak)}"

@@ -1,60 +1,93 @@
 """DOT for the before / after / backward views (the seed posts' figures, for any model).
 
 before: the forward op graph as in the model. after: each chosen fusion match drawn as one fused node,
-coloured by verdict. backward: forward and backward ops side by side, each saved tensor an edge from
-the op that makes it to the backward ops that read it, labelled with its bytes; tensors that block a
-training fusion in red.
+coloured by verdict (``--mode training`` draws only what is safe for training). backward: forward and
+backward ops side by side, each saved tensor an edge from the op that makes it to the backward ops that
+read it, labelled with its bytes; tensors that block a training fusion in red.
+
+Labels show the last scope segments of a name (the full name is the SVG tooltip), so a view's boxes
+stay narrow on real models. ``count_nodes`` walks the same code without building any DOT, so a view too
+big to lay out is refused in about the time of the analysis.
 """
 
 from __future__ import annotations
 
 import os
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .errors import FuseError
 from .fusion.match import Match
 from .ir import Graph, Node, Tensor
+from .names import common_scope, cut, last_segments
 from .pipeline import Analysis
 from .units import format_bytes, format_shape
 
-VIEWS = ("before", "after", "backward")
-BIG_GRAPH_NODES = 150
+BIG_GRAPH_NODES = 150  # past this: straight edges, no shape labels on forward edges, cheaper layout
 PARAMS_DRAWN_UP_TO = 12  # backward view: saved weights are drawn only for graphs this small
-COLORS = {"training": "#2ca02c", "inference": "#ff7f0e", "none": "#d62728"}
+LABEL_CHARS = 40  # a name in a label (its last scope segments)
+TOOLTIP_CHARS = 4000  # dot refuses quoted strings over 16,384 characters (escaping may double them)
+PNG_MAX_INCHES = 150  # PNG output is scaled to fit 150 x 150 in at 96 dpi (14,400 px)
+COLORS = {"training": "#2ca02c", "recompute": "#17becf", "inference": "#ff7f0e", "none": "#d62728"}
 FORWARD_STYLE = {"shape": "box", "style": "rounded,filled", "fillcolor": "#e8f0fe", "color": "#4a6fa5"}
 BACKWARD_STYLE = {"shape": "box", "style": "filled", "fillcolor": "#fdebd0", "color": "#b9770e"}
 LEAF_STYLE = {"shape": "ellipse", "style": "filled", "fillcolor": "#f2f2f2", "color": "#888888",
               "fontsize": "10"}
+SCOPE_STYLE = {"shape": "box3d", "style": "filled", "fillcolor": "#eeeeee"}
 
 
-def escape(text: str) -> str:
-    """Make text safe inside a quoted DOT label: backslashes doubled, quotes escaped, no raw newlines."""
+class FocusError(FuseError):
+    """A --focus value that names no node and no match (a usage error)."""
+
+
+def escape(text: str, limit: int = TOOLTIP_CHARS) -> str:
+    """Text safe inside a quoted DOT string: cut to ``limit``, backslashes doubled, quotes escaped."""
+    text = cut(text, limit)
     return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ").replace("\r", " ")
 
 
 def _label(*lines: str) -> str:
-    return "\\n".join(escape(line) for line in lines if line)
+    return "\\n".join(escape(line, 200) for line in lines if line)
 
 
 @dataclass
-class Selection:
-    """Which forward nodes to draw (None = all) and the matches drawn fused."""
+class RenderOptions:
+    view: str = "after"
+    focus: str | None = None
+    hops: int = 2
+    collapse: int = 0
+    mode: str = "inference"
+    fmt: str | None = None  # the output format: png gets a size cap
 
-    nodes: set[int] | None
-    fused: list[Match]
+
+def verdict_state(m: Match) -> str:
+    """'training', 'recompute' (training-safe if recomputed), 'inference' or 'none' (not fusable)."""
+    v = m.verdict
+    if v.training_safe:
+        return "training"
+    if getattr(v, "recompute", None) is not None:
+        return "recompute"
+    return "inference" if v.inference_safe else "none"
+
+
+STATE_TEXT = {"training": "training-safe", "recompute": "training-safe if recomputed",
+              "inference": "inference only", "none": "not fusable"}
 
 
 def choose_fused(matches: list[Match], mode: str = "inference") -> list[Match]:
-    """Non-overlapping forward matches to draw fused: those safe in ``mode`` first, then the largest."""
+    """Non-overlapping forward matches to draw fused: only those fusable in ``mode`` (training: the
+    training-safe ones, then those safe if recomputed), the safest and then the largest first."""
+    allowed = ("training", "recompute") if mode == "training" else ("training", "recompute", "inference")
+    order = {s: k for k, s in enumerate(allowed)}
+
     def rank(m: Match) -> tuple:
-        v = m.verdict
-        if mode == "training":
-            return (-v.training_safe, -v.inference_safe, -len(m.nodes))
-        return (-v.inference_safe, -len(m.nodes), -v.training_safe)
+        state = verdict_state(m)
+        return (-len(m.nodes), order[state]) if mode == "inference" else (order[state], -len(m.nodes))
 
     chosen, used = [], set()
-    ranked = sorted((m for m in matches if m.pattern.phase == "forward"), key=rank)
+    ranked = sorted((m for m in matches if m.pattern.phase == "forward" and verdict_state(m) in allowed),
+                    key=rank)
     for m in ranked:
         ids = {id(n) for n in m.nodes}
         if ids & used:
@@ -64,20 +97,27 @@ def choose_fused(matches: list[Match], mode: str = "inference") -> list[Match]:
     return chosen
 
 
+def parse_focus(a: Analysis, focus: str) -> list[Node]:
+    """The nodes a --focus value names: a node, or the K-th forward match of a pattern (FocusError)."""
+    g = a.graph
+    if g.has_node(focus):
+        return [g.node(focus)]
+    name, colon, index = focus.rpartition(":") if ":" in focus else (focus, "", "0")
+    found = [m for m in a.matches if m.pattern.name == name and m.pattern.phase == "forward"]
+    forms = "give a node name, PATTERN (its first match) or PATTERN:K (K counts from 0)"
+    if not found:
+        have = sorted({m.pattern.name for m in a.matches if m.pattern.phase == "forward"})
+        raise FocusError(f"--focus {focus!r}: no node or pattern of that name in the model; {forms}"
+                         + (f"; patterns matched here: {', '.join(have)}" if have else ""))
+    if not index.isdigit() or int(index) >= len(found):
+        raise FocusError(f"--focus {focus!r}: {name} has {len(found)} forward matches, so K is 0 to "
+                         f"{len(found) - 1}; {forms}")
+    return found[int(index)].nodes
+
+
 def focus_nodes(a: Analysis, focus: str, hops: int) -> set[int]:
     """Forward nodes within ``hops`` of a node name, or of a match (``pattern`` or ``pattern:k``)."""
-    g = a.graph
-    name, _, index = focus.partition(":")
-    if g.has_node(focus):
-        start = [g.node(focus)]
-    else:
-        found = [m for m in a.matches if m.pattern.name == name and m.pattern.phase == "forward"]
-        k = int(index) if index.isdigit() else 0
-        if not found or k >= len(found):
-            raise FuseError(f"--focus {focus!r}: no node or forward match of that name "
-                            f"({len(found)} matches of {name!r})" if found else
-                            f"--focus {focus!r}: no node or pattern of that name in the model")
-        start = found[k].nodes
+    start = parse_focus(a, focus)
     seen = {id(n): 0 for n in start}
     queue = deque(start)
     while queue:
@@ -93,148 +133,207 @@ def focus_nodes(a: Analysis, focus: str, hops: int) -> set[int]:
     return set(seen)
 
 
-def scope_of(name: str, depth: int) -> str | None:
-    """The first ``depth`` components of a '/'-separated name, or None when it has no deeper parts."""
-    parts = [p for p in name.split("/") if p]
+def scope_of(name: str, depth: int, prefix: str = "") -> str | None:
+    """The first ``depth`` '/'-components of a name below ``prefix`` (the scope every name shares),
+    or None when it has no deeper parts."""
+    if prefix and name.startswith(prefix):
+        name = name[len(prefix):]
+    parts = [p for p in name.lstrip("/").split("/", depth) if p]
     return "/".join(parts[:depth]) if depth > 0 and len(parts) > depth else None
 
 
-def _verdict_color(m: Match) -> str:
-    v = m.verdict
-    return COLORS["training"] if v.training_safe else COLORS["inference"] if v.inference_safe \
-        else COLORS["none"]
-
-
-def _node_label(n: Node) -> list[str]:
-    out = n.outputs[0] if n.outputs and n.outputs[0] is not None else None
-    return [n.op_type, n.name] + ([f"{format_shape(out.shape)} {out.dtype}"] if out is not None else [])
-
-
 class _Drawer:
-    """Builds one graphviz.Digraph; node ids are n<k>, never the model's names."""
+    """Builds one graphviz.Digraph; node ids are n<k>, never the model's names. ``dry``: only count."""
 
-    def __init__(self, title: str) -> None:
+    def __init__(self, title: str, prefix: str, dry: bool = False) -> None:
+        self.ids: dict[object, str] = {}
+        self.prefix, self.dry = prefix, dry
+        self.dot = None
+        if dry:
+            return
         import graphviz
 
         self.dot = graphviz.Digraph("fusecli", graph_attr={
             "rankdir": "TB", "fontname": "Helvetica", "label": escape(title), "labelloc": "t",
             "fontsize": "12"}, node_attr={"fontname": "Helvetica", "fontsize": "10"},
             edge_attr={"fontname": "Helvetica", "fontsize": "9", "color": "#666666"})
-        self.ids: dict[int, str] = {}
 
-    def node(self, key: int, label: str, **attrs) -> str:
+    def node(self, key: object, label: Callable[[], str], **attrs) -> str:
         if key not in self.ids:
             self.ids[key] = f"n{len(self.ids)}"
-            self.dot.node(self.ids[key], label, **attrs)
+            if not self.dry:
+                self.dot.node(self.ids[key], label(), **attrs)
         return self.ids[key]
 
     def edge(self, a: str, b: str, **attrs) -> None:
-        self.dot.edge(a, b, **attrs)
+        if not self.dry:
+            self.dot.edge(a, b, **attrs)
+
+    def same_rank(self, groups: dict[str, list[str]]) -> None:
+        """Draw each key's nodes on the rank of the key."""
+        if self.dry:
+            return
+        for key, ids in groups.items():
+            self.dot.body.append("\t{rank=same; " + "; ".join([key, *ids]) + "}\n")
+
+    def short(self, name: str) -> str:
+        return last_segments(name, self.prefix, limit=LABEL_CHARS)
+
+    def legend(self, items: list[tuple[str, dict]], title: str = "legend") -> None:
+        if self.dry:
+            return
+        with self.dot.subgraph(name="cluster_legend") as s:
+            s.attr(label=title, fontsize="10", color="#bbbbbb")
+            for k, (text, attrs) in enumerate(items):
+                s.node(f"legend_{k}", _label(*text.split("\n")), **{"fontsize": "9", **attrs})
 
 
-def _drawable(g: Graph, sel: Selection) -> list[Node]:
+def _drawable(g: Graph, nodes: set[int] | None) -> list[Node]:
     return [n for n in g.forward_nodes() if not n.meta.get("constant")
-            and (sel.nodes is None or id(n) in sel.nodes)]
+            and (nodes is None or id(n) in nodes)]
 
 
-def _forward(d: _Drawer, a: Analysis, sel: Selection, collapse: int) -> dict[int, str]:
-    """Draw forward nodes (fused groups and collapsed scopes as one node); map node -> drawn id."""
-    fused_of = {id(n): m for m in sel.fused for n in m.nodes}
+def _node_label(d: _Drawer, n: Node) -> str:
+    out = n.outputs[0] if n.outputs and n.outputs[0] is not None else None
+    shape = cut(f"{format_shape(out.shape)} {out.dtype}", LABEL_CHARS) if out is not None else ""
+    return _label(n.op_type, d.short(n.name), shape)
+
+
+def _fused_label(d: _Drawer, m: Match) -> str:
+    scope = d.short(m.root.name.rsplit("/", 1)[0] if "/" in m.root.name else m.root.name)
+    return _label(m.pattern.name, m.pattern.kernel.split(" / ")[0], scope, STATE_TEXT[verdict_state(m)])
+
+
+def _forward(d: _Drawer, a: Analysis, nodes: set[int] | None, fused: list[Match], collapse: int,
+             rejected: list[Match] = ()) -> dict[int, str]:
+    """Draw forward nodes (fused groups and collapsed scopes as one node); map node -> drawn id.
+    ``rejected``: not-fusable matches, whose ops are drawn apart with a red dashed border."""
+    fused_of = {id(n): m for m in fused for n in m.nodes}
+    rejected_of = {id(n): m for m in rejected for n in m.nodes}
     drawn: dict[int, str] = {}
-    for n in _drawable(a.graph, sel):
+    if d.dry:  # count only: the same keys, no labels or attributes
+        for n in _drawable(a.graph, nodes):
+            m = fused_of.get(id(n))
+            scope = scope_of(n.name, collapse, d.prefix) if collapse and m is None else None
+            key = id(m) if m is not None else ("scope", scope) if scope is not None else id(n)
+            drawn[id(n)] = d.node(key, str)
+        return drawn
+    for n in _drawable(a.graph, nodes):
         m = fused_of.get(id(n))
         if m is not None:
-            color = _verdict_color(m)
-            v = m.verdict
-            state = "training-safe" if v.training_safe else "inference only" if v.inference_safe \
-                else "not fusable"
-            drawn[id(n)] = d.node(id(m), _label(m.pattern.name, m.pattern.kernel.split(" / ")[0],
-                                                " > ".join(x.name for x in m.nodes), state),
-                                  shape="box", style="rounded,filled,bold", color=color,
-                                  fillcolor=color + "33", penwidth="2")
+            color = COLORS[verdict_state(m)]
+            drawn[id(n)] = d.node(id(m), lambda m=m: _fused_label(d, m), shape="box",
+                                  style="rounded,filled,bold", color=color, fillcolor=color + "33",
+                                  penwidth="2", tooltip=escape(" > ".join(x.name for x in m.nodes)
+                                                               + ": " + m.verdict.reason))
             continue
-        scope = scope_of(n.name, collapse)
+        scope = scope_of(n.name, collapse, d.prefix) if collapse else None
         if scope is not None:
-            drawn[id(n)] = d.node(hash(("scope", scope)), _label(scope + "/…", "(collapsed scope)"),
-                                  shape="box3d", style="filled", fillcolor="#eeeeee")
+            drawn[id(n)] = d.node(("scope", scope),
+                                  lambda s=scope: _label(cut(s, LABEL_CHARS) + "/…", "(collapsed scope)"),
+                                  tooltip=escape(d.prefix + scope), **SCOPE_STYLE)
             continue
-        drawn[id(n)] = d.node(id(n), _label(*_node_label(n)), **FORWARD_STYLE)
+        style = dict(FORWARD_STYLE, tooltip=escape(n.name))
+        r = rejected_of.get(id(n))
+        if r is not None:
+            style.update(color=COLORS["none"], style="rounded,filled,dashed", penwidth="2",
+                         tooltip=escape(f"{n.name}: {r.pattern.name} {r.verdict.reason}"))
+        drawn[id(n)] = d.node(id(n), lambda n=n: _node_label(d, n), **style)
     return drawn
 
 
 def _leaf(d: _Drawer, t: Tensor) -> str:
-    return d.node(id(t), _label(t.name, f"{t.kind} {format_shape(t.shape)}"), **LEAF_STYLE)
+    def label() -> str:
+        return _label(d.short(t.name), f"{t.kind} {cut(format_shape(t.shape), LABEL_CHARS)}")
+
+    return d.node(id(t), label, tooltip=escape(t.name), **LEAF_STYLE)
 
 
-def _forward_edges(d: _Drawer, a: Analysis, sel: Selection, drawn: dict[int, str]) -> None:
+def _forward_edges(d: _Drawer, a: Analysis, nodes: set[int] | None, drawn: dict[int, str]) -> None:
     seen = set()
-    for n in _drawable(a.graph, sel):
+    labelled = len(drawn) <= BIG_GRAPH_NODES
+    for n in _drawable(a.graph, nodes):
         for t in n.inputs:
             if t is None:
                 continue
             if t.producer is not None and id(t.producer) in drawn:
                 src = drawn[id(t.producer)]
-            elif t.kind == "input" or (t.producer is not None and sel.nodes is not None
+            elif t.kind == "input" or (t.producer is not None and nodes is not None
                                        and not t.producer.meta.get("constant")):
                 src = _leaf(d, t)  # graph inputs, and tensors entering a focused drawing
             else:
                 continue  # parameters and constants are not drawn in the op graph
-            key = (src, drawn[id(n)], t.name)
-            if src != drawn[id(n)] and key not in seen:
+            if d.dry:
+                continue
+            dst = drawn[id(n)]
+            key = (src, dst, t.name if labelled else None)  # big graphs: one edge per pair of boxes
+            if src != dst and key not in seen:
                 seen.add(key)
-                d.edge(src, drawn[id(n)], label=escape(format_shape(t.shape)))
+                if labelled:
+                    d.edge(src, dst, label=escape(format_shape(t.shape), LABEL_CHARS), tooltip=escape(t.name))
+                else:
+                    d.edge(src, dst)
 
 
-def build_dot(a: Analysis, view: str = "before", focus: str | None = None, hops: int = 2,
-              collapse: int = 0, mode: str = "inference") -> tuple[str, int]:
-    """The DOT source of a view and the number of nodes it draws."""
-    if view not in VIEWS:
-        raise FuseError(f"unknown view {view!r}; choose one of {', '.join(VIEWS)}")
-    nodes = focus_nodes(a, focus, hops) if focus else None
-    fused = choose_fused(a.matches, mode) if view == "after" else []
-    if nodes is not None:
-        fused = [m for m in fused if all(id(n) in nodes for n in m.nodes)]
-    sel = Selection(nodes, fused)
-    title = f"{os.path.basename(os.path.normpath(a.path))}: {view}" \
-        + (f", fused for {mode}" if view == "after" else "") \
-        + (f" (focus {focus}, {hops} hops)" if focus else "")
-    d = _Drawer(title)
-    drawn = _forward(d, a, sel, collapse)
-    _forward_edges(d, a, sel, drawn)
-    if view == "backward":
-        _backward(d, a, sel, drawn)
-    if view == "after":
-        _legend(d)
-    if len(d.ids) > BIG_GRAPH_NODES:  # spline routing dominates dot's time on big graphs
-        d.dot.graph_attr.update(splines="line", mclimit="0.1", nslimit="1")
-    return d.dot.source, len(d.ids)
+FORWARD_LEGEND = [("forward op", FORWARD_STYLE), ("input / tensor entering", LEAF_STYLE)]
 
 
-def _legend(d: _Drawer) -> None:
-    with d.dot.subgraph(name="cluster_legend") as s:
-        s.attr(label="verdict", fontsize="10", color="#bbbbbb")
-        for state, color in (("training-safe", COLORS["training"]), ("inference only", COLORS["inference"]),
-                             ("not fusable", COLORS["none"])):
-            s.node(f"legend_{state}", state, shape="box", style="rounded,filled", color=color,
-                   fillcolor=color + "33", fontsize="9")
+def draw_before(d: _Drawer, a: Analysis, nodes: set[int] | None, o: RenderOptions) -> None:
+    drawn = _forward(d, a, nodes, [], o.collapse)
+    _forward_edges(d, a, nodes, drawn)
+    d.legend(FORWARD_LEGEND + ([("collapsed scope", SCOPE_STYLE)] if o.collapse else []))
 
 
-def _backward(d: _Drawer, a: Analysis, sel: Selection, drawn: dict[int, str]) -> None:
-    """Backward ops, gradient edges between them, and saved tensors as red/grey edges with bytes."""
+def draw_after(d: _Drawer, a: Analysis, nodes: set[int] | None, o: RenderOptions) -> None:
+    fused = choose_fused(a.matches, o.mode)
+    if nodes is not None:  # a match that reaches into the focus is drawn whole, as in the full view
+        nodes = set(nodes)
+        for m in fused:
+            ids = {id(n) for n in m.nodes}
+            if ids & nodes:
+                nodes |= ids
+    used = {id(n) for m in fused for n in m.nodes}
+    rejected = [m for m in a.matches if m.pattern.phase == "forward" and verdict_state(m) == "none"
+                and not any(id(n) in used for n in m.nodes)]
+    drawn = _forward(d, a, nodes, fused, o.collapse, rejected)
+    _forward_edges(d, a, nodes, drawn)
+    shown = {verdict_state(m) for m in fused}
+    items = [(f"fused: {STATE_TEXT[s]}", {"shape": "box", "style": "rounded,filled,bold", "color": COLORS[s],
+                                           "fillcolor": COLORS[s] + "33"})
+             for s in ("training", "recompute", "inference") if s in shown]
+    if rejected:
+        items.append(("not fusable (ops drawn apart)", dict(FORWARD_STYLE, color=COLORS["none"],
+                                                            style="rounded,filled,dashed")))
+    d.legend(items + FORWARD_LEGEND, f"fused for {o.mode}")
+
+
+def draw_backward(d: _Drawer, a: Analysis, nodes: set[int] | None, o: RenderOptions) -> None:
+    """Backward ops, gradient edges between them, and saved tensors as red/blue edges with bytes."""
+    drawn = _forward(d, a, nodes, [], o.collapse)
+    _forward_edges(d, a, nodes, drawn)
     joint, live = a.joint, a.liveness
     blocking = {b.tensor.name for m in a.matches for b in m.verdict.blocking}
     forward_ids = {n.name: id(n) for n in a.graph.nodes}
-    in_view = None if sel.nodes is None else {n.name for n in a.graph.nodes if id(n) in sel.nodes}
+    in_view = None if nodes is None else {n.name for n in a.graph.nodes if id(n) in nodes}
     back = [n for n in joint.backward_nodes() if in_view is None or n.meta.get("forward") in in_view]
     bids = {}
     for n in back:
-        bids[id(n)] = d.node(id(n), _label(n.op_type, n.name), **BACKWARD_STYLE)
-    for n in back:
+        bids[id(n)] = d.node(id(n), str) if d.dry else d.node(
+            id(n), lambda n=n: _label(n.op_type, d.short(n.name)), tooltip=escape(n.name), **BACKWARD_STYLE)
+    for n in back if not d.dry else ():
         for t in n.inputs:
             if t is None or t.producer is None or t.producer.phase != "backward":
                 continue
             if id(t.producer) in bids:
                 d.edge(bids[id(t.producer)], bids[id(n)], color="#b9770e", style="dashed")
+    # each backward op on the rank of the forward op it differentiates: backward runs up beside forward,
+    # and saved-tensor edges stay short (long edges make dot's layout slow on big graphs)
+    beside: dict[str, list[str]] = {}
+    for n in back:
+        f = forward_ids.get(n.meta.get("forward"))
+        if f in drawn:
+            beside.setdefault(drawn[f], []).append(bids[id(n)])
+    d.same_rank(beside)
     small = len(drawn) <= PARAMS_DRAWN_UP_TO
     for s in live.saved:
         t = s.tensor
@@ -248,12 +347,56 @@ def _backward(d: _Drawer, a: Analysis, sel: Selection, drawn: dict[int, str]) ->
         else:
             continue
         blocks = t.name in blocking
-        for r in readers:
-            d.edge(src, bids[id(r)], label=escape(f"{t.name} {format_bytes(s.bytes)}"
-                                                  + (" (shape)" if s.reads == "shape" else "")),
-                   color=COLORS["none"] if blocks else "#4a6fa5",
-                   penwidth="2.5" if blocks else "1.2", fontcolor=COLORS["none"] if blocks else "#333333",
-                   constraint="false")
+        for r in readers if not d.dry else ():
+            d.edge(src, bids[id(r)], label=escape(f"{d.short(t.name)} {format_bytes(s.bytes)}"
+                                                  + (" (shape)" if s.reads == "shape" else ""), 200),
+                   tooltip=escape(t.name), color=COLORS["none"] if blocks else "#4a6fa5",
+                   penwidth="2.5" if blocks else "1.2", fontcolor=COLORS["none"] if blocks else "#333333")
+    d.legend(FORWARD_LEGEND + [
+        ("backward op", BACKWARD_STYLE),
+        ("saved tensor: edge from its maker\nto the backward ops that read it", {"shape": "plaintext",
+                                                                                "fontcolor": "#4a6fa5"}),
+        ("red: read from inside a fused kernel\n(blocks a training fusion)", {"shape": "plaintext",
+                                                                             "fontcolor": COLORS["none"]})])
+
+
+View = Callable[[_Drawer, Analysis, "set[int] | None", RenderOptions], None]
+VIEWS: dict[str, View] = {"before": draw_before, "after": draw_after, "backward": draw_backward}
+
+
+def _title(a: Analysis, o: RenderOptions) -> str:
+    return f"{os.path.basename(os.path.normpath(a.path))}: {o.view}" \
+        + (f", fused for {o.mode}" if o.view == "after" else "") \
+        + (f" (focus {o.focus}, {o.hops} hops)" if o.focus else "")
+
+
+def _draw(a: Analysis, o: RenderOptions, dry: bool) -> _Drawer:
+    if o.view not in VIEWS:
+        raise FuseError(f"unknown view {o.view!r}; choose one of {', '.join(VIEWS)}")
+    nodes = focus_nodes(a, o.focus, o.hops) if o.focus else None
+    prefix = common_scope([n.name for n in a.graph.nodes if not n.meta.get("constant")])
+    d = _Drawer(_title(a, o), prefix, dry)
+    VIEWS[o.view](d, a, nodes, o)
+    return d
+
+
+def count_nodes(a: Analysis, options: RenderOptions) -> int:
+    """How many nodes a view draws, without building any DOT (checked against --max-nodes first)."""
+    return len(_draw(a, options, dry=True).ids)
+
+
+def build_dot(a: Analysis, view: str = "before", focus: str | None = None, hops: int = 2,
+              collapse: int = 0, mode: str = "inference", fmt: str | None = None) -> tuple[str, int]:
+    """The DOT source of a view and the number of nodes it draws."""
+    o = RenderOptions(view, focus, hops, collapse, mode, fmt)
+    d = _draw(a, o, dry=False)
+    count = len(d.ids)
+    if count > BIG_GRAPH_NODES:  # spline routing and crossing minimisation dominate dot's time
+        d.dot.graph_attr.update(splines="line", mclimit="0.1", nslimit="1", nslimit1="1",
+                                searchsize="10", remincross="false")
+    if fmt == "png":
+        d.dot.graph_attr.update(size=f"{PNG_MAX_INCHES},{PNG_MAX_INCHES}", dpi="96")
+    return d.dot.source, count
 
 
 FORMATS = ("svg", "png", "pdf", "dot")

@@ -1,4 +1,4 @@
-"""The JSON document (the machine contract) and the rich tables people read."""
+"""The JSON document (the machine contract); the human report is in ``fusecli.text_report``."""
 
 from __future__ import annotations
 
@@ -8,8 +8,6 @@ from .ir import gc_paused
 from .liveness import Saved
 from .memory import memory_formulas, tensor_bytes_formula
 from .pipeline import Analysis
-from .sizes import total_formula
-from .units import format_bytes, format_shape
 
 
 def to_json(a: Analysis) -> dict:
@@ -74,140 +72,8 @@ def pattern_summary(a: Analysis) -> list[dict]:
     return list(rows.values())
 
 
-def print_report(a: Analysis, console) -> None:
-    """Human output: graph summary now; saved tensors, memory and patterns as passes fill them."""
-    from rich.table import Table
+def print_report(a: Analysis, options=None, echo=None) -> None:
+    """The human report (see ``fusecli.text_report``) on stdout."""
+    from .text_report import print_text_report
 
-    g = a.graph
-    console.print(f"[bold]{a.path}[/] ({g.format})")
-    summary = Table(show_header=False)
-    summary.add_column(style="bold")
-    summary.add_column()
-    kinds: dict[str, int] = {}
-    for t in g.tensors.values():
-        kinds[t.kind] = kinds.get(t.kind, 0) + 1
-    summary.add_row("forward nodes", str(len(g.nodes)))
-    summary.add_row("tensors", ", ".join(f"{kinds[k]} {k}" for k in sorted(kinds)))
-    if g.meta.get("constant_weights"):
-        summary.add_row("weights", f"{g.meta['constant_weights']} parameters read from Constant nodes")
-    summary.add_row("dims", dims_text(a))
-    for t in g.inputs:
-        summary.add_row("input", f"{t.name} {t.dtype} {format_shape(t.shape)}")
-    for t in g.outputs:
-        summary.add_row("output", f"{t.name} {t.dtype} {format_shape(t.shape)}")
-    console.print(summary)
-
-    ops = Table(title="ops", title_justify="left")
-    ops.add_column("op")
-    ops.add_column("kind")
-    ops.add_column("count", justify="right")
-    counts: dict[tuple[str, str], int] = {}
-    for n in g.forward_nodes():
-        counts[n.op_type, n.kind] = counts.get((n.op_type, n.kind), 0) + 1
-    for (op, kind), c in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
-        ops.add_row(op, kind, str(c))
-    console.print(ops)
-    print_saved(a, console)
-    print_patterns(a, console)
-    unsupported = a.unsupported()
-    if unsupported:
-        console.print("[yellow]unsupported ops (treated conservatively):[/] "
-                      + ", ".join(f"{op} x{c}" for op, c in sorted(unsupported.items(),
-                                                                     key=lambda kv: (-kv[1], kv[0]))))
-
-
-def print_saved(a: Analysis, console, limit: int = 40) -> None:
-    """The saved tensors (largest first) and the memory totals."""
-    from rich.markup import escape
-    from rich.table import Table
-
-    live = a.liveness
-    wrt = "parameters and inputs" if a.options.wrt_inputs else "parameters"
-    table = Table(title=f"saved for backward (gradients w.r.t. {wrt}; {dims_text(a)})",
-                  title_justify="left")
-    for col, just in (("tensor", "left"), ("kind", "left"), ("made by", "left"), ("bytes", "right"),
-                      ("read by", "left")):
-        table.add_column(col, justify=just)
-    for s in live.saved[:limit]:
-        e = saved_entry(s)
-        made = e["producer"] if not s.tensor.producer else f"{e['producer']} ({e['op']})"
-        shape_note = " (shape only)" if s.reads == "shape" else ""
-        table.add_row(e["name"], e["kind"], made, format_bytes(s.bytes),
-                      ", ".join(e["needed_by"][:3]) + (" ..." if len(e["needed_by"]) > 3 else "")
-                      + shape_note)
-    if len(live.saved) > limit:
-        table.caption = f"{len(live.saved) - limit} smaller saved tensors not shown (--json lists all)"
-    console.print(table)
-    by_kind: dict[str, int] = {}
-    for s in live.saved:
-        by_kind[s.tensor.kind] = by_kind.get(s.tensor.kind, 0) + (s.bytes or 0)
-    peak_node = live.peak_node
-    console.print(
-        f"saved: [bold]{format_bytes(live.saved_bytes)}[/] ("
-        + ", ".join(f"{k} {format_bytes(v)}" for k, v in sorted(by_kind.items())) + ")   "
-        f"peak: [bold]{format_bytes(live.peak_bytes)}[/]"
-        + (f" at {escape(peak_node.name)} ({peak_node.phase})" if peak_node else "")
-        + f"   backward ops: {len(a.joint.backward_nodes())}")
-    print_formulas(a, console)
-
-
-def print_formulas(a: Analysis, console) -> None:
-    """One line per memory total as a formula in the model's dims (only when it has any)."""
-    from rich.markup import escape
-
-    if not a.sizes.variables:
-        return
-    incomplete = set(a.liveness.incomplete())
-    for key, text in memory_formulas(a.liveness, a.joint).items():
-        note = " (leaves out tensors of unknown size)" if key in incomplete else ""
-        if text.startswith("max("):  # the exact peak is a max of several step totals: the JSON has it
-            here = total_formula(a.liveness.live_at_peak)[0]
-            text = f"{here} here; at other sizes the peak may fall elsewhere (--json: the exact max)"
-        console.print(f"  {key.replace('_', ' ')} = {escape(text)} B{note}", highlight=False)
-
-
-def dims_text(a: Analysis) -> str:
-    """'batch=2, seq=128' (and dims sized only as numbers), or 'fixed sizes'."""
-    parts = [f"{n}={a.sizes[n]}" for n in a.sizes.variables]
-    parts += [f"{n}={v} (resolved)" for n, v in a.sizes.opaque.items()]
-    return ", ".join(parts) or "fixed sizes"
-
-
-def _mark(v: bool | None) -> str:
-    return {True: "[green]yes[/]", False: "[red]no[/]", None: "[yellow]?[/]"}[v]
-
-
-def _framework_line(name: str, f: dict) -> str:
-    return f"{name}: CPU {_mark(f['cpu'])}, GPU {_mark(f['gpu'])} ({f['note']})"
-
-
-def print_patterns(a: Analysis, console, limit: int = 60) -> None:
-    """Each match with its verdicts, reason and framework notes, then a summary per pattern."""
-    from rich.markup import escape
-    from rich.table import Table
-
-    if not a.matches:
-        console.print("fusion patterns: none found")
-        return
-    console.print(f"[bold]fusion patterns[/] ({len(a.matches)} matches)")
-    for m in a.matches[:limit]:
-        v = m.verdict
-        safety = (f"inference {_mark(v.inference_safe)}  " if m.pattern.phase == "forward" else "") \
-            + f"training {_mark(v.training_safe)}"
-        blocked = "".join(f"  blocked by [bold]{escape(b.tensor.name)}[/] ({format_bytes(b.bytes)})"
-                          for b in v.blocking)
-        console.print(f"[cyan]{m.pattern.name}[/]  {escape(' > '.join(n.name for n in m.nodes))}  "
-                      f"{safety}{blocked}")
-        console.print(f"    {escape(v.reason)}", highlight=False)
-        console.print("    " + _framework_line("TensorFlow", v.frameworks["tensorflow"]) + "; "
-                      + _framework_line("ONNX Runtime", v.frameworks["onnxruntime"]), highlight=False)
-    if len(a.matches) > limit:
-        console.print(f"... {len(a.matches) - limit} more matches (--json lists all, --patterns filters)")
-    summary = Table(title="per pattern", title_justify="left")
-    for col, just in (("pattern", "left"), ("matches", "right"), ("inference-safe", "right"),
-                      ("training-safe", "right"), ("traffic saved", "right")):
-        summary.add_column(col, justify=just)
-    for r in pattern_summary(a):
-        summary.add_row(r["pattern"], str(r["matches"]), str(r["inference_safe"]), str(r["training_safe"]),
-                        format_bytes(r["traffic_bytes"]))
-    console.print(summary)
+    print_text_report(a, options, echo)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 
-def format_bytes(n: int | None) -> str:
+def format_bytes(n: int | float | None) -> str:
     """1536 -> '1.5 KiB'; None (a size that is not known) -> '?'."""
     if n is None:
         return "?"
@@ -12,6 +12,16 @@ def format_bytes(n: int | None) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n} B"
+
+
+def sum_bytes(values) -> int | None:
+    """The sum, or None when any size is unknown."""
+    total = 0
+    for v in values:
+        if v is None:
+            return None
+        total += v
+    return total
 
 
 def format_shape(shape) -> str:

@@ -83,3 +83,31 @@ def test_cli_json_stdout_is_only_json(sample, tmp_path):
     result = CliRunner().invoke(main, ["analyze", sample("conv_bias_relu"), "--json", "--batch", "2"])
     assert result.exit_code == 0
     json.loads(result.stdout)
+
+
+def _stages_of(*args) -> list[str]:
+    from click.testing import CliRunner
+
+    from fusecli.cli import main
+
+    seen: list[str] = []
+    with progress.stages(seen.append):
+        r = CliRunner().invoke(main, [str(a) for a in args])
+    assert r.exit_code == 0, r.output
+    return seen
+
+
+@pytest.mark.skipif(__import__("shutil").which("dot") is None, reason="Graphviz's dot is not installed")
+def test_render_reports_drawing_and_layout(sample, tmp_path):
+    seen = _stages_of("render", sample("bn_add_relu"), "-o", tmp_path / "g.svg", "--batch", "2")
+    assert seen[:2] == ["reading", "shape inference"]
+    assert seen[-3:] == ["drawing 3 nodes", "laying out 3 nodes (Graphviz dot)", "writing"]
+
+
+def test_rewrite_reports_passes_verification_and_bench(sample, tmp_path):
+    seen = _stages_of("rewrite", sample("conv_bn_relu"), "-o", tmp_path / "o.onnx", "--batch", "2",
+                      "--bench", "--threads", "1")
+    assert "rewriting (pass 1)" in seen
+    tail = [s for s in seen if s.startswith(("verifying", "benchmarking", "writing"))]
+    assert tail[0] == "verifying with onnxruntime" and tail[1].startswith("benchmarking") \
+        and tail[-1] == "writing"

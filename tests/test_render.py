@@ -11,9 +11,8 @@ from click.testing import CliRunner
 from onnx import helper
 
 from fusecli.cli import main
-from fusecli.errors import FuseError
 from fusecli.pipeline import Options, analyze
-from fusecli.render import COLORS, build_dot, scope_of
+from fusecli.render import COLORS, PNG_MAX_INCHES, FocusError, RenderOptions, build_dot, count_nodes, scope_of
 from tests.conftest import ZOO, make_model, vi
 
 needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's dot is not installed")
@@ -26,7 +25,16 @@ def layout(source: str) -> dict:
 
 
 def labels(g: dict) -> list[str]:
-    return [o.get("label", "") for o in g.get("objects", [])]
+    """Labels of the drawn nodes (not the legend's)."""
+    return [o.get("label", "") for o in drawn(g)]
+
+
+def drawn(g: dict) -> list[dict]:
+    return [o for o in g.get("objects", []) if "nodes" not in o and not o["name"].startswith("legend_")]
+
+
+def legend(g: dict) -> list[str]:
+    return [o.get("label", "") for o in g.get("objects", []) if o["name"].startswith("legend_")]
 
 
 def edges(g: dict) -> list[tuple[str, str, dict]]:
@@ -39,9 +47,11 @@ def edges(g: dict) -> list[tuple[str, str, dict]]:
                                   "matmul_bias_relu"])
 @pytest.mark.parametrize("view", ["before", "after", "backward"])
 def test_every_view_of_every_sample_is_valid_dot(sample, name, view):
-    source, count = build_dot(analyze(sample(name), Options(batch=2)), view)
+    a = analyze(sample(name), Options(batch=2))
+    source, count = build_dot(a, view)
     g = layout(source)
-    assert count == len([o for o in g["objects"] if "nodes" not in o]) - (3 if view == "after" else 0)
+    assert count == len(drawn(g)) == count_nodes(a, RenderOptions(view=view))  # the dry count agrees
+    assert [c["label"] for c in g["objects"] if "nodes" in c] and legend(g)  # every view has a legend
 
 
 @needs_dot
@@ -57,14 +67,27 @@ def test_before_view_draws_every_op_with_shape(sample):
 def test_after_view_of_conv_bn_relu_is_one_fused_group(sample):
     a = analyze(sample("conv_bn_relu"), Options(batch=2))
     g = layout(build_dot(a, "after", mode="inference")[0])
-    fused = [lab for lab in labels(g) if lab.startswith("conv_bn_act")]
-    assert len(fused) == 1 and "conv > bn > relu" in fused[0] and "inference only" in fused[0]
+    fused = [o for o in drawn(g) if o["label"].startswith("conv_bn_act")]
+    assert len(fused) == 1 and "inference only" in fused[0]["label"]
+    assert fused[0]["tooltip"].startswith("conv > bn > relu: inference only")  # names and reason
     assert not any(lab.split("\\n")[0] in ("Conv", "Relu") for lab in labels(g))
     clusters = [o for o in g["objects"] if "nodes" in o]
-    assert [c["label"] for c in clusters] == ["verdict"]  # the legend
+    assert [c["label"] for c in clusters] == ["fused for inference"]  # the legend
+    assert "fused: inference only" in legend(g) and "forward op" in legend(g)
     g = layout(build_dot(a, "after", mode="training")[0])
     assert any(lab.startswith("bn_act") and "training-safe" in lab for lab in labels(g))
     assert any(lab.split("\\n")[0] == "Conv" for lab in labels(g))
+
+
+@needs_dot
+@pytest.mark.parametrize("name", ["conv_bn_relu", "bn_add_relu"])
+def test_training_mode_draws_no_inference_only_box(sample, name):
+    a = analyze(sample(name), Options(batch=2))
+    assert any(not m.verdict.training_safe and m.verdict.inference_safe for m in a.matches)
+    g = layout(build_dot(a, "after", mode="training")[0])
+    assert not any("inference only" in lab for lab in labels(g) + legend(g))
+    assert not any(o.get("color") == COLORS["inference"] for o in drawn(g))
+    assert any("training-safe" in lab for lab in labels(g))
 
 
 @needs_dot
@@ -91,27 +114,90 @@ def test_names_that_need_escaping(save_model):
         assert "a&quot;b\\c:d/e{f}&lt;g&gt; h next" in svg.stdout.decode()  # drawn as written
 
 
+@pytest.fixture(scope="module")
+def resnet():
+    return analyze(str(ZOO / "light_resnet50.onnx"), Options())
+
+
+def _views(source: str) -> tuple[dict[str, str], dict[str, str]]:
+    """op name -> how the view draws it: 'fused <tooltip>' for a fused group, 'op' for a plain op."""
+    g = layout(source)
+    how, plain = {}, {}
+    for o in drawn(g):
+        tip = o.get("tooltip", "")
+        if o.get("shape") == "box" and "bold" in o.get("style", ""):
+            for name in tip.split(": ", 1)[0].split(" > "):
+                how[name] = f"fused {tip}"
+        elif o.get("shape") == "box":
+            plain[tip] = "op"
+    return how, plain
+
+
 @needs_dot
-def test_focus_draws_a_small_neighbourhood_of_a_resnet_block():
-    a = analyze(str(ZOO / "light_resnet50.onnx"), Options())
-    full = build_dot(a, "after")[1]
-    source, count = build_dot(a, "after", focus="bn_add_act:3", hops=1)
-    assert count < 12 < full
-    assert any(lab.startswith("bn_add_act") for lab in labels(layout(source)))
-    node = next(n.name for n in a.graph.nodes if n.op_type == "MaxPool")
-    assert build_dot(a, "before", focus=node, hops=0)[1] == 2  # the node and the tensor entering it
-    with pytest.raises(FuseError, match="no node or pattern"):
-        build_dot(a, "after", focus="no_such_thing")
+@pytest.mark.parametrize("mode", ["inference", "training"])
+@pytest.mark.parametrize("focus", ["bn_add_act:3", "conv_bn_act:0", "conv_bn_act:7"])
+def test_focus_draws_what_the_full_view_draws(resnet, mode, focus):
+    full_fused, full_plain = _views(build_dot(resnet, "after", mode=mode)[0])
+    source, count = build_dot(resnet, "after", focus=focus, hops=1, mode=mode)
+    fused, plain = _views(source)
+    assert fused and count < 20
+    for name, how in fused.items():
+        assert full_fused[name] == how  # the same group, drawn fused in both
+    for name in plain:
+        assert name in full_plain and name not in full_fused
 
 
-def test_scope_collapse(save_model):
+@needs_dot
+def test_focus_of_a_node_and_bad_focus_values(resnet):
+    node = next(n.name for n in resnet.graph.nodes if n.op_type == "MaxPool")
+    assert build_dot(resnet, "before", focus=node, hops=0)[1] == 2  # the node and the tensor entering it
+    with pytest.raises(FocusError, match="no node or pattern.*PATTERN:K"):
+        build_dot(resnet, "after", focus="no_such_thing")
+    n = sum(m.pattern.name == "bn_add_act" for m in resnet.matches)
+    for bad in ("bn_add_act:x", f"bn_add_act:{n}", "bn_add_act:-1"):
+        with pytest.raises(FocusError, match=f"K is 0 to {n - 1}"):
+            build_dot(resnet, "after", focus=bad)
+
+
+def test_scope_collapse_below_the_scope_every_name_shares(save_model):
     assert scope_of("block1/conv/Conv", 1) == "block1" and scope_of("Conv_3", 1) is None
-    nodes = [helper.make_node("Relu", ["x"], ["a"], name="block1/r1"),
-             helper.make_node("Relu", ["a"], ["b"], name="block1/r2"),
-             helper.make_node("Relu", ["b"], ["y"], name="head")]
+    assert scope_of("model/block1/conv/Conv", 1, "model/") == "block1"
+    nodes = [helper.make_node("Relu", ["x"], ["a"], name="model/block1/r1"),
+             helper.make_node("Relu", ["a"], ["b"], name="model/block1/r2"),
+             helper.make_node("Relu", ["b"], ["c"], name="model/block2/r1"),
+             helper.make_node("Relu", ["c"], ["y"], name="model/head")]
     a = analyze(save_model(make_model(nodes, [vi("x", 2)], [vi("y", 2)])), Options())
-    assert build_dot(a, "before")[1] == 4
-    assert build_dot(a, "before", collapse=1)[1] == 3
+    assert build_dot(a, "before")[1] == 5
+    assert build_dot(a, "before", collapse=1)[1] == 4  # block1, block2, head and the input
+
+
+def _long_names_model(save_model, length: int) -> str:
+    scope = "model/" + "s" * length + "/"
+    nodes = [helper.make_node("Relu", ["x"], [scope + "a"], name=scope + "layer_one/Relu"),
+             helper.make_node("Sigmoid", [scope + "a"], ["y"], name=scope + "layer_two/Sigmoid")]
+    return save_model(make_model(nodes, [vi("x", 2, 3)], [vi("y", 2, 3)]))
+
+
+@needs_dot
+def test_long_names_short_labels_full_tooltips(save_model):
+    a = analyze(_long_names_model(save_model, 100), Options(wrt_inputs=True))
+    g = layout(build_dot(a, "before")[0])
+    relu = next(o for o in drawn(g) if o["label"].startswith("Relu"))
+    assert relu["label"].split("\\n")[1] == "layer_one/Relu"  # the scope every name shares is left out
+    assert relu["tooltip"] == "model/" + "s" * 100 + "/layer_one/Relu"
+
+
+@needs_dot
+@pytest.mark.parametrize("view", ["before", "after", "backward"])
+def test_names_past_dot_string_limit_still_lay_out(save_model, view):
+    a = analyze(_long_names_model(save_model, 20_000), Options(wrt_inputs=True))
+    g = layout(build_dot(a, view)[0])  # dot refuses quoted strings over 16,384 characters
+    assert all(len(lab) <= 200 for lab in labels(g))
+
+
+def test_png_is_size_capped(sample):
+    source = build_dot(analyze(sample("bn_add_relu"), Options(batch=2)), "after", fmt="png")[0]
+    assert f'size="{PNG_MAX_INCHES},{PNG_MAX_INCHES}"' in source and "dpi=96" in source
 
 
 def run(*args):
@@ -136,20 +222,34 @@ def test_cli_writes_svg_and_png(sample, tmp_path):
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".fusecli-")] == []
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--max-nodes", "1", "-o", "{tmp}/g.svg"], "too many to lay out"),
-    (["-o", "{tmp}/g.jpg"], "must end in one of"),
-    (["-o", "{model}"], "refusing to overwrite the input model"),
-    (["--focus", "nothing_here", "--dot"], "no node or pattern"),
+@pytest.mark.parametrize("args,message,code", [
+    (["--max-nodes", "1", "-o", "{tmp}/g.svg"], "too many to lay out", 1),
+    (["-o", "{tmp}/g.jpg"], "must end in", 2),
+    (["-o", "{model}"], "refusing to overwrite the input model", 1),
+    (["--focus", "nothing_here", "--dot"], "no node or pattern", 2),
+    (["--focus", "conv_bias_act:x", "--dot"], "PATTERN:K", 2),
 ])
-def test_cli_refusals_are_one_line(sample, tmp_path, args, message):
+def test_cli_refusals_are_one_line(sample, tmp_path, args, message, code):
     model = sample("conv_bias_relu")
     args = [a.format(tmp=tmp_path, model=model) for a in args]
     before = open(model, "rb").read()
     r = run("render", model, "--batch", "1", *args)
-    assert r.exit_code == 1 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert r.exit_code == code and message in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert r.stderr.startswith("error: ")
     assert open(model, "rb").read() == before
     assert list(tmp_path.iterdir()) == []
+
+
+def test_too_many_nodes_refused_before_any_dot_is_built(sample, tmp_path, monkeypatch):
+    import fusecli.render
+
+    def no_dot(*args, **kw):
+        raise AssertionError("DOT built")
+
+    monkeypatch.setattr(fusecli.render, "build_dot", no_dot)
+    r = run("render", sample("bn_add_relu"), "--max-nodes", "2", "-o", str(tmp_path / "g.svg"),
+            "--batch", "1")
+    assert r.exit_code == 1 and "too many to lay out" in r.stderr
 
 
 def test_missing_dot_says_how_to_install(sample, tmp_path, monkeypatch):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -14,8 +13,9 @@ from onnx import helper
 from ..errors import FuseError
 from ..ir import Graph
 from ..load.onnx import dtype_name, graph_of_model, opset_of
-from ..output import refuse_overwriting_input
+from ..output import refuse_overwriting_input, scratch_dir
 from ..pipeline import Analysis, Options, analyze, analyze_graph
+from ..progress import stage
 from .edit import apply, protos_by_ir_name, prune
 from .emit import Context
 from .plan import plan
@@ -126,6 +126,7 @@ def rewrite_passes(model: onnx.ModelProto, first: Analysis, options: RewriteOpti
         if not emissions:
             break
         passes += 1
+        stage(f"rewriting (pass {passes})")
         apply(model, emissions, protos)
         applied += [Applied(e.pattern, e.kernel, list(e.remove)) for e in emissions]
         analysis = analyze_model(model, first.options, known, label)
@@ -142,7 +143,7 @@ def rewrite(path: str, options: RewriteOptions | None = None, output: str | None
         raise FuseError(f"unknown target/mode {options.target}/{options.mode}")
     if output is not None:
         refuse_overwriting_input(output, [path])
-    with tempfile.TemporaryDirectory(prefix="fusecli-rewrite-") as work:
+    with scratch_dir("rewrite") as work:
         source = open_source(path, work, options.signature)
         pipeline_options = Options(batch=options.batch, dims=dict(options.dims), patterns=options.patterns)
         first = analyze(source.onnx_path, pipeline_options)
@@ -168,6 +169,7 @@ def rewrite(path: str, options: RewriteOptions | None = None, output: str | None
 
             rewritten = _session_source(model, work, base_dir if spliced else None)
             if options.verify and not result.unchanged:
+                stage("verifying with onnxruntime")
                 result.verification = verify(source.onnx_path, rewritten, options.batch, options.dims)
                 if not result.verification.ok:
                     level, c = result.verification.failures()[0]
@@ -176,14 +178,17 @@ def rewrite(path: str, options: RewriteOptions | None = None, output: str | None
                                     f"{'ORT_DISABLE_ALL' if level == 'disabled' else 'default'} "
                                     "optimizations); nothing written")
             if options.bench:
+                stage(f"benchmarking ({options.bench_runs} runs of 4 sessions)")
                 result.timings = bench([("original", source.onnx_path, "disabled"),
                                         ("rewritten", rewritten, "disabled"),
                                         ("original, ORT default opts", source.onnx_path, "default"),
                                         ("rewritten, ORT default opts", rewritten, "default")],
                                        options.batch, options.dims, options.threads, runs=options.bench_runs)
         if output is not None and spliced:
+            stage("writing")
             write_spliced(model, output, base_dir, source.protected)
         elif output is not None:
+            stage("writing")
             result.data_file = write_model(model, output, source.protected)
         if spliced and options.keep_weights:
             restore_weights(model, source.onnx_path)

@@ -12,6 +12,7 @@ from ..errors import FuseError
 from ..load import load_model
 from ..load.onnx import external_location, tensors_of
 from ..load.onnx_wire import read_structure
+from ..progress import stage
 
 SAVEDMODEL_OPSET = 17
 
@@ -53,6 +54,7 @@ def open_source(path: str, workdir: str, signature: str | None = None) -> Source
     # is imported (and prints its start-up logs) for the conversion
     load_model(folder, signature)
     out = os.path.join(workdir, "model.onnx")
+    stage("converting with tf2onnx")
     model = convert_savedmodel(folder, signature)
     save_plain(model, out)
     return Source(path, out, converted=True)

@@ -38,7 +38,9 @@ def test_json_contract_on_conv_bias_relu(sample):
 def test_human_output_has_the_summary(sample):
     r = run("analyze", sample("bn_add_relu"), "--batch", "2")
     assert r.exit_code == 0, r.output
-    assert "forward nodes" in r.stdout and "BatchNormalization" in r.stdout
+    assert "5 forward ops" in r.stdout and "BatchNormalization" in r.stdout
+    assert "input: x float32 [N, 8, 16, 16]" in r.stdout and "bn_add_act" in r.stdout
+    assert "warning: the model has dynamic dims" not in r.stderr  # --batch given
 
 
 def test_dynamic_batch_without_flag_warns_on_stderr_only(sample):
