@@ -49,7 +49,8 @@ def pattern_entry(m: Match) -> dict:
             "blocking": [{"tensor": b.tensor.name, "needed_by": b.needed_by, "bytes": b.bytes}
                          for b in v.blocking],
             "reason": v.reason, "phase": m.pattern.phase, "kernel": m.pattern.kernel,
-            "traffic_bytes": v.traffic_bytes, "frameworks": v.frameworks}
+            "traffic_bytes": v.traffic_bytes, "frameworks": v.frameworks,
+            "verdict": v.state, "recompute": v.recompute.to_json() if v.recompute else None}
 
 
 def pattern_summary(a: Analysis) -> list[dict]:

@@ -114,3 +114,9 @@ def _onnxruntime(m: Match) -> dict:
 
 def framework_notes(m: Match) -> dict:
     return {"tensorflow": _tensorflow(m), "onnxruntime": _onnxruntime(m)}
+
+
+def not_fusable_notes(notes: dict) -> dict:
+    """A match that is not fusable here is fused by no framework, whatever the pattern allows elsewhere."""
+    return {k: _verdict(False, False, "not fusable here: an interior tensor must be written out; "
+                        f"elsewhere: {v['note']}") for k, v in notes.items()}
