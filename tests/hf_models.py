@@ -155,7 +155,7 @@ def export(name: str, path: str, exporter: str = "torchscript", dynamic: bool = 
                 dims = {0: torch.export.Dim("batch", min=1, max=64)}
                 if s.seq_axis:
                     dims[1] = torch.export.Dim("seq", min=2, max=256)
-                shapes = tuple(dims for _ in s.inputs)
+                shapes = (tuple(dims for _ in s.inputs),)  # forward(*args): one entry, the args tuple
             program = torch.onnx.export(model, args, dynamo=True, dynamic_shapes=shapes,
                                         input_names=list(s.inputs), output_names=["output"], verbose=False)
             program.save(path)
