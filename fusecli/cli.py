@@ -119,8 +119,9 @@ def analyze(model: str, as_json: bool, batch: int | None, dims: tuple[str, ...],
 
 @main.command()
 @click.argument("model", type=click.Path(dir_okay=True, path_type=str))
-@click.option("--view", type=click.Choice(["before", "after", "backward"]), default="after",
-              show_default=True, help="The forward graph, the fused graph, or forward+backward.")
+@click.option("--view", type=click.Choice(["before", "after", "backward", "fused-training"]), default="after",
+              show_default=True, help="The forward graph, the fused graph, forward+backward, or both fused "
+              "for training with the tensors that cross between them.")
 @click.option("--dot", "as_dot", is_flag=True, help="Write DOT source (to stdout without -o).")
 @click.option("-o", "--output", default=None, metavar="FILE",
               help="FILE.svg, .png, .pdf (drawn by Graphviz's dot) or .dot.")
@@ -160,7 +161,12 @@ def render(model: str, view: str, as_dot: bool, output: str | None, mode: str, f
     result = run_analysis(model, options, batch_given=batch is not None)
     for w in result.warnings:
         click.echo(f"warning: {w}", err=True)
-    source, count = build_dot(result, view, focus, hops, collapse, mode)
+    if view == "fused-training":
+        from .render_training import build_training_dot
+
+        source, count = build_training_dot(result)
+    else:
+        source, count = build_dot(result, view, focus, hops, collapse, mode)
     if fmt == "dot":
         if output is None:
             click.echo(source)
