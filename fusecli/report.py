@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from . import __version__
 from .fusion.match import Match
+from .fusion.recompute import saved_if_recomputed
 from .ir import gc_paused
 from .liveness import Saved
 from .pipeline import Analysis
@@ -28,7 +29,8 @@ def _document(a: Analysis) -> dict:
         "saved": [saved_entry(s) for s in live.saved],
         "memory": {"saved_bytes": live.saved_bytes,
                    "saved_activation_bytes": live.saved_activation_bytes,
-                   "peak_bytes": live.peak_bytes},
+                   "peak_bytes": live.peak_bytes,
+                   "saved_bytes_if_recomputed": saved_if_recomputed(a.matches, live)},
         "patterns": [pattern_entry(m) for m in a.matches],
         "unsupported": [{"op": op, "count": c}
                         for op, c in sorted(a.unsupported().items(), key=lambda kv: (-kv[1], kv[0]))],
@@ -137,6 +139,10 @@ def print_saved(a: Analysis, console, limit: int = 40) -> None:
         f"peak: [bold]{format_bytes(live.peak_bytes)}[/]"
         + (f" at {peak_node.name} ({peak_node.phase})" if peak_node else "")
         + f"   backward ops: {len(a.joint.backward_nodes())}")
+    if any(m.verdict.recompute for m in a.matches):
+        kept = saved_if_recomputed(a.matches, live)
+        console.print("if every recomputable fusion is taken: [bold]"
+                      + (format_bytes(kept) if kept is not None else "an unknown size") + "[/] kept")
 
 
 def _mark(v: bool | None) -> str:
@@ -160,13 +166,20 @@ def print_patterns(a: Analysis, console, limit: int = 60) -> None:
         v = m.verdict
         safety = (f"inference {_mark(v.inference_safe)}  " if m.pattern.phase == "forward" else "") \
             + f"training {_mark(v.training_safe)}"
+        rc = v.recompute
+        if rc is not None:
+            flops = f"{rc.flops:,}" if rc.flops is not None else "?"
+            freed = format_bytes(rc.bytes_freed) if rc.bytes_freed is not None else "?"
+            safety += f"  [magenta]training-safe if recomputed[/] (+{flops} FLOPs, frees {freed})"
         blocked = "".join(f"  blocked by [bold]{escape(b.tensor.name)}[/] ({format_bytes(b.bytes)})"
                           for b in v.blocking)
         console.print(f"[cyan]{m.pattern.name}[/]  {escape(' > '.join(n.name for n in m.nodes))}  "
                       f"{safety}{blocked}")
         console.print(f"    {escape(v.reason)}", highlight=False)
         console.print("    " + _framework_line("TensorFlow", v.frameworks["tensorflow"]) + "; "
-                      + _framework_line("ONNX Runtime", v.frameworks["onnxruntime"]), highlight=False)
+                      + _framework_line("ONNX Runtime", v.frameworks["onnxruntime"])
+                      + ("; " + _framework_line("PyTorch", v.frameworks["pytorch"])
+                         if "pytorch" in v.frameworks else ""), highlight=False)
     if len(a.matches) > limit:
         console.print(f"... {len(a.matches) - limit} more matches (--json lists all, --patterns filters)")
     summary = Table(title="per pattern", title_justify="left")

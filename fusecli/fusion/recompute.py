@@ -36,6 +36,7 @@ class Recompute:
     bytes_kept: int | None  # extra bytes kept instead: row statistics, inputs nothing else keeps
     kept: list[str] = field(default_factory=list)  # names of what is kept instead
     recipe: str = ""  # one line: how (e.g. FlashAttention)
+    kept_sizes: dict[str, int | None] = field(default_factory=dict)  # bytes of each kept name
 
     def to_json(self) -> dict:
         return {"tensors": self.tensors, "flops": self.flops, "bytes_freed": self.bytes_freed,
@@ -129,19 +130,38 @@ def plan(m: Match, blocking: list, live: Liveness, batch: int = 1,
         if k not in after:
             freed = _add(freed, t.nbytes(batch, dims))
     tensors = [b.tensor.name for b in blocking if id(storage(b.tensor, inside)) not in after]
-    kept = [t.name for k, t in after.items() if k not in before]
-    kept_bytes: int | None = 0
-    for k, t in after.items():
-        if k not in before:
-            kept_bytes = _add(kept_bytes, t.nbytes(batch, dims))
+    sizes = {t.name: t.nbytes(batch, dims) for k, t in after.items() if k not in before}
     for n in rerun.values():
         if n.kind == "softmax":  # logsumexp per row, float32 (FlashAttention's L)
             y = n.outputs[0]
             shape = None if y.shape is None else (*y.shape[:-1], 1)
             stats = Tensor(f"{y.name}.row_stats", "float32", shape)
-            kept.append(stats.name)
-            kept_bytes = _add(kept_bytes, stats.nbytes(batch, dims))
+            sizes[stats.name] = stats.nbytes(batch, dims)
+    kept_bytes: int | None = 0
+    for b in sizes.values():
+        kept_bytes = _add(kept_bytes, b)
     recipe = ("FlashAttention: keep the softmax row statistics, recompute q k^T and P per tile"
               if attention_qk is not None else
               "recompute " + ", ".join(sorted({n.op_type for n in rerun.values()})) + " from kept inputs")
-    return Recompute(tensors, flops, freed, kept_bytes, kept, recipe)
+    return Recompute(tensors, flops, freed, kept_bytes, list(sizes), recipe, sizes)
+
+
+def saved_if_recomputed(matches: list[Match], live: Liveness) -> int | None:
+    """Saved bytes if every recomputable fusion is taken: each freed tensor leaves the saved set once,
+    each kept statistic or input joins it once (None when a size is unknown)."""
+    freed: set[str] = set()
+    kept: dict[str, int | None] = {}
+    for m in matches:
+        rc = getattr(m.verdict, "recompute", None)
+        if rc is not None:
+            freed.update(rc.tensors)
+            kept.update(rc.kept_sizes)
+    total: int | None = live.saved_bytes
+    for name in freed:
+        s = live.saved_by_name.get(name)
+        if s is not None and total is not None and s.bytes is not None:
+            total -= s.bytes
+    for name, b in kept.items():
+        if name not in live.saved_by_name:
+            total = _add(total, b)
+    return total

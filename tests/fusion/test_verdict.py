@@ -181,7 +181,7 @@ def test_cli_patterns_json(sample):
     assert p["blocking"] == [{"tensor": "conv_out", "needed_by": ["gradients/bn/BatchNormGrad"],
                               "bytes": 2 * 8 * 16 * 16 * 4}]
     assert p["phase"] == "forward" and p["traffic_bytes"] > 0
-    assert set(p["frameworks"]) == {"tensorflow", "onnxruntime"}
+    assert set(p["frameworks"]) == {"tensorflow", "onnxruntime", "pytorch"}
 
 
 def test_cli_unknown_pattern_is_one_error_line(sample):
