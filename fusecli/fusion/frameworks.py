@@ -59,6 +59,9 @@ def _tensorflow(m: Match) -> dict:
                         + ("" if cpu else f"; CPU fuses {', '.join(sorted(TF_CPU_ACTS))} only"))
     if name == "conv_bias":
         return _verdict(True, False, "_FusedConv2D on CPU; on GPU the remapper needs an activation")
+    if name in ("conv_bias_bn_act", "conv_bias_bn"):
+        return _verdict(False, False, "the remapper folds BatchNorm only when it reads the Conv2D directly; "
+                        "here a BiasAdd sits between (Conv2D + BiasAdd alone become _FusedConv2D)")
     if name in ("conv_bn_act", "conv_bn"):
         if m.roles["bn"].kind != "batch_norm":
             return _verdict(False, False, "a decomposed BatchNorm (Mul/Add) is not a remapper pattern")
@@ -91,14 +94,14 @@ def _tensorflow(m: Match) -> dict:
 
 def _onnxruntime(m: Match) -> dict:
     name, act = m.pattern.name, _act(m)
-    if name in ("conv_bias_act", "conv_bias_add_act", "conv_bn_act"):
-        prefix = "BatchNorm folds into the Conv (ConvBNFusion); then " if name == "conv_bn_act" else ""
+    if name in ("conv_bias_act", "conv_bias_add_act", "conv_bn_act", "conv_bias_bn_act"):
+        prefix = "BatchNorm folds into the Conv (ConvBNFusion); then " if "bn" in name else ""
         cpu = act in ORT_CPU_CONV_ACTS
         return _verdict(cpu, act == "relu", prefix + "com.microsoft FusedConv"
                         + ("" if cpu else f"; its CPU kernel has no {act}")
                         + ("; the CUDA FusedConv kernel takes Relu only" if act != "relu" else
                            "; on CUDA recent releases no longer fuse it themselves (fusecli rewrite does)"))
-    if name in ("conv_bias", "conv_bn"):
+    if name in ("conv_bias", "conv_bn", "conv_bias_bn"):
         return _verdict(True, True, "folded into the Conv's weights and bias (ConvAddFusion, ConvBNFusion, "
                         "ConvMulFusion), inference only")
     if name == "matmul_bias":

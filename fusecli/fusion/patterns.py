@@ -10,7 +10,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..ir import Tensor
-from .forms import ATTENTION, HARD_SWISH, RMS_NORM, ROTARY, SILU, gate_acts, is_activation, is_param, scalar
+from .forms import (
+    ATTENTION,
+    HARD_SWISH,
+    RMS_NORM,
+    ROTARY,
+    SILU,
+    gate_acts,
+    is_activation,
+    is_param,
+    optional,
+    scalar,
+)
 from .match import Op, Var, op, through_noops
 
 
@@ -59,7 +70,9 @@ def acts(arg: Op) -> tuple[Op, ...]:
 
 
 def conv(*, role: str = "conv") -> Op:
-    return op("conv", X, W, role=role, more=True)  # Conv's own bias B, if any, is its third input
+    """A conv (its own bias B, if any, is its third input), seen through the layout Transpose that tf2onnx
+    writes after an NHWC conv (elementwise epilogues commute with it)."""
+    return optional("transpose", op("conv", X, W, role=role, more=True), role="layout")
 
 
 def bias(arg: Op) -> Op:
@@ -156,6 +169,12 @@ CATALOGUE: tuple[Pattern, ...] = (
             "y = act(conv(x, w) + b): backward reads x, w and y only [seed post 1]"),
     Pattern("conv_bias", (bias(conv()),), "Conv with bias / _FusedConv2D",
             "y = conv(x, w) + b: the bias joins the conv's epilogue"),
+    Pattern("conv_bias_bn_act", tuple(a for f in bn_forms(bias(conv())) for a in acts(f)),
+            "Conv with bias and folded BatchNorm + act",
+            "y = act(bn(conv(x, w) + b)), as Keras writes Conv2D(use_bias=True) -> BN: BN reads the "
+            "biased conv output, so inference only [seed post 1]"),
+    Pattern("conv_bias_bn", bn_forms(bias(conv())), "Conv with bias and folded BatchNorm",
+            "y = bn(conv(x, w) + b) = conv(x, w * s) + (b s + t) in inference"),
     Pattern("conv_bn_act", tuple(a for f in bn_forms(conv()) for a in acts(f)),
             "Conv with folded BatchNorm + act",
             "y = act(bn(conv(x, w))): BN's backward reads conv(x, w), so inference only [seed post 1]"),
