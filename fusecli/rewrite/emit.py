@@ -536,6 +536,10 @@ def _skip_layer_norm(m: Match, ctx: Context) -> Emission | None:
         kernel += " (bias)"
     node = _node("SkipLayerNormalization", [inp.name, skip.name, gamma, beta, bias], _out(m.root),
                  m.root.name, MS, epsilon=norm.eps)
+    inside = {id(n) for n in m.nodes}
+    total = add.outputs[0]
+    if total.name in ctx.graph_outputs or any(id(c) not in inside for c in total.consumers):
+        node.output.extend(["", "", total.name])  # pre-LN: the sum is read again, the kernel's 4th output
     return Emission(m.pattern.name, kernel, remove, [node], inits)
 
 
