@@ -137,21 +137,30 @@ ROTARY = _rotary_trees()
 def _attention_trees() -> tuple[Op, ...]:
     """Every spelling of scaled dot-product attention the exporters write: the scale as Mul or Div by a
     constant or folded into Q and K, a position bias (T5), an additive mask (Add) or a causal Where, an
-    optional Dropout, K
+    optional Dropout, K and V repeated per head group (GQA's repeat_kv), K
     transposed in the graph (Transpose) or by the MatMul itself (Einsum, BatchMatMulV2 adj_y)."""
-    qk = op({"matmul", "einsum"}, Var("q"), optional("transpose", Var("k"), role="k_transpose"),
-            role="qk", more=True)
-    scaled = (op("mul", qk, Var(check=scalar()), commutative=True, role="scale"),
-              op("div", qk, Var(check=scalar()), role="scale"), qk)
     trees = []
-    for s in scaled:  # T5 adds a position bias before the mask
-        s = optional(ADD, s, Var("position_bias"), commutative=True, role="position_bias")
-        for masked in (op(ADD, s, Var("mask"), commutative=True, role="mask"),
-                       op("where", Var("mask"), s, Var(check=scalar()), role="mask"),
-                       op("where", Var("mask"), Var(check=scalar()), s, role="mask"), s):
-            p = optional("dropout", op("softmax", masked, role="softmax"), role="dropout", more=True)
-            trees.append(op({"matmul", "einsum"}, p, Var("v"), role="pv", more=True))
+    for k in (_repeat_kv("k"), Var("k")):
+        qk = op({"matmul", "einsum"}, Var("q"), optional("transpose", k, role="k_transpose"), role="qk",
+                more=True)
+        scaled = (op("mul", qk, Var(check=scalar()), commutative=True, role="scale"),
+                  op("div", qk, Var(check=scalar()), role="scale"), qk)
+        for s in scaled:  # T5 adds a position bias before the mask
+            s = optional(ADD, s, Var("position_bias"), commutative=True, role="position_bias")
+            for masked in (op(ADD, s, Var("mask"), commutative=True, role="mask"),
+                           op("where", Var("mask"), s, Var(check=scalar()), role="mask"),
+                           op("where", Var("mask"), Var(check=scalar()), s, role="mask"), s):
+                p = optional("dropout", op("softmax", masked, role="softmax"), role="dropout", more=True)
+                for v in (_repeat_kv("v"), Var("v")):
+                    trees.append(op({"matmul", "einsum"}, p, v, role="pv", more=True))
     return tuple(trees)
+
+
+def _repeat_kv(name: str) -> Op:
+    """Grouped-query attention: K or V repeated per query head, reshape(expand(unsqueeze(x))) as
+    transformers' repeat_kv writes it (Tile in some exports)."""
+    return op("reshape", op({"expand", "tile"}, op("unsqueeze", Var(name), more=True), more=True,
+                            role=f"repeat_{name}"), more=True)
 
 
 ATTENTION = _attention_trees()

@@ -118,6 +118,9 @@ def _onnxruntime(m: Match) -> dict:
         return _verdict(True, True, f"{op} ({op}Fusion at ORT_ENABLE_EXTENDED)")
     if name in ORT_TRANSFORMERS:
         cpu, gpu, note = ORT_TRANSFORMERS[name]
+        if name == "attention" and "repeat_k" in m.roles:
+            note = ("grouped-query (K/V repeated): GroupQueryAttention from "
+                    "onnxruntime.transformers.optimizer; " + note)
         return _verdict(cpu, gpu, note)
     if m.pattern.phase == "backward":
         return _verdict(False, False, "ONNX Runtime inference runs no backward")

@@ -22,7 +22,8 @@ CONTRACTIONS = frozenset({"conv", "conv_transpose", "matmul", "gemm", "einsum", 
 PER_ELEMENT = {"sigmoid": 4, "tanh": 4, "exp": 4, "erf": 4, "erfc": 4, "gelu": 8, "softmax": 5,
                "batch_norm": 2, "layer_norm": 8, "hard_sigmoid": 2, "hard_swish": 3, "relu6": 1, "clip": 1,
                "rsqrt": 4, "sqrt": 4, "pow": 1, "reduce_mean": 1}
-VIEWS = frozenset({"identity", "reshape", "transpose", "squeeze", "unsqueeze"})
+# views: the fused kernel reads the viewed tensor (a GQA kernel reads K and V before repeat_kv's expand)
+VIEWS = frozenset({"identity", "reshape", "transpose", "squeeze", "unsqueeze", "expand", "tile"})
 FREE = VIEWS | {"cast", "dropout"}
 
 

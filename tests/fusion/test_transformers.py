@@ -66,6 +66,9 @@ def test_llama_family_rms_norm_swiglu_rotary(analyzed, name, exporter):
     assert len(swiglu) == LAYERS
     for m in swiglu:
         assert m.verdict.state == "training-safe if recomputed" and m.verdict.recompute.bytes_kept == 0
+    for m in _of(a, "attention"):  # 2 query heads share 1 K/V head: repeat_kv joins the match as a view
+        assert {"repeat_k", "repeat_v"} <= set(m.roles)
+        assert "GroupQueryAttention" in m.verdict.frameworks["onnxruntime"]["note"]
     rotary = _of(a, "rotary")
     assert len(rotary) == 2 * LAYERS and all(m.verdict.training_safe for m in rotary)  # q and k
 
