@@ -44,9 +44,18 @@ class Op:
 
     @cached_property
     def arg_kinds(self) -> tuple[frozenset[str] | None, ...]:
-        """Per operand: the kinds its producer must have (an unnamed, required ``Op``), else None."""
-        return tuple(a.kinds if isinstance(a, Op) and a.name is None and not a.optional else None
-                     for a in self.args)
+        """Per operand: the kinds its producer must have (an unnamed ``Op``; an optional one or what it
+        wraps), else None."""
+        return tuple(_producer_kinds(a) for a in self.args)
+
+
+def _producer_kinds(a: Op | Var) -> frozenset[str] | None:
+    if not isinstance(a, Op) or a.name is not None:
+        return None
+    if not a.optional:
+        return a.kinds
+    inner = _producer_kinds(a.args[0])
+    return None if inner is None else a.kinds | inner
 
 
 def op(kinds: str | frozenset[str] | set[str], *args: Op | Var, **kw) -> Op:
@@ -241,6 +250,9 @@ def find_matches(graph: Graph, patterns, phase: str = "forward") -> list[Match]:
             continue
         inputs = [t for t in node.inputs if t is not None]
         for p in candidates:
+            anchor = getattr(p, "anchor", None)
+            if anchor is not None and not anchor(node):
+                continue  # the pattern's own cheap test of the root (attention: P from a softmax)
             for form in p.forms:
                 if key not in form.kinds or not _root_may_match(form, inputs):
                     continue  # match_at would say no: skip its set-up

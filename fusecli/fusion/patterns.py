@@ -16,6 +16,7 @@ from .forms import (
     RMS_NORM,
     ROTARY,
     SILU,
+    attention_anchor,
     gate_acts,
     is_activation,
     is_param,
@@ -36,6 +37,7 @@ class Pattern:
     include_producers: tuple[str, ...] = ()  # bound tensors whose producers join the match
     require: Callable | None = None  # (roles, bound) -> bool
     side_outputs: tuple[str, ...] = ()  # bound tensors the kernel writes out as extra outputs
+    anchor: Callable | None = None  # (root node) -> bool: a cheap test before any form is tried
 
     @property
     def root(self) -> Op:
@@ -211,7 +213,7 @@ CATALOGUE: tuple[Pattern, ...] = (
     # transformer-era patterns (fusion/forms.py holds the exporters' spellings)
     Pattern("attention", ATTENTION, "Attention / MultiHeadAttention; FlashAttention in training",
             "y = softmax(q k^T s + mask) v: backward reads P (b h s^2); FlashAttention keeps the softmax "
-            "row statistics (b h s) and recomputes P"),
+            "row statistics (b h s) and recomputes P", anchor=attention_anchor),
     Pattern("rotary", ROTARY, "RotaryEmbedding", "y = x cos + rotate_half(x) sin: backward rotates dy back",
             fused_kind="rotary"),
     Pattern("skip_rms_norm", RMS_NORM, "SkipSimplifiedLayerNormalization",
