@@ -164,3 +164,11 @@ def _repeat_kv(name: str) -> Op:
 
 
 ATTENTION = _attention_trees()
+
+
+def attention_anchor(node) -> bool:
+    """P @ V: the first operand comes from a Softmax (through no-op casts and an optional Dropout)."""
+    t = node.inputs[0] if node.inputs else None
+    while t is not None and t.producer is not None and t.producer.kind in ("cast", "identity", "dropout"):
+        t = t.producer.inputs[0]
+    return t is not None and t.producer is not None and t.producer.kind == "softmax"
