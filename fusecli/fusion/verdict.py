@@ -31,6 +31,8 @@ class Verdict:
     traffic_bytes: int = 0  # interior bytes written and read back that fusion saves
     frameworks: dict = field(default_factory=dict)
     recompute: Recompute | None = None  # training-safe if these blocking tensors are recomputed
+    check: str | None = None  # the check that rejected it: "dtypes", "read_outside" (not fusable),
+    # "backward_reads" (inference only), "recompute_contraction" (no recompute verdict)
 
     @property
     def state(self) -> str:
@@ -96,7 +98,7 @@ def judge(m: Match, graph: Graph, live: Liveness, batch: int = 1, dims: Mapping[
     clash = _dtype_clash(m)
     if clash:
         return Verdict(False, False, f"not fusable: the chain mixes dtypes ({clash})",
-                       frameworks=not_fusable_notes(notes))
+                       frameworks=not_fusable_notes(notes), check="dtypes")
     if m.pattern.phase == "backward":
         return _judge_backward(m, batch, dims, notes)
     side = side_outputs(m)
@@ -110,7 +112,7 @@ def judge(m: Match, graph: Graph, live: Liveness, batch: int = 1, dims: Mapping[
             f"is also read by {', '.join(r.name for r in readers[:3])} outside the match"
         return Verdict(False, False, f"not fusable: {t.name} (made by {t.producer.name}) {who}, "
                        "so the fused kernel would have to write it out anyway",
-                       frameworks=not_fusable_notes(notes))
+                       frameworks=not_fusable_notes(notes), check="read_outside")
     traffic = sum(t.nbytes(batch, dims) * (1 + len(t.consumers)) for t in interior)
     edge = _edge_reads(m, live)
     if m.pattern.fused_kind:
@@ -134,9 +136,10 @@ def judge(m: Match, graph: Graph, live: Liveness, batch: int = 1, dims: Mapping[
         if isinstance(rc, Recompute):
             return Verdict(True, False, f"training-safe if recomputed: {blocked}; {rc.recipe}: "
                            f"+{_count(rc.flops, 'FLOPs')} in backward, frees {_size(rc.bytes_freed)}, keeps "
-                           f"{_size(rc.bytes_kept)} instead", blocking, traffic, notes, rc)
+                           f"{_size(rc.bytes_kept)} instead", blocking, traffic, notes, rc, "backward_reads")
         return Verdict(True, False, f"inference only: {blocked}; to train fused, the kernel must also "
-                       f"write it out or recompute it, and {rc}", blocking, traffic, notes)
+                       f"write it out or recompute it, and {rc}", blocking, traffic, notes,
+                       check="recompute_contraction")
     return Verdict(True, True, "training-safe: no tensor inside the fused kernel is read by backward"
                    + (f" ({edge})" if edge else ""), traffic_bytes=traffic, frameworks=notes)
 

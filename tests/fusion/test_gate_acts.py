@@ -36,6 +36,7 @@ def test_bn_silu_is_training_safe_if_the_bn_output_is_recomputed(tmp_path):
     # the conv before it is not recomputed: conv_bn_act stays inference only, naming the convolution
     conv = only(a, "conv_bn_act").verdict
     assert conv.state == "inference only" and conv.recompute is None and "re-run Conv conv" in conv.reason
+    assert conv.check == "recompute_contraction"
 
 
 def test_pytorch_keeps_the_bn_output_for_silu():
@@ -61,7 +62,8 @@ def test_silu_read_elsewhere_is_a_near_miss_naming_its_check(tmp_path):
     a = analyze_model(bn_silu(conv_reads_bn=True), tmp_path, batch=N)
     m = next(m for m in a.matches if m.pattern.name == "conv_bn_act" and m.root.name == "silu")
     v = m.verdict
-    assert v.state == "not fusable" and "bn_out" in v.reason and "also read by other" in v.reason
+    assert v.state == "not fusable" and v.check == "read_outside"
+    assert "bn_out" in v.reason and "also read by other" in v.reason
     assert all(f["cpu"] is False and f["gpu"] is False for f in v.frameworks.values())
 
 
