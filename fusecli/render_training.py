@@ -105,7 +105,8 @@ def build_training_dot(a: Analysis) -> tuple[str, int]:
                          **LEAF_STYLE)
         dashed = t.name in recomputed
         for r in sorted(readers):
-            d.edge(src, r, label=escape(f"{t.name} {format_bytes(s.bytes)}"
+            size = format_bytes(s.bytes) if s.bytes is not None else "? B"  # None: an unknown size
+            d.edge(src, r, label=escape(f"{t.name} {size}"
                                         + (" (recomputed)" if dashed else "")),
                    color=RECOMPUTE_COLOR if dashed else "#4a6fa5", style="dashed" if dashed else "solid",
                    penwidth="1.2" if dashed else "2", constraint="false")
