@@ -59,6 +59,8 @@ def _tensorflow(m: Match) -> dict:
                         + ("" if cpu else f"; CPU fuses {', '.join(sorted(TF_CPU_ACTS))} only"))
     if name == "conv_bias":
         return _verdict(True, False, "_FusedConv2D on CPU; on GPU the remapper needs an activation")
+    if name == "conv_mul":
+        return _verdict(False, False, "not a Grappler remapper pattern (a Mul is no FusedBatchNorm)")
     if name in ("conv_bias_bn_act", "conv_bias_bn"):
         return _verdict(False, False, "the remapper folds BatchNorm only when it reads the Conv2D directly; "
                         "here a BiasAdd sits between (Conv2D + BiasAdd alone become _FusedConv2D)")
@@ -101,6 +103,14 @@ def _onnxruntime(m: Match) -> dict:
                         + ("" if cpu else f"; its CPU kernel has no {act}")
                         + ("; the CUDA FusedConv kernel takes Relu only" if act != "relu" else
                            "; on CUDA recent releases no longer fuse it themselves (fusecli rewrite does)"))
+    if name == "conv_mul":
+        if act is None:
+            return _verdict(True, True, "ConvMulFusion folds the per-channel Mul into the weights, "
+                            "inference only")
+        cpu = act in ORT_CPU_CONV_ACTS
+        return _verdict(cpu, act == "relu", "ConvMulFusion folds the Mul into the weights, then "
+                        "com.microsoft FusedConv" + ("" if cpu else f"; its CPU kernel has no {act}")
+                        + ("" if act == "relu" else "; the CUDA FusedConv kernel takes Relu only"))
     if name in ("conv_bias", "conv_bn", "conv_bias_bn"):
         return _verdict(True, True, "folded into the Conv's weights and bias (ConvAddFusion, ConvBNFusion, "
                         "ConvMulFusion), inference only")

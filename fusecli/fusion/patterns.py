@@ -89,6 +89,11 @@ def bn_forms(arg: Op) -> tuple[Op, ...]:
             op("sub", scale, Var(check=is_channel_param), role="bn"))
 
 
+def channel_scale(arg: Op) -> Op:
+    """arg * s for a per-channel constant s (BatchNorm's scale that tf2onnx leaves after a conv)."""
+    return op("mul", arg, Var(check=is_channel_param), role="scale", commutative=True)
+
+
 def scaled(arg: Op | Var) -> tuple[Op, Op]:
     """arg * alpha (either order) or arg / alpha, for a scalar constant alpha (alpha / arg is no scale)."""
     alpha = Var(check=scalar())
@@ -187,6 +192,10 @@ CATALOGUE: tuple[Pattern, ...] = (
             "y = relu(bn(x) + z): BN reads x, Add reads nothing, ReLU reads y [seed post 2]"),
     Pattern("bn_act", tuple(a for f in bn_forms(X) for a in acts(f)), "_FusedBatchNormEx",
             "y = act(bn(x)): BN reads x and its statistics, ReLU reads y"),
+    Pattern("conv_mul", (*acts(channel_scale(conv())), channel_scale(conv())),
+            "Conv with the scale folded into W (+ act)",
+            "y = act(conv(x, w) * s), s per channel (tf2onnx leaves BN's scale after the conv): Mul's "
+            "backward reads the conv output for ds, so inference only; Mul+Add is conv_bn's Keras form"),
     Pattern("conv_squeeze_bias", (bias(op("squeeze", conv(), role="squeeze", more=True)),),
             "_FusedConv2D (Squeeze + BiasAdd)", "y = squeeze(conv(x, w)) + b: Grappler's CPU-only remap"),
     Pattern("matmul_bias_act", (*acts(bias(op("matmul", X, W, role="matmul"))),

@@ -16,7 +16,7 @@ from fusecli.pipeline import Options, analyze
 tf = pytest.importorskip("tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-CONV_FUSIONS = ("conv_bias_act", "conv_bias_add_act", "conv_bn_act", "conv_bias_bn_act")
+CONV_FUSIONS = ("conv_bias_act", "conv_bias_add_act", "conv_bn_act", "conv_bias_bn_act", "conv_mul")
 
 
 @pytest.fixture(scope="session")
@@ -51,6 +51,21 @@ def tf2onnx_model(tmp_path_factory):
     made: dict[str, str] = {}
 
     def get(name: str) -> str:
+        if name not in made and name.startswith("keras3_"):  # Keras 3 SavedModel -> tf2onnx's CLI
+            import subprocess
+            import sys
+
+            import keras
+
+            pytest.importorskip("tf2onnx")
+            keras.utils.set_random_seed(0)
+            saved, path = str(folder / name), str(folder / f"{name}.onnx")
+            keras.applications.MobileNetV2(weights=None, input_shape=(64, 64, 3), classes=10).export(
+                saved, verbose=False)
+            done = subprocess.run([sys.executable, "-m", "tf2onnx.convert", "--saved-model", saved, "--opset",
+                                   "17", "--output", path], capture_output=True, text=True, timeout=600)
+            assert done.returncode == 0, done.stderr[-2000:]
+            made[name] = path
         if name not in made:
             tf2onnx = pytest.importorskip("tf2onnx")
             tf_keras = pytest.importorskip("tf_keras")
@@ -99,7 +114,8 @@ def test_efficientnet_bn_swish_is_training_safe_if_recomputed(keras_saved):
 
 
 # ONNX Runtime's FusedConv count at ORT_ENABLE_EXTENDED on the same files (measured by the test itself)
-@pytest.mark.parametrize("name", ["mobilenetv2", "mobilenetv3small", "efficientnetv2b0"])
+@pytest.mark.parametrize("name", ["mobilenetv2", "mobilenetv3small", "efficientnetv2b0",
+                                  "keras3_mobilenetv2"])
 def test_tf2onnx_conv_fusions_at_least_onnx_runtime(tf2onnx_model, tmp_path, name):
     import onnx
     import onnxruntime as ort
@@ -115,3 +131,5 @@ def test_tf2onnx_conv_fusions_at_least_onnx_runtime(tf2onnx_model, tmp_path, nam
     assert ort_fused > 0 and len(ours) >= ort_fused, _counts(a)
     if name == "mobilenetv3small":  # its convs sit between tf2onnx's NHWC <-> NCHW Transposes
         assert any("layout" in m.roles for m in ours)
+    if name == "keras3_mobilenetv2":  # BatchNorm's scale left as a per-channel Mul after the conv
+        assert any(m.pattern.name == "conv_mul" for m in ours)

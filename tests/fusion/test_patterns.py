@@ -299,3 +299,14 @@ def test_conv_bias_bn_with_and_without_act(tmp_path, act):
     v = m.verdict
     assert v.state == "inference only" and [b.tensor.name for b in v.blocking] == ["bias_out"]
     assert found(a, "conv_bn_act" if act else "conv_bn") == []  # the BiasAdd between hides the seed form
+
+
+# -- tf2onnx: BatchNorm's scale left as a per-channel Mul after the conv -------------------------------
+@pytest.mark.parametrize("act", [None, "Clip"])
+def test_conv_mul(tmp_path, act):
+    net = Net()
+    y = net.op("Mul", "scale", net.conv(own_bias=True), net.param("s", 1, 4, 1, 1))
+    a = analyze_model(net.model(net.act(act, y) if act else y), tmp_path)
+    m = only(a, "conv_mul")
+    assert [n.name for n in m.nodes] == ["conv", "scale"] + (["act"] if act else [])
+    assert m.verdict.state == "inference only" and [b.tensor.name for b in m.verdict.blocking] == ["conv_out"]
