@@ -120,6 +120,12 @@ def _onnxruntime(m: Match) -> dict:
         return _verdict(True, False, "FusedGemm exists on CPU only")
     if name == "matmul_scale":
         return _verdict(True, True, "com.microsoft FusedMatMul with alpha (MatMulScaleFusion)")
+    if name == "skip_layer_norm" and _sum_read_again(m):
+        return _verdict(False, False, "SkipLayerNormFusion leaves a residual sum that is read again (pre-LN "
+                        "blocks); SkipLayerNormalization's 4th output can write it (fusecli rewrite does)")
+    if name == "rms_norm" and any(n.kind in ("reciprocal", "rsqrt") for n in m.nodes):
+        return _verdict(False, False, "SimplifiedLayerNormFusion matches x / sqrt(...) and "
+                        "x * (1 / sqrt(...)), not this Reciprocal / Rsqrt spelling")
     if name in ("gelu", "bias_gelu", "layer_norm", "skip_layer_norm"):
         op = {"gelu": "Gelu", "bias_gelu": "BiasGelu", "layer_norm": "LayerNormalization",
               "skip_layer_norm": "SkipLayerNormalization"}[name]
@@ -175,6 +181,13 @@ def _pytorch(m: Match) -> dict:
     if name in PYTORCH and name != "bn_act":
         return _verdict(*PYTORCH[name])
     return _verdict(None, None, "eager PyTorch runs each op; torch.compile (Inductor) may fuse it")
+
+
+def _sum_read_again(m: Match) -> bool:
+    """The residual sum of a skip norm is read outside the match (pre-LN blocks)."""
+    t = m.bound.get("x")
+    inside = {id(n) for n in m.nodes}
+    return t is not None and any(id(c) not in inside for c in t.consumers)
 
 
 def framework_notes(m: Match) -> dict:

@@ -97,3 +97,27 @@ def test_match_counts_hold_on_dynamic_exports(hf_onnx, name, exporter):
     assert len(_of(a, "attention")) == LAYERS
     if name == "llama":
         assert len(_of(a, "swiglu")) == LAYERS and len(_of(a, "rms_norm", "skip_rms_norm")) == 2 * LAYERS + 1
+
+
+ORT_CHECKED = [("gpt2", "torchscript"), ("bert", "torchscript"), ("clip_vision", "torchscript"),
+               ("llama", "torchscript"), ("llama", "dynamo")]
+
+
+@pytest.mark.parametrize(("name", "exporter"), ORT_CHECKED)
+def test_onnx_runtime_notes_agree_with_its_optimizer(analyzed, hf_onnx, tmp_path, name, exporter):
+    """ONNX Runtime's offline model at ORT_ENABLE_EXTENDED: the matches whose note says it fuses them."""
+    import onnx
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    so.optimized_model_filepath = str(tmp_path / "ort.onnx")
+    ort.InferenceSession(hf_onnx(name, exporter, dynamic=False, batch=BATCH), so,
+                         providers=["CPUExecutionProvider"])
+    ops = [n.op_type for n in onnx.load(so.optimized_model_filepath).graph.node]
+    a = analyzed(name, exporter)
+    skip = [m for m in _of(a, "skip_layer_norm") if m.verdict.frameworks["onnxruntime"]["cpu"]]
+    assert ops.count("SkipLayerNormalization") == len(skip)  # pre-LN sums read again: ORT leaves them
+    assert ops.count("QuickGelu") == len(_of(a, "silu", "swiglu"))  # x * sigmoid(alpha x)
+    rms = [m for m in _of(a, "rms_norm") if m.verdict.frameworks["onnxruntime"]["cpu"]]
+    assert ("SimplifiedLayerNormalization" in ops) == bool(rms)  # the Div form only, not Reciprocal
