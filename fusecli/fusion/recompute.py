@@ -49,13 +49,41 @@ def _numel(t: Tensor, batch: int, dims: Mapping[str, int] | None) -> int | None:
     return None if n is None else n // max(dtype_size(t.dtype), 1)
 
 
-def _contracted(node: Node, dims: Mapping[str, int] | None) -> int | None:
-    """The reduction length of a matmul: the last dim of its first operand."""
-    a = node.inputs[0]
-    d = a.shape[-1] if a is not None and a.shape else None
+def _dim(d, dims: Mapping[str, int] | None) -> int | None:
     if isinstance(d, str):
         d = (dims or {}).get(d)
     return d if isinstance(d, int) else None
+
+
+def _prod(ds, dims) -> int | None:
+    n = 1
+    for d in ds:
+        d = _dim(d, dims)
+        if d is None:
+            return None
+        n *= d
+    return n
+
+
+def _contracted(node: Node, dims: Mapping[str, int] | None) -> int | None:
+    """Multiply-adds per output element: a matmul's inner dim, a conv's (Cin / groups) * kernel area
+    (ONNX OIHW; TensorFlow HWIO, depthwise HW1M), an einsum's summed letters; None when unknown."""
+    a, w = node.input(0), node.input(1)
+    if node.kind in ("conv", "fused_conv", "conv_transpose"):
+        if w is None or not w.shape:
+            return None
+        if node.op_type == "DepthwiseConv2dNative":
+            return _prod(w.shape[:-2], dims)
+        return _prod(w.shape[:-1] if node.op_type in ("Conv2D", "Conv3D") else w.shape[1:], dims)
+    if node.kind == "einsum":
+        eq = str(node.attrs.get("equation", ""))
+        ins, _, out = eq.replace(" ", "").partition("->")
+        first = ins.split(",")[0]
+        summed = [c for c in dict.fromkeys(first) if c not in out and c.isalpha()]
+        if not out or a is None or a.shape is None or len(first) != len(a.shape):
+            return None
+        return _prod([a.shape[first.index(c)] for c in summed], dims)
+    return _dim(a.shape[-1], dims) if a is not None and a.shape else None
 
 
 def _flops(node: Node, batch: int, dims) -> int | None:

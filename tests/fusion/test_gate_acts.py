@@ -37,6 +37,7 @@ def test_bn_silu_is_training_safe_if_the_bn_output_is_recomputed(tmp_path):
     conv = only(a, "conv_bn_act").verdict
     assert conv.state == "inference only" and conv.recompute is None and "re-run Conv conv" in conv.reason
     assert conv.check == "recompute_contraction"
+    assert f"({2 * ELEMS * 3 * 3 * 3:,} FLOPs)" in conv.reason  # a multiply-add per (Cin, kh, kw) per output
 
 
 def test_pytorch_keeps_the_bn_output_for_silu():
