@@ -109,3 +109,27 @@ def test_bias_softmax_and_bias_dropout(tmp_path):
     assert found(a, "bias_softmax") == [["mask_add", "sm"]] and only(a, "bias_softmax").verdict.training_safe
     assert found(a, "bias_dropout") == [["bias", "drop", "res"]]
     assert only(a, "bias_dropout").verdict.training_safe
+
+
+def test_memory_total_and_human_report(tmp_path):
+    import json
+
+    import onnx
+    from click.testing import CliRunner
+
+    from fusecli.cli import main
+    from fusecli.fusion.recompute import saved_if_recomputed
+
+    a = analyze_model(bn_silu(), tmp_path, batch=N)
+    assert saved_if_recomputed(a.matches, a.liveness) == a.liveness.saved_bytes - 2 * ELEMS * 4
+    path = str(tmp_path / "bn_silu.onnx")
+    onnx.save(bn_silu(), path)
+    r = CliRunner().invoke(main, ["analyze", path, "--batch", str(N), "--json"])
+    doc = json.loads(r.stdout)
+    assert doc["memory"]["saved_bytes_if_recomputed"] == doc["memory"]["saved_bytes"] - 2 * ELEMS * 4
+    [bn] = [p for p in doc["patterns"] if p["pattern"] == "bn_act"]
+    assert bn["verdict"] == "training-safe if recomputed"
+    assert bn["recompute"] == {"tensors": ["bn_out", "sig_out"], "flops": ELEMS * 6,
+                               "bytes_freed": 2 * ELEMS * 4, "bytes_kept": 0}
+    human = CliRunner().invoke(main, ["analyze", path, "--batch", str(N)]).output
+    assert "training-safe if recomputed" in human and "if every recomputable fusion is taken" in human
