@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from . import __version__
 from .fusion.match import Match
+from .fusion.recompute import saved_if_recomputed
 from .ir import gc_paused
 from .liveness import Saved
 from .memory import memory_formulas, tensor_bytes_formula
@@ -34,7 +35,8 @@ def _document(a: Analysis) -> dict:
                    "peak_bytes": live.peak_bytes,
                    "formula": memory_formulas(live, a.joint),
                    "incomplete": live.incomplete(),
-                   "unknown_tensors": sum(a.unknown_sizes.values())},
+                   "unknown_tensors": sum(a.unknown_sizes.values()),
+                   "saved_bytes_if_recomputed": saved_if_recomputed(a.matches, live)},
         "patterns": [pattern_entry(m) for m in a.matches],
         "unsupported": [{"op": op, "count": c}
                         for op, c in sorted(a.unsupported().items(), key=lambda kv: (-kv[1], kv[0]))],
@@ -56,7 +58,8 @@ def pattern_entry(m: Match) -> dict:
             "blocking": [{"tensor": b.tensor.name, "needed_by": b.needed_by, "bytes": b.bytes}
                          for b in v.blocking],
             "reason": v.reason, "phase": m.pattern.phase, "kernel": m.pattern.kernel,
-            "traffic_bytes": v.traffic_bytes, "frameworks": v.frameworks}
+            "traffic_bytes": v.traffic_bytes, "frameworks": v.frameworks,
+            "verdict": v.state, "recompute": v.recompute.to_json() if v.recompute else None}
 
 
 def pattern_summary(a: Analysis) -> list[dict]:

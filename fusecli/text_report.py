@@ -16,6 +16,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from .fusion.match import Match
+from .fusion.recompute import saved_if_recomputed
 from .memory import memory_formulas
 from .names import ELLIPSIS, common_scope, cut, cut_end, fit_unique, name_pattern, skeleton
 from .pipeline import Analysis
@@ -244,7 +245,16 @@ def memory_lines(a: Analysis, width: int) -> list[str]:
                   width, "  "),
             f"  peak: {format_bytes(live.peak_bytes)}"
             + (f" at step {live.peak_step} of {len(live.schedule)} ({peak.phase})" if peak else ""),
-            *formula_lines(a, width)]
+            *formula_lines(a, width), *recompute_lines(a, width)]
+
+
+def recompute_lines(a: Analysis, width: int) -> list[str]:
+    """What backward would keep if every 'training-safe if recomputed' fusion were taken."""
+    if not any(getattr(m.verdict, "recompute", None) for m in a.matches):
+        return []
+    kept = saved_if_recomputed(a.matches, a.liveness)
+    return wrap(f"if every recomputable fusion is taken: {format_bytes(kept)} saved for backward", width,
+                "  ")
 
 
 def formula_lines(a: Analysis, width: int) -> list[str]:

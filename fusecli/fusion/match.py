@@ -29,7 +29,8 @@ class Op:
     """A node whose kind (forward) or op type (backward) is in ``kinds``, with operands ``args``.
 
     ``commutative``: two operands that may come in either order; ``more``: extra trailing inputs are
-    allowed and left unmatched; ``role``: the name the node gets in the match.
+    allowed and left unmatched; ``role``: the name the node gets in the match; ``optional``: the node
+    may be absent, its first operand then matching the tensor itself (an optional Dropout or scale).
     """
 
     kinds: frozenset[str]
@@ -39,11 +40,22 @@ class Op:
     commutative: bool = False
     more: bool = False
     check: Callable[[Node], bool] | None = None
+    optional: bool = False
 
     @cached_property
     def arg_kinds(self) -> tuple[frozenset[str] | None, ...]:
-        """Per operand: the kinds its producer must have (an unnamed ``Op``), else None."""
-        return tuple(a.kinds if isinstance(a, Op) and a.name is None else None for a in self.args)
+        """Per operand: the kinds its producer must have (an unnamed ``Op``; an optional one or what it
+        wraps), else None."""
+        return tuple(_producer_kinds(a) for a in self.args)
+
+
+def _producer_kinds(a: Op | Var) -> frozenset[str] | None:
+    if not isinstance(a, Op) or a.name is not None:
+        return None
+    if not a.optional:
+        return a.kinds
+    inner = _producer_kinds(a.args[0])
+    return None if inner is None else a.kinds | inner
 
 
 def op(kinds: str | frozenset[str] | set[str], *args: Op | Var, **kw) -> Op:
@@ -106,24 +118,57 @@ def _node_key(node: Node) -> str:
     return node.op_type if node.phase == "backward" else node.kind
 
 
+def is_noop(node: Node | None) -> bool:
+    """A forward Identity, or a Cast to the dtype it reads (exporters write float32 -> float32 casts)."""
+    if node is None or node.phase != "forward" or node.kind not in ("cast", "identity") or not node.inputs:
+        return False
+    x, y = node.inputs[0], node.outputs[0]
+    return x is not None and y is not None and x.dtype == y.dtype
+
+
+def through_noops(t: Tensor) -> Tensor:
+    """The tensor a chain of no-op casts and identities copies (``t`` itself when there is none)."""
+    while is_noop(t.producer) and t.producer.outputs[0] is t:
+        t = t.producer.inputs[0]
+    return t
+
+
 def _match_tensor(pat: Op | Var, t: Tensor | None, st: _State) -> bool:
     if t is None:
         return False
+    if pat.name is not None and pat.name in st.bound:  # the same value, up to no-op casts
+        b = st.bound[pat.name]
+        return b is t or through_noops(b) is through_noops(t)
     if isinstance(pat, Var):
-        if pat.name is not None and pat.name in st.bound:
-            return st.bound[pat.name] is t
         if pat.check is not None and not pat.check(t):
             return False
         if pat.name is not None:
             st.bound[pat.name] = t
         return True
-    if pat.name is not None and pat.name in st.bound:
-        return st.bound[pat.name] is t
-    node = t.producer
+    if pat.optional:
+        saved = st.save()
+        if _match_op_tensor(pat, t, st):
+            return True
+        st.restore(saved)
+        return _match_tensor(pat.args[0], t, st)
+    return _match_op_tensor(pat, t, st)
+
+
+def _match_op_tensor(pat: Op, t: Tensor, st: _State) -> bool:
+    """``pat`` made ``t``, directly or through no-op casts (which join the match)."""
+    orig, node = t, t.producer
+    saved = st.save()
+    while node is not None and node.kind not in pat.kinds and is_noop(node) and node.outputs[0] is t:
+        if any(n is node for n in st.nodes):
+            break
+        st.nodes.append(node)
+        t = node.inputs[0]
+        node = t.producer
     if node is None or node.outputs[0] is not t or not _match_node(pat, node, st):
+        st.restore(saved)
         return False
     if pat.name is not None:
-        st.bound[pat.name] = t
+        st.bound[pat.name] = orig
     return True
 
 
@@ -132,6 +177,8 @@ def _operands_may_match(arg_kinds: tuple[frozenset[str] | None, ...], order: lis
     producer of one of its kinds, not constant, whose first output the tensor is. Most tries fail here."""
     for kinds, t in zip(arg_kinds, order, strict=False):
         if kinds is not None:
+            if is_noop(t.producer) and "cast" not in kinds:
+                t = through_noops(t)
             p = t.producer
             if p is None or p.outputs[0] is not t or _node_key(p) not in kinds or p.meta.get("constant"):
                 return False
@@ -203,6 +250,9 @@ def find_matches(graph: Graph, patterns, phase: str = "forward") -> list[Match]:
             continue
         inputs = [t for t in node.inputs if t is not None]
         for p in candidates:
+            anchor = getattr(p, "anchor", None)
+            if anchor is not None and not anchor(node):
+                continue  # the pattern's own cheap test of the root (attention: P from a softmax)
             for form in p.forms:
                 if key not in form.kinds or not _root_may_match(form, inputs):
                     continue  # match_at would say no: skip its set-up
@@ -212,10 +262,12 @@ def find_matches(graph: Graph, patterns, phase: str = "forward") -> list[Match]:
                 nodes, roles, bound = m
                 if p.require is not None and not p.require(roles, bound):
                     continue
-                for name in p.include_producers:
+                for name in p.include_producers:  # the producer, and the no-op casts in between
                     t = bound.get(name)
-                    if t is not None and t.producer is not None and all(n is not t.producer for n in nodes):
+                    while t is not None and t.producer is not None and all(n is not t.producer
+                                                                            for n in nodes):
                         nodes.insert(0, t.producer)
+                        t = t.producer.inputs[0] if is_noop(t.producer) else None
                 found.append(Match(p, _dataflow_order(nodes), roles, bound))
                 break
     return found

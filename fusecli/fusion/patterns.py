@@ -9,10 +9,21 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
-
 from ..ir import Tensor
-from .match import Op, Var, op
+from .forms import (
+    ATTENTION,
+    HARD_SWISH,
+    RMS_NORM,
+    ROTARY,
+    SILU,
+    attention_anchor,
+    gate_acts,
+    is_activation,
+    is_param,
+    optional,
+    scalar,
+)
+from .match import Op, Var, op, through_noops
 
 
 @dataclass(frozen=True)
@@ -25,6 +36,8 @@ class Pattern:
     fused_kind: str | None = None  # becomes an op with its own gradient rule (judge training by it)
     include_producers: tuple[str, ...] = ()  # bound tensors whose producers join the match
     require: Callable | None = None  # (roles, bound) -> bool
+    side_outputs: tuple[str, ...] = ()  # bound tensors the kernel writes out as extra outputs
+    anchor: Callable | None = None  # (root node) -> bool: a cheap test before any form is tried
 
     @property
     def root(self) -> Op:
@@ -32,29 +45,9 @@ class Pattern:
 
 
 # -- tensor checks ----------------------------------------------------------------------------------
-def is_param(t: Tensor) -> bool:
-    return t.kind in ("parameter", "constant")
-
-
-def is_activation(t: Tensor) -> bool:
-    return t.kind in ("input", "activation")
-
-
 def is_channel_param(t: Tensor) -> bool:
     """A per-channel weight: a parameter with exactly one dim larger than 1."""
     return is_param(t) and t.shape is not None and sum(1 for d in t.shape if d != 1) == 1
-
-
-def scalar(value: float | None = None, rel: float = 1e-3) -> Callable[[Tensor], bool]:
-    """A one-element constant (equal to ``value`` within ``rel`` when given)."""
-
-    def check(t: Tensor) -> bool:
-        v = t.meta.get("value")
-        if v is None or np.size(v) != 1 or not is_param(t):
-            return False
-        return value is None or math.isclose(float(np.reshape(v, -1)[0]), value, rel_tol=rel)
-
-    return check
 
 
 def made_by(*kinds: str) -> Callable[[Tensor], bool]:
@@ -73,8 +66,15 @@ def act(arg: Op) -> Op:
     return op(ACTIVATIONS, arg, role="act", more=True)  # Clip's min and max are inputs from opset 11
 
 
+def acts(arg: Op) -> tuple[Op, ...]:
+    """One-op activations, then the gate family (silu / swish / quick_gelu / hard_swish) over ``arg``."""
+    return (act(arg), *gate_acts(arg))
+
+
 def conv(*, role: str = "conv") -> Op:
-    return op("conv", X, W, role=role, more=True)  # Conv's own bias B, if any, is its third input
+    """A conv (its own bias B, if any, is its third input), seen through the layout Transpose that tf2onnx
+    writes after an NHWC conv (elementwise epilogues commute with it)."""
+    return optional("transpose", op("conv", X, W, role=role, more=True), role="layout")
 
 
 def bias(arg: Op) -> Op:
@@ -87,6 +87,11 @@ def bn_forms(arg: Op) -> tuple[Op, ...]:
     return (op("batch_norm", arg, role="bn", more=True),
             op("bias_add", scale, BIAS, role="bn", commutative=True),
             op("sub", scale, Var(check=is_channel_param), role="bn"))
+
+
+def channel_scale(arg: Op) -> Op:
+    """arg * s for a per-channel constant s (BatchNorm's scale that tf2onnx leaves after a conv)."""
+    return op("mul", arg, Var(check=is_channel_param), role="scale", commutative=True)
 
 
 def scaled(arg: Op | Var) -> tuple[Op, Op]:
@@ -158,31 +163,43 @@ def _moments_layer_norm_trees() -> tuple[Op, ...]:
 
 
 LAYER_NORM = _layer_norm_trees() + _moments_layer_norm_trees()
-RESIDUAL_X = Var("x", check=lambda t: made_by("add", "sum")(t)
-                 and all(is_activation(i) for i in t.producer.inputs if i is not None))
+RESIDUAL_X = Var("x", check=lambda t: made_by("add", "sum")(through_noops(t))
+                 and all(is_activation(i) for i in through_noops(t).producer.inputs if i is not None))
 
 # -- the catalogue ----------------------------------------------------------------------------------------
 CATALOGUE: tuple[Pattern, ...] = (
-    Pattern("conv_bias_add_act", (act(residual_add(bias(conv()))), act(residual_add(conv()))),
+    Pattern("conv_bias_add_act", (*acts(residual_add(bias(conv()))), *acts(residual_add(conv()))),
             "FusedConv with Z / cudnnConvolutionBiasActivationForward",
             "y = act(conv(x, w) + b + z): cuDNN's fused conv with a side input"),
-    Pattern("conv_bias_act", (act(bias(conv())), act(conv())),
+    Pattern("conv_bias_act", (*acts(bias(conv())), *acts(conv())),
             "FusedConv / _FusedConv2D / cudnnConvolutionBiasActivationForward",
             "y = act(conv(x, w) + b): backward reads x, w and y only [seed post 1]"),
     Pattern("conv_bias", (bias(conv()),), "Conv with bias / _FusedConv2D",
             "y = conv(x, w) + b: the bias joins the conv's epilogue"),
-    Pattern("conv_bn_act", tuple(act(f) for f in bn_forms(conv())), "Conv with folded BatchNorm + act",
+    Pattern("conv_bias_bn_act", tuple(a for f in bn_forms(bias(conv())) for a in acts(f)),
+            "Conv with bias and folded BatchNorm + act",
+            "y = act(bn(conv(x, w) + b)), as Keras writes Conv2D(use_bias=True) -> BN: BN reads the "
+            "biased conv output, so inference only [seed post 1]"),
+    Pattern("conv_bias_bn", bn_forms(bias(conv())), "Conv with bias and folded BatchNorm",
+            "y = bn(conv(x, w) + b) = conv(x, w * s) + (b s + t) in inference"),
+    Pattern("conv_bn_act", tuple(a for f in bn_forms(conv()) for a in acts(f)),
+            "Conv with folded BatchNorm + act",
             "y = act(bn(conv(x, w))): BN's backward reads conv(x, w), so inference only [seed post 1]"),
     Pattern("conv_bn", bn_forms(conv()), "Conv with folded BatchNorm",
             "y = bn(conv(x, w)) = conv(x, w * s) + t in inference"),
-    Pattern("bn_add_act", tuple(act(residual_add(f)) for f in bn_forms(X)), "_FusedBatchNormEx (side input)",
+    Pattern("bn_add_act", tuple(a for f in bn_forms(X) for a in acts(residual_add(f))),
+            "_FusedBatchNormEx (side input)",
             "y = relu(bn(x) + z): BN reads x, Add reads nothing, ReLU reads y [seed post 2]"),
-    Pattern("bn_act", tuple(act(f) for f in bn_forms(X)), "_FusedBatchNormEx",
+    Pattern("bn_act", tuple(a for f in bn_forms(X) for a in acts(f)), "_FusedBatchNormEx",
             "y = act(bn(x)): BN reads x and its statistics, ReLU reads y"),
+    Pattern("conv_mul", (*acts(channel_scale(conv())), channel_scale(conv())),
+            "Conv with the scale folded into W (+ act)",
+            "y = act(conv(x, w) * s), s per channel (tf2onnx leaves BN's scale after the conv): Mul's "
+            "backward reads the conv output for ds, so inference only; Mul+Add is conv_bn's Keras form"),
     Pattern("conv_squeeze_bias", (bias(op("squeeze", conv(), role="squeeze", more=True)),),
             "_FusedConv2D (Squeeze + BiasAdd)", "y = squeeze(conv(x, w)) + b: Grappler's CPU-only remap"),
-    Pattern("matmul_bias_act", (act(bias(op("matmul", X, W, role="matmul"))),
-                                act(op("gemm", X, W, role="matmul", more=True))),
+    Pattern("matmul_bias_act", (*acts(bias(op("matmul", X, W, role="matmul"))),
+                                *acts(op("gemm", X, W, role="matmul", more=True))),
             "FusedGemm / _FusedMatMul", "y = act(x @ w + b): backward reads x, w and y"),
     Pattern("matmul_bias", (bias(op("matmul", X, W, role="matmul")),), "Gemm / _FusedMatMul",
             "y = x @ w + b: the bias joins the GEMM's epilogue"),
@@ -195,12 +212,43 @@ CATALOGUE: tuple[Pattern, ...] = (
             require=lambda roles, bound: made_by("bias_add")(bound["x"])),
     Pattern("gelu", GELU_ERF + GELU_ERFC + GELU_TANH, "Gelu / FastGelu",
             "y = x Phi(x): erf form, or the tanh approximation", fused_kind="gelu"),
-    Pattern("skip_layer_norm", (op("layer_norm", op("add", Z, Z, role="add"), role="layer_norm",
+    Pattern("skip_layer_norm", (op("layer_norm", op("add", Z, Z, role="add", name="x"), role="layer_norm",
                                    more=True),) + LAYER_NORM, "SkipLayerNormalization",
-            "y = layer_norm(x + skip)", fused_kind="layer_norm", include_producers=("x",),
+            "y = layer_norm(x + skip); pre-LN blocks read the sum again: the kernel's optional 4th output",
+            fused_kind="layer_norm", include_producers=("x",), side_outputs=("x",),
             require=lambda roles, bound: "add" in roles or RESIDUAL_X.check(bound["x"])),
     Pattern("layer_norm", LAYER_NORM, "LayerNormalization",
             "y = (x - mean) / sqrt(var + eps) * gamma + beta", fused_kind="layer_norm"),
+    # transformer-era patterns (fusion/forms.py holds the exporters' spellings)
+    Pattern("attention", ATTENTION, "Attention / MultiHeadAttention; FlashAttention in training",
+            "y = softmax(q k^T s + mask) v: backward reads P (b h s^2); FlashAttention keeps the softmax "
+            "row statistics (b h s) and recomputes P", anchor=attention_anchor),
+    Pattern("rotary", ROTARY, "RotaryEmbedding", "y = x cos + rotate_half(x) sin: backward rotates dy back",
+            fused_kind="rotary"),
+    Pattern("skip_rms_norm", RMS_NORM, "SkipSimplifiedLayerNormalization",
+            "y = rms_norm(x + skip), the sum written out as the kernel's extra output", fused_kind="rms_norm",
+            include_producers=("x",), side_outputs=("x",),
+            require=lambda roles, bound: RESIDUAL_X.check(bound["x"])),
+    Pattern("rms_norm", RMS_NORM, "SimplifiedLayerNormalization (RMSNorm)",
+            "y = x rsqrt(mean(x^2) + eps) g: backward reads x, g and the row rsqrt", fused_kind="rms_norm"),
+    Pattern("swiglu", tuple(op("mul", s, Var("up", check=is_activation), commutative=True, role="swiglu")
+                            for s in SILU),
+            "SwiGLU (silu(a) * b in one pass, as Liger-Kernel)",
+            "y = silu(x W1) * (x W3): backward reads a = x W1 and b = x W3, silu(a) is recomputed",
+            require=lambda roles, bound: "act_beta" not in roles
+            and made_by("matmul", "gemm", "bias_add")(bound["act_in"]) and made_by("matmul", "gemm",
+                                                                                 "bias_add")(bound["up"])),
+    Pattern("silu", SILU, "SiLU / Swish / QuickGelu (one elementwise kernel)",
+            "y = x sigmoid(beta x): backward reads x and recomputes sigmoid (PyTorch's silu saves x only)"),
+    Pattern("hard_swish", HARD_SWISH[1:], "HardSwish",
+            "y = x relu6(x + 3) / 6: one op whose backward reads x"),
+    Pattern("bias_softmax", (op("softmax", op(ADD | {"bias_add"}, Var(check=is_activation), Var(),
+                                              commutative=True, role="bias"), role="softmax", more=True),),
+            "BiasSoftmax", "y = softmax(x + b): softmax's backward reads y, Add's nothing"),
+    Pattern("bias_dropout", (op(ADD, op("dropout", bias(X), role="dropout", more=True), Z, role="add",
+                                commutative=True),
+                             op("dropout", bias(X), role="dropout", more=True)),
+            "BiasDropout", "y = dropout(x + b) (+ residual): backward reads only the dropout mask"),
     # backward (joint graph): the second seed post's fused backward
     Pattern("relu_grad_bias_grad", (op("BiasAddGrad", op("ReluGrad", Var(), Var(), role="relu_grad"),
                                        role="bias_grad"),),

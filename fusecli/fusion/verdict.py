@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 from ..ir import Graph, Node, Tensor
 from ..liveness import Liveness
 from ..units import format_bytes
-from .frameworks import framework_notes
-from .match import Match
+from .frameworks import framework_notes, not_fusable_notes
+from .match import Match, is_noop
+from .recompute import Recompute, plan
 
 
 @dataclass
@@ -29,6 +30,31 @@ class Verdict:
     blocking: list[Blocking] = field(default_factory=list)
     traffic_bytes: int = 0  # interior bytes written and read back that fusion saves (known sizes only)
     frameworks: dict = field(default_factory=dict)
+    recompute: Recompute | None = None  # training-safe if these blocking tensors are recomputed
+    check: str | None = None  # the check that rejected it: "dtypes", "read_outside" (not fusable),
+    # "backward_reads" (inference only), "recompute_contraction" (no recompute verdict)
+
+    @property
+    def state(self) -> str:
+        """The ladder: not fusable < inference only < training-safe if recomputed < training-safe."""
+        if self.training_safe:
+            return "training-safe"
+        if self.recompute is not None:
+            return "training-safe if recomputed"
+        return "inference only" if self.inference_safe else "not fusable"
+
+
+def side_outputs(m: Match) -> set[int]:
+    """Ids of interior tensors the kernel writes out as extra outputs (SkipLayerNorm's sum), with the
+    no-op casts that copy them."""
+    out: set[int] = set()
+    for name in getattr(m.pattern, "side_outputs", ()):
+        t = m.bound.get(name)
+        while t is not None:
+            out.add(id(t))
+            p = t.producer
+            t = p.inputs[0] if is_noop(p) and p.outputs[0] is t else None
+    return out
 
 
 def _outside_readers(m: Match, outputs: set[str],
@@ -71,10 +97,12 @@ def judge(m: Match, graph: Graph, live: Liveness, sizes: Mapping[str, int] | Non
     notes = framework_notes(m)
     clash = _dtype_clash(m)
     if clash:
-        return Verdict(False, False, f"not fusable: the chain mixes dtypes ({clash})", frameworks=notes)
+        return Verdict(False, False, f"not fusable: the chain mixes dtypes ({clash})",
+                       frameworks=not_fusable_notes(notes), check="dtypes")
     if m.pattern.phase == "backward":
         return _judge_backward(m, sizes, notes)
-    interior = m.interior()
+    side = side_outputs(m)
+    interior = [t for t in m.interior() if id(t) not in side]
     if outputs is None:
         outputs = {t.name for t in graph.outputs}
     outside = _outside_readers(m, outputs, interior)
@@ -83,7 +111,8 @@ def judge(m: Match, graph: Graph, live: Liveness, sizes: Mapping[str, int] | Non
         who = "is a graph output" if is_output and not readers else \
             f"is also read by {', '.join(r.name for r in readers[:3])} outside the match"
         return Verdict(False, False, f"not fusable: {t.name} (made by {t.producer.name}) {who}, "
-                       "so the fused kernel would have to write it out anyway", frameworks=notes)
+                       "so the fused kernel would have to write it out anyway",
+                       frameworks=not_fusable_notes(notes), check="read_outside")
     traffic = sum((t.nbytes(sizes) or 0) * (1 + len(t.consumers)) for t in interior)
     edge = _edge_reads(m, live)
     if m.pattern.fused_kind:
@@ -96,14 +125,21 @@ def judge(m: Match, graph: Graph, live: Liveness, sizes: Mapping[str, int] | Non
         if s is not None and s.reads == "value":
             blocking.append(Blocking(t, [n.name for n in s.needed_by], s.bytes))
     if blocking:
-        b = blocking[0]
+        rc = plan(m, blocking, live, sizes)
+        b = next((x for x in blocking if isinstance(rc, Recompute) and x.tensor.name in rc.tensors),
+                 blocking[0])
         what = ", ".join(sorted({f"{n.op_type} (backward of {n.meta.get('forward', '?')})"
                                  for n in live.saved_by_name[b.tensor.name].needed_by}))
         size = "size unknown" if b.bytes is None else f"{format_bytes(b.bytes)} at {_at(sizes)}"
-        return Verdict(True, False, f"inference only: {what} reads {b.tensor.name}, made inside the "
-                       f"fused kernel by {b.tensor.producer.name} ({size}); "
-                       "to train fused, the kernel must also write it out or recompute it",
-                       blocking, traffic, notes)
+        blocked = (f"{what} reads {b.tensor.name}, made inside the fused kernel by {b.tensor.producer.name} "
+                   f"({size})")
+        if isinstance(rc, Recompute):
+            return Verdict(True, False, f"training-safe if recomputed: {blocked}; {rc.recipe}: "
+                           f"+{_count(rc.flops, 'FLOPs')} in backward, frees {_size(rc.bytes_freed)}, keeps "
+                           f"{_size(rc.bytes_kept)} instead", blocking, traffic, notes, rc, "backward_reads")
+        return Verdict(True, False, f"inference only: {blocked}; to train fused, the kernel must also "
+                       f"write it out or recompute it, and {rc}", blocking, traffic, notes,
+                       check="recompute_contraction")
     return Verdict(True, True, "training-safe: no tensor inside the fused kernel is read by backward"
                    + (f" ({edge})" if edge else ""), traffic_bytes=traffic, frameworks=notes)
 
@@ -112,6 +148,14 @@ def _at(sizes: Mapping[str, int] | None) -> str:
     """'batch=2, seq=128': the input dims the bytes are counted at."""
     names = getattr(sizes, "variables", ())
     return ", ".join(f"{n}={sizes[n]}" for n in names) if names else "the model's fixed sizes"
+
+
+def _count(n: int | None, unit: str) -> str:
+    return f"{n:,} {unit}" if n is not None else f"unknown {unit} (a size is unknown)"
+
+
+def _size(n: int | None) -> str:
+    return format_bytes(n) if n is not None else "an unknown size"
 
 
 def _judge_backward(m: Match, sizes: Mapping[str, int] | None, notes: dict) -> Verdict:
@@ -132,8 +176,9 @@ def _judge_backward(m: Match, sizes: Mapping[str, int] | None, notes: dict) -> V
 
 def suppress_dominated(matches: list[Match]) -> list[Match]:
     """Drop a match whose nodes lie inside a larger match that is at least as safe (bias in conv_bias_act)."""
-    def safety(m: Match) -> tuple[bool, bool]:
-        return (m.verdict.inference_safe, m.verdict.training_safe)
+    def safety(m: Match) -> tuple[bool, bool, bool]:
+        v = m.verdict
+        return (v.inference_safe, v.training_safe or v.recompute is not None, v.training_safe)
 
     by_node: dict[int, list[Match]] = {}
     for m in matches:

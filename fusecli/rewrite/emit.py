@@ -226,6 +226,8 @@ def _squeeze_axes(sq: Node, ctx: Context) -> list[int] | None:
 
 
 def _conv_family(m: Match, ctx: Context) -> Emission | None:
+    if "layout" in m.roles or "act_gate" in m.roles:
+        return None  # through a layout Transpose, or a silu-family act: no FusedConv form for it yet
     conv = m.roles["conv"]
     cp = ctx.protos[conv.name]
     w_t = conv.inputs[1]
@@ -301,6 +303,8 @@ def _out_tensor(node: Node) -> Tensor:
 
 # -- MatMul family: matmul_bias(_act) -> Gemm / FusedGemm, matmul_scale -> FusedMatMul ----------------------
 def _matmul_family(m: Match, ctx: Context) -> Emission | None:
+    if "act_gate" in m.roles:
+        return None  # a silu-family act spans two nodes: no FusedGemm activation for it
     mm, act, bias = m.roles["matmul"], m.roles.get("act"), m.roles.get("bias")
     p = ctx.protos[mm.name]
     spec = gemm_activation(act, ctx) if act is not None and _dtype(m) == "float32" else None
@@ -549,6 +553,10 @@ def _skip_layer_norm(m: Match, ctx: Context) -> Emission | None:
         kernel += " (bias)"
     node = _node("SkipLayerNormalization", [inp.name, skip.name, gamma, beta, bias], _out(m.root),
                  m.root.name, MS, epsilon=norm.eps)
+    inside = {id(n) for n in m.nodes}
+    total = add.outputs[0]
+    if total.name in ctx.graph_outputs or any(id(c) not in inside for c in total.consumers):
+        node.output.extend(["", "", total.name])  # pre-LN: the sum is read again, the kernel's 4th output
     return Emission(m.pattern.name, kernel, remove, [node], inits)
 
 

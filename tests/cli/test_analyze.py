@@ -28,7 +28,7 @@ def test_json_contract_on_conv_bias_relu(sample):
     assert doc["batch"] == 4 and doc["dims"] == {"N": 4} and doc["resolved_dims"] == {}
     assert doc["forward"] == {"nodes": 3, "tensors": 6, "constant_weights": 0}
     assert set(doc["memory"]) == {"saved_bytes", "saved_activation_bytes", "peak_bytes", "formula",
-                                  "incomplete", "unknown_tensors"}
+                                  "incomplete", "unknown_tensors", "saved_bytes_if_recomputed"}
     assert doc["memory"]["incomplete"] == [] and doc["memory"]["unknown_tensors"] == 0
     y = next(s for s in doc["saved"] if s["name"] == "y")
     assert y["bytes"] == 4 * 8 * 16 * 16 * 4 and y["bytes_formula"] == "8192*N"

@@ -285,3 +285,28 @@ def test_bn_grad_relu_grad(tmp_path):
     assert [n.name for n in m.nodes] == ["gradients/act/ReluGrad", "gradients/bn/BatchNormGrad"]
     assert m.verdict.training_safe and "ReluGrad + BatchNormGrad run as one kernel" in m.verdict.reason
     assert found(analyze_model(conv_bn_act("add"), tmp_path), "bn_grad_relu_grad") == []
+
+
+# -- Keras: Conv2D(use_bias=True) -> BiasAdd -> BatchNorm (-> act) ---------------------------------------
+@pytest.mark.parametrize("act", [None, "Relu"])
+def test_conv_bias_bn_with_and_without_act(tmp_path, act):
+    net = Net()
+    y = net.bn(net.bias(net.conv()))
+    a = analyze_model(net.model(net.act("Relu", y) if act else y), tmp_path)
+    name = "conv_bias_bn_act" if act else "conv_bias_bn"
+    m = only(a, name)
+    assert [n.name for n in m.nodes] == ["conv", "bias", "bn"] + (["act"] if act else [])
+    v = m.verdict
+    assert v.state == "inference only" and [b.tensor.name for b in v.blocking] == ["bias_out"]
+    assert found(a, "conv_bn_act" if act else "conv_bn") == []  # the BiasAdd between hides the seed form
+
+
+# -- tf2onnx: BatchNorm's scale left as a per-channel Mul after the conv -------------------------------
+@pytest.mark.parametrize("act", [None, "Clip"])
+def test_conv_mul(tmp_path, act):
+    net = Net()
+    y = net.op("Mul", "scale", net.conv(own_bias=True), net.param("s", 1, 4, 1, 1))
+    a = analyze_model(net.model(net.act(act, y) if act else y), tmp_path)
+    m = only(a, "conv_mul")
+    assert [n.name for n in m.nodes] == ["conv", "scale"] + (["act"] if act else [])
+    assert m.verdict.state == "inference only" and [b.tensor.name for b in m.verdict.blocking] == ["conv_out"]

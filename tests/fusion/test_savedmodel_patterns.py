@@ -43,3 +43,9 @@ def test_keras3_transformer_gelu_and_layer_norm(found):
     assert names.count("skip_layer_norm") == 2  # residual Add + moments-form LayerNorm, twice
     bias_gelu = [ops for p, ops, _, train in found["keras3_transformer"] if p == "bias_gelu" and train]
     assert len(bias_gelu) == 1 and "Erfc" in bias_gelu[0] and bias_gelu[0][0] == "BiasAdd"
+
+
+def test_keras3_multi_head_attention_is_an_einsum_attention(found):
+    """Keras 3 MultiHeadAttention: Einsum(q, k) with the scale, Softmax, Einsum(P, v)."""
+    attention = [(ops, inf, train) for p, ops, inf, train in found["keras3_transformer"] if p == "attention"]
+    assert attention == [(["Einsum", "Mul", "Softmax", "Einsum"], True, False)]  # training: if recomputed

@@ -174,12 +174,14 @@ def test_cli_patterns_json(sample):
     assert [p["pattern"] for p in patterns] == ["conv_bn_act"]
     [p] = patterns
     assert set(p) == {"pattern", "nodes", "inference_safe", "training_safe", "blocking", "reason", "phase",
-                      "kernel", "traffic_bytes", "frameworks"}
+                      "kernel", "traffic_bytes", "frameworks", "verdict", "recompute"}
     assert p["nodes"] == ["conv", "bn", "relu"] and (p["inference_safe"], p["training_safe"]) == (True, False)
+    # recomputing the conv output would re-run the convolution: no recompute verdict
+    assert p["verdict"] == "inference only" and p["recompute"] is None and "re-run Conv conv" in p["reason"]
     assert p["blocking"] == [{"tensor": "conv_out", "needed_by": ["gradients/bn/BatchNormGrad"],
                               "bytes": 2 * 8 * 16 * 16 * 4}]
     assert p["phase"] == "forward" and p["traffic_bytes"] > 0
-    assert set(p["frameworks"]) == {"tensorflow", "onnxruntime"}
+    assert set(p["frameworks"]) == {"tensorflow", "onnxruntime", "pytorch"}
 
 
 def test_cli_unknown_pattern_is_one_error_line(sample):

@@ -1,0 +1,130 @@
+"""The fused-training view: the seed's Fig. 4 for any model.
+
+Forward ops with every training-usable match (training-safe, or training-safe if recomputed) drawn as
+one fused node, backward ops with every backward match (ReluGrad + BatchNormGrad, ...) drawn as one
+fused node, and only the tensors that cross between the two: each saved tensor an edge from the op that
+makes it (or a leaf: input, parameter) to the backward ops that read it, labelled with its bytes;
+tensors a fused backward recomputes instead of keeping drawn dashed; gradients that leave a fused
+backward node labelled d<tensor> with their bytes.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .fusion.match import Match
+from .names import common_scope
+from .pipeline import Analysis
+from .render import BACKWARD_STYLE, COLORS, FORWARD_STYLE, LEAF_STYLE, _Drawer, _label, _node_label, escape
+from .units import format_bytes, format_shape
+
+RECOMPUTE_COLOR = "#1f77b4"
+
+
+def _training_matches(a: Analysis) -> tuple[list[Match], list[Match]]:
+    """Non-overlapping forward matches usable in training (those whose backward is fused too, then the
+    largest), and the backward matches."""
+    back, used = [], set()
+    for m in (m for m in a.matches if m.pattern.phase == "backward"):
+        ids = {id(n) for n in m.nodes}
+        if not ids & used:
+            back.append(m)
+            used |= ids
+    paired = {n.meta.get("forward") for m in back for n in m.nodes}  # forward ops of a fused backward
+    usable = [m for m in a.matches if m.pattern.phase == "forward"
+              and (m.verdict.training_safe or m.verdict.recompute is not None)]
+    chosen, used = [], set()
+    for m in sorted(usable, key=lambda m: (-sum(n.name in paired for n in m.nodes), -len(m.nodes),
+                                           -m.verdict.training_safe)):
+        ids = {id(n) for n in m.nodes}
+        if not ids & used:
+            chosen.append(m)
+            used |= ids
+    return chosen, back
+
+
+def build_training_dot(a: Analysis) -> tuple[str, int]:
+    """The DOT source of the fused-training view and the number of nodes it draws."""
+    fused, back_fused = _training_matches(a)
+    prefix = common_scope([n.name for n in a.graph.nodes if not n.meta.get("constant")])
+    d = _Drawer(f"{os.path.basename(os.path.normpath(a.path))}: fused for training, forward and backward",
+                prefix)
+    fwd: dict[int, str] = {}
+    of_match = {id(n): m for m in fused for n in m.nodes}
+    for n in a.graph.forward_nodes():
+        if n.meta.get("constant"):
+            continue
+        m = of_match.get(id(n))
+        if m is None:
+            fwd[id(n)] = d.node(id(n), lambda n=n: _node_label(d, n), **FORWARD_STYLE)
+            continue
+        v = m.verdict
+        color = COLORS["training"] if v.training_safe else RECOMPUTE_COLOR
+        fwd[id(n)] = d.node(id(m), lambda m=m, v=v: _label(" + ".join(x.op_type for x in m.nodes),
+                                                          f"({m.pattern.name})", v.state),
+                            shape="box", style="rounded,filled,bold", color=color, fillcolor=color + "33",
+                            penwidth="2")
+    for n in a.graph.forward_nodes():
+        for t in n.inputs:
+            if t is not None and t.producer is not None and id(t.producer) in fwd and id(n) in fwd \
+                    and fwd[id(t.producer)] != fwd[id(n)]:
+                d.edge(fwd[id(t.producer)], fwd[id(n)], label=escape(format_shape(t.shape)))
+            elif t is not None and t.kind == "input" and id(n) in fwd:
+                d.edge(d.node(hash(("tensor", t.name)),
+                              lambda t=t: _label(d.short(t.name), f"input {format_shape(t.shape)}"),
+                              **LEAF_STYLE), fwd[id(n)])
+    bwd: dict[int, str] = {}
+    of_back = {id(n): m for m in back_fused for n in m.nodes}
+    for n in a.joint.backward_nodes():
+        m = of_back.get(id(n))
+        if m is not None:
+            bwd[id(n)] = d.node(id(m), lambda m=m: _label(" + ".join(x.op_type for x in m.nodes),
+                                                          f"({m.pattern.name})", "fused backward"),
+                                **{**BACKWARD_STYLE, "penwidth": "2"})
+        else:
+            bwd[id(n)] = d.node(id(n), lambda n=n: _label(n.op_type, d.short(n.meta.get("forward", ""))),
+                                **BACKWARD_STYLE)
+    forward_by_name = {n.name: n for n in a.graph.nodes}
+    for n in a.joint.backward_nodes():
+        for t in n.inputs:
+            p = t.producer if t is not None else None
+            if p is None or p.phase != "backward" or bwd[id(p)] == bwd[id(n)]:
+                continue
+            label = ""
+            if id(p) in of_back:  # a gradient leaving a fused backward: d<forward output of the reader>
+                f = forward_by_name.get(n.meta.get("forward", ""))
+                out = f.outputs[0] if f is not None and f.outputs else None
+                size = t.nbytes(a.sizes)
+                label = f"d{out.name if out is not None else t.name} " \
+                    + (format_bytes(size) if size is not None else "? B")
+            d.edge(bwd[id(p)], bwd[id(n)], label=escape(label), color="#b9770e", style="dashed")
+    recomputed = {name for m in fused if m.verdict.recompute for name in m.verdict.recompute.tensors}
+    for s in a.liveness.saved:
+        t = s.tensor
+        readers = {bwd[id(r)] for r in s.needed_by if id(r) in bwd}
+        if not readers:
+            continue
+        f = forward_by_name.get(t.producer.name) if t.producer is not None else None
+        if f is not None and id(f) in fwd:
+            src = fwd[id(f)]
+        else:
+            src = d.node(hash(("tensor", t.name)),
+                         lambda t=t: _label(d.short(t.name), f"{t.kind} {format_shape(t.shape)}"),
+                         **LEAF_STYLE)
+        dashed = t.name in recomputed
+        for r in sorted(readers):
+            size = format_bytes(s.bytes) if s.bytes is not None else "? B"  # None: an unknown size
+            d.edge(src, r, label=escape(f"{t.name} {size}"
+                                        + (" (recomputed)" if dashed else "")),
+                   color=RECOMPUTE_COLOR if dashed else "#4a6fa5", style="dashed" if dashed else "solid",
+                   penwidth="1.2" if dashed else "2", constraint="false")
+    fused_style = {"shape": "box", "style": "rounded,filled"}
+    d.legend([("forward op", FORWARD_STYLE), ("backward op", BACKWARD_STYLE),
+              ("fused, training-safe", {**fused_style, "color": COLORS["training"],
+                                        "fillcolor": COLORS["training"] + "33"}),
+              ("fused, training-safe\nif recomputed", {**fused_style, "color": RECOMPUTE_COLOR,
+                                                       "fillcolor": RECOMPUTE_COLOR + "33"}),
+              ("input / parameter", LEAF_STYLE),
+              ("solid edge: a tensor backward keeps\ndashed blue: recomputed instead",
+               {"shape": "plaintext"})], "fused for training")
+    return d.dot.source, len(d.ids)
