@@ -1,8 +1,8 @@
 """ONNX shape inference, run within a budget, and the shapes it leaves in a model.
 
-Data propagation turns 1-D integer tensors into "shape values" element by element: a graph input, an
-initializer or a Constant claiming millions of such elements makes it allocate gigabytes (a 76-byte
-file took 10 GB). Such a model is inferred without data propagation, and the warning says so.
+Data propagation turns 1-D tensors into "shape values" element by element: a graph input, an
+initializer or a Constant claiming millions of elements makes it allocate gigabytes (a 76-byte file
+took 10 GB). Such a model is inferred without data propagation, and the warning says so.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from collections.abc import Iterable
 import onnx
 
 DATA_PROP_ELEMENTS = int(os.environ.get("FUSECLI_MAX_SHAPE_VALUE_ELEMENTS", 1 << 16))
-_INT_TYPES = frozenset({onnx.TensorProto.INT64, onnx.TensorProto.INT32})
 
 
 def infer_shapes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str | None]:
@@ -22,7 +21,7 @@ def infer_shapes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str | None]:
     big = _huge_shape_value(model)
     note = None
     if big is not None:
-        note = (f"{big} claims more than {DATA_PROP_ELEMENTS} integer elements; shape inference ran "
+        note = (f"{big} claims more than {DATA_PROP_ELEMENTS} elements in one dim; shape inference ran "
                 "without data propagation (raise FUSECLI_MAX_SHAPE_VALUE_ELEMENTS to allow it)")
     try:
         inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=big is None)
@@ -33,22 +32,22 @@ def infer_shapes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str | None]:
 
 
 def _huge_shape_value(model: onnx.ModelProto) -> str | None:
-    """The name of a 1-D integer input, initializer or Constant longer than the data-propagation budget."""
+    """The name of a 1-D input, initializer or Constant longer than the data-propagation budget."""
     g = model.graph
     for vi in g.input:
         tt = vi.type.tensor_type
-        if vi.type.HasField("tensor_type") and tt.elem_type in _INT_TYPES and len(tt.shape.dim) == 1:
+        if vi.type.HasField("tensor_type") and len(tt.shape.dim) == 1:
             d = tt.shape.dim[0]
             if d.HasField("dim_value") and d.dim_value > DATA_PROP_ELEMENTS:
                 return f"graph input {vi.name!r}"
     for t in g.initializer:
-        if t.data_type in _INT_TYPES and len(t.dims) == 1 and t.dims[0] > DATA_PROP_ELEMENTS:
+        if len(t.dims) == 1 and t.dims[0] > DATA_PROP_ELEMENTS:
             return f"initializer {t.name!r}"
     for n in g.node:
         if n.op_type == "Constant":
             for a in n.attribute:
-                if a.type == onnx.AttributeProto.TENSOR and a.t.data_type in _INT_TYPES \
-                        and len(a.t.dims) == 1 and a.t.dims[0] > DATA_PROP_ELEMENTS:
+                if a.type == onnx.AttributeProto.TENSOR and len(a.t.dims) == 1 \
+                        and a.t.dims[0] > DATA_PROP_ELEMENTS:
                     return f"Constant {n.name or n.output[0]!r}"
     return None
 
