@@ -8,8 +8,8 @@ from . import progress
 from .fusion import find_fusions
 from .fusion.match import Match
 from .grad.backward import build_backward
-from .grad.rules import rule_for
-from .ir import Graph, Node, Tensor, gc_paused
+from .grad.profiles import OPS, Profile, choose_profile
+from .ir import Graph, gc_paused
 from .liveness import Liveness, analyze_liveness
 from .load import load_model
 
@@ -23,6 +23,7 @@ class Options:
     wrt_inputs: bool = False
     patterns: tuple[str, ...] = ()
     signature: str | None = None  # SavedModels: which signature (default serving_default)
+    autodiff: str | None = None  # ops | tensorflow | pytorch; None: by the framework that made the model
 
 
 @dataclass
@@ -36,15 +37,20 @@ class Analysis:
     liveness: Liveness
     matches: list[Match] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    profile: Profile | None = None  # the autodiff profile the backward was built with
+    profile_reason: str = ""  # why that profile
 
     def unsupported(self) -> dict[str, int]:
         """Op types (domain-qualified when not ONNX's) with no gradient rule, and their counts."""
         counts: dict[str, int] = {}
         for n in self.graph.nodes:
-            if n.kind == "unknown" or (rule_for(n.kind) is None and not n.meta.get("constant")):
+            if n.kind == "unknown" or (self.rule_for(n.kind) is None and not n.meta.get("constant")):
                 key = n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}.{n.op_type}"
                 counts[key] = counts.get(key, 0) + 1
         return counts
+
+    def rule_for(self, kind: str):
+        return (self.profile or OPS).rule_for(kind)
 
 
 def symbolic_dims(graph: Graph) -> list[str]:
@@ -59,26 +65,18 @@ def symbolic_dims(graph: Graph) -> list[str]:
     return found
 
 
-def tensorflow_keeps_for_shape(t: Tensor, reader: Node) -> bool:
-    """TensorFlow captures a tensor to take its shape in backward when a dim is unknown in its graph;
-    its Reshape gradient needs none with one unknown dim (it reshapes to a -1 wildcard)."""
-    if t.shape is None:
-        return True
-    unknown = sum(d is None for d in t.shape)
-    return unknown > (1 if reader.op_type == "ReshapeGrad" and 0 not in t.shape else 0)
-
-
 def analyze_graph(path: str, graph: Graph, options: Options) -> Analysis:
-    """Every pass over an already loaded forward graph (modelling TensorFlow's autodiff for SavedModels)."""
-    tensorflow = graph.format == "savedmodel"
+    """Every pass over an already loaded forward graph, with the autodiff profile of the framework that
+    made it (or the user's ``options.autodiff``)."""
+    profile, reason = choose_profile(graph, options.autodiff)
     progress.stage("backward")
-    joint = build_backward(graph, wrt_inputs=options.wrt_inputs, tensorflow=tensorflow)
+    joint = build_backward(graph, wrt_inputs=options.wrt_inputs, profile=profile)
     progress.stage("liveness")
-    liveness = analyze_liveness(joint, options.batch, options.dims,
-                                keeps_for_shape=tensorflow_keeps_for_shape if tensorflow else None)
+    liveness = analyze_liveness(joint, options.batch, options.dims, keeps_for_shape=profile.keeps_for_shape)
     progress.stage("fusion")
     matches = find_fusions(graph, joint, liveness, options.batch, options.dims, options.patterns)
-    return Analysis(path, graph, options, joint, liveness, matches, list(graph.meta.get("warnings", [])))
+    return Analysis(path, graph, options, joint, liveness, matches, list(graph.meta.get("warnings", [])),
+                    profile, reason)
 
 
 def analyze(path: str, options: Options | None = None, batch_given: bool = True,

@@ -64,8 +64,8 @@ def _config(name: str):
         return tr.WhisperConfig(vocab_size=100, d_model=64, encoder_layers=2, encoder_attention_heads=2,
                                 decoder_layers=1, decoder_attention_heads=2, encoder_ffn_dim=128,
                                 decoder_ffn_dim=128, num_mel_bins=WHISPER_MELS,
-                                max_source_positions=WHISPER_FRAMES // 2, max_target_positions=32, pad_token_id=0,
-                                bos_token_id=0, eos_token_id=0, decoder_start_token_id=0)
+                                max_source_positions=WHISPER_FRAMES // 2, max_target_positions=32,
+                                pad_token_id=0, bos_token_id=0, eos_token_id=0, decoder_start_token_id=0)
     if name == "convnext":
         return tr.ConvNextConfig(num_channels=3, num_stages=2, hidden_sizes=[16, 32], depths=[1, 1],
                                  image_size=IMAGE_SIZE)
@@ -146,8 +146,8 @@ def export(name: str, path: str, exporter: str = "torchscript", dynamic: bool = 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if exporter == "torchscript":
-            torch.onnx.export(model, args, path, dynamo=False, opset_version=opset, input_names=list(s.inputs),
-                              output_names=["output"],
+            torch.onnx.export(model, args, path, dynamo=False, opset_version=opset,
+                              input_names=list(s.inputs), output_names=["output"],
                               dynamic_axes={i: axes for i in s.inputs} if dynamic else None)
         elif exporter == "dynamo":
             shapes = None

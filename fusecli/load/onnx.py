@@ -160,6 +160,7 @@ def build_graph(model: onnx.ModelProto, name: str = "model") -> Graph:
     """The IR graph of a (shape-inferred) ModelProto."""
     g = model.graph
     graph = Graph(g.name or name, fmt="onnx")
+    graph.meta["producer"] = model.producer_name  # which framework made it: its autodiff profile
     infos = {vi.name: vi for vi in (*g.input, *g.value_info, *g.output)}
     initializer_names = set()
 

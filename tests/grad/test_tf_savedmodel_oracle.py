@@ -98,14 +98,19 @@ def tf_saved(path: str, signature: str = "serving_default") -> dict[str, tuple[s
     forward = library[forward_call.attr["f"].func.name]
 
     def producer(fdef, index: int, prefix: str) -> tuple[str, str]:
-        ref = fdef.ret[fdef.signature.output_arg[index].name]
+        return made_by(fdef, fdef.ret[fdef.signature.output_arg[index].name], prefix)
+
+    def made_by(fdef, ref: str, prefix: str) -> tuple[str, str]:
         if ":" not in ref:
             return "arg", prefix + ref
         node_name, out_arg, k = ref.split(":")
         node = next(n for n in fdef.node_def if n.name == node_name)
         if node.op in _CALLS:
             return producer(library[node.attr["f"].func.name], int(k), f"{prefix}{node.name}/")
-        return node.op, f"{prefix}{node.name}:{_output_index(node, out_arg, int(k))}"
+        index = _output_index(node, out_arg, int(k))
+        if node.op == "IdentityN":  # a custom gradient's IdentityN: its outputs are its inputs
+            return made_by(fdef, [r for r in node.input if not r.startswith("^")][index], prefix)
+        return node.op, f"{prefix}{node.name}:{index}"
 
     def readers(fdef, arg: str) -> set[str]:
         """Op types that read argument ``arg`` of ``fdef``, through nested calls."""
