@@ -87,8 +87,10 @@ def main() -> None:
               help="Draw live bytes along the forward+backward schedule to FILE (.png/.svg/.pdf).")
 @click.option("--patterns", "patterns", default="", metavar="A,B",
               help="Only these fusion patterns (comma-separated names).")
+@click.option("--autodiff", type=click.Choice(["tensorflow", "pytorch", "ops"]), default=None,
+              help="Whose autodiff habits backward follows (default: the framework that made the model).")
 def analyze(model: str, as_json: bool, batch: int | None, dims: tuple[str, ...], signature: str | None,
-            wrt: str, plot_path: str | None, patterns: str) -> None:
+            wrt: str, plot_path: str | None, patterns: str, autodiff: str | None) -> None:
     """Analyze MODEL (an .onnx file or a SavedModel folder)."""
     from .pipeline import Options
     from .pipeline import analyze as run_analysis
@@ -96,7 +98,7 @@ def analyze(model: str, as_json: bool, batch: int | None, dims: tuple[str, ...],
 
     options = Options(batch=batch or 1, dims=_parse_dims(dims), wrt_inputs=wrt == "inputs",
                       patterns=tuple(p.strip() for p in patterns.split(",") if p.strip()),
-                      signature=signature)
+                      signature=signature, autodiff=autodiff)
     if plot_path:
         from .output import refuse_overwriting_input
 

@@ -25,6 +25,8 @@ def _document(a: Analysis) -> dict:
         "batch": a.options.batch,
         "forward": {"nodes": len(g.nodes), "tensors": len(g.tensors)},
         "backward": {"nodes": len(a.joint.backward_nodes())},
+        "autodiff": {"profile": a.profile.name if a.profile else "ops", "reason": a.profile_reason,
+                     "composites": len(a.joint.meta.get("composites", ()))},
         "saved": [saved_entry(s) for s in live.saved],
         "memory": {"saved_bytes": live.saved_bytes,
                    "saved_activation_bytes": live.saved_activation_bytes,
@@ -71,6 +73,10 @@ def print_report(a: Analysis, console) -> None:
 
     g = a.graph
     console.print(f"[bold]{a.path}[/] ({g.format})")
+    if a.profile is not None:
+        from rich.markup import escape
+
+        console.print(f"autodiff: [bold]{a.profile.name}[/] ({escape(a.profile_reason)})")
     summary = Table(show_header=False)
     summary.add_column(style="bold")
     summary.add_column()

@@ -26,7 +26,8 @@ def grad_kind(node: Node) -> str:
 def requires_grad(graph: Graph, wrt_inputs: bool = False, profile: Profile = OPS) -> set[str]:
     """Names of tensors on a path from a trainable leaf: float parameters (and float inputs)."""
     rg = {t.name for t in graph.tensors.values()
-          if t.is_float and (t.kind == "parameter" or (wrt_inputs and t.kind == "input"))}
+          if t.is_float and (t.kind == "parameter" or (wrt_inputs and t.kind == "input")
+                             or (profile.all_variables and "variable" in t.meta))}
     for node in graph.nodes:
         if node.meta.get("constant"):
             continue

@@ -159,10 +159,8 @@ def _layer_norm_reads(roles, bound, root) -> list[Tensor]:
 def _rms_norm_reads(roles, bound, root) -> list[Tensor]:
     """CPU's rms_norm is CompositeImplicitAutograd: pow saves x, rsqrt and mul save rstd, w * normed
     saves normed."""
-    reads = [bound["x"], bound["rstd"]]
-    if root.outputs[0] is not bound.get("normed"):
-        reads.append(bound["normed"])
-    return reads
+    normed = bound.get("normed")  # unbound when it is the root (no weight)
+    return [bound["x"], bound["rstd"]] + ([normed] if normed is not None else [])
 
 
 PYTORCH_COMPOSITES: tuple[Composite, ...] = (

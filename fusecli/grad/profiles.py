@@ -35,6 +35,7 @@ class Profile:
     zeros_like_unused: bool = False  # several float outputs, some without a gradient: ZerosLike(those)
     constant_operands: bool = False  # a gradient function differentiates every float input
     custom_gradients: bool = False  # honour TensorFlow's _gradient_op_type (registered gradients)
+    all_variables: bool = False  # a function's gradient covers every variable it reads, trainable or not
     composites: tuple = ()  # grad.composites.Composite: decomposed ops judged as one backward node
     keeps_for_shape: Callable[[Tensor, Node], bool] | None = None  # liveness: a shape read keeps t
 
@@ -48,7 +49,7 @@ OPS = Profile("ops", "the plain per-op rules table, each ONNX op differentiated 
 
 TENSORFLOW = Profile(
     "tensorflow", "TensorFlow's graph-mode gradient functions (tf.GradientTape in a tf.function)",
-    zeros_like_unused=True, constant_operands=True, custom_gradients=True,
+    zeros_like_unused=True, constant_operands=True, custom_gradients=True, all_variables=True,
     keeps_for_shape=tensorflow_keeps_for_shape)
 
 
