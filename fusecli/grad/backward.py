@@ -25,9 +25,10 @@ def grad_kind(node: Node) -> str:
 
 def requires_grad(graph: Graph, wrt_inputs: bool = False, profile: Profile = OPS) -> set[str]:
     """Names of tensors on a path from a trainable leaf: float parameters (and float inputs)."""
+    every = profile.function_inputs  # TensorFlow: a function call's gradient covers all its inputs
     rg = {t.name for t in graph.tensors.values()
-          if t.is_float and (t.kind == "parameter" or (wrt_inputs and t.kind == "input")
-                             or (profile.all_variables and "variable" in t.meta))}
+          if t.is_float and (t.kind == "parameter" or ((wrt_inputs or every) and t.kind == "input")
+                             or (every and "variable" in t.meta))}
     for node in graph.nodes:
         if node.meta.get("constant"):
             continue
@@ -141,7 +142,7 @@ def build_backward(forward: Graph, wrt_inputs: bool = False, profile: Profile = 
             continue
         region = region_of.get(id(node))
         if region is not None:
-            _composite(b, region, dys, rg)
+            _composite(b, region, dys, rg, profile)
             continue
         if profile.zeros_like_unused and len(dys) < len(node.outputs):
             dys += [b.node(t.name, "ZerosLike", [t], [t])[0] for t, g in zip(node.outputs, out_grads,
@@ -178,35 +179,37 @@ def build_backward(forward: Graph, wrt_inputs: bool = False, profile: Profile = 
             for _, g in items:
                 for read in g.reads:
                     for t, shape_only in _resolve(node, read):
+                        if not shape_only:
+                            t = profile.storage_of(t)
                         (shapes if shape_only else values)[t.name] = t
             grads = b.node(node.name, op, [*dys, *values.values()],
                            [node.inputs[i] for i, _ in items],
                            shape_reads=[t for n, t in shapes.items() if n not in values], forward=node)
             for (i, _), g in zip(items, grads, strict=True):
                 b.add_partial(node.inputs[i], g)
-    _finish(joint, b, rg)
+    _finish(joint, b, rg, wrt_inputs)
     return joint
 
 
-def _composite(b: _Builder, region: Region, dys: list[Tensor], rg: set[str]) -> None:
+def _composite(b: _Builder, region: Region, dys: list[Tensor], rg: set[str], profile: Profile) -> None:
     """One backward node for a composite region: it reads what the framework's formula reads and
     makes the gradients of the region's outside inputs that need one."""
     targets = [t for t in region.inputs if t.name in rg]
     if not targets:
         return
-    reads = list({id(t): t for t in region.reads if t.producer is None or t.producer.phase == "forward"}
-                 .values())
+    reads = list({id(t): t for t in map(profile.storage_of, region.reads)
+                  if t.producer is None or t.producer.phase == "forward"}.values())
     grads = b.node(region.root.name, region.op, [*dys, *reads], targets, forward=region.root)
     grads[0].producer.meta["composite"] = region.name
     for t, g in zip(targets, grads, strict=True):
         b.add_partial(t, g)
 
 
-def _finish(joint: Graph, b: _Builder, rg: set[str]) -> None:
+def _finish(joint: Graph, b: _Builder, rg: set[str], wrt_inputs: bool) -> None:
     """Parameter (and input) gradients become graph outputs."""
     for name in sorted(rg):
         t = joint.tensors[name]
-        if t.kind in ("parameter", "input") and b.partials.get(name):
+        if (t.kind == "parameter" or (wrt_inputs and t.kind == "input")) and b.partials.get(name):
             total = b.total(t)
             total.meta["grad_of"] = name
             joint.outputs.append(total)

@@ -92,9 +92,6 @@ GELU_TANH_TORCH = (
 SILU = (op("mul", Var("x"), op("sigmoid", Var("x")), commutative=True),)
 # F.hardswish below opset 14: x * HardSigmoid(x)
 HARDSWISH = (op("mul", Var("x"), op("hard_sigmoid", Var("x")), commutative=True),)
-# F.hardsigmoid as relu6(x + 3) / 6 (older exports)
-HARDSIGMOID = (op("div", op("clip", op(ADD, Var("x"), Var(check=scalar(3.0)), commutative=True), more=True),
-                  Var(check=scalar(6.0))),)
 
 
 def _rms_norm_trees() -> tuple[Op, ...]:
@@ -169,8 +166,6 @@ PYTORCH_COMPOSITES: tuple[Composite, ...] = (
               "gelu_backward(grad, self, 'tanh'): saves x"),
     Composite("silu", SILU, "SiluBackward0", _x, "silu_backward(grad, self): saves x"),
     Composite("hardswish", HARDSWISH, "HardswishBackward0", _x, "hardswish_backward(grad, self): saves x"),
-    Composite("hardsigmoid", HARDSIGMOID, "HardsigmoidBackward0", _x,
-              "hardsigmoid_backward(grad, self): saves x"),
     Composite("layer_norm", LAYER_NORM_TORCH, "NativeLayerNormBackward0", _layer_norm_reads,
               "native_layer_norm_backward: saves x, weight, bias, mean, rstd"),
     Composite("rms_norm", RMS_NORM, "RmsNormBackward", _rms_norm_reads,

@@ -35,21 +35,31 @@ class Profile:
     zeros_like_unused: bool = False  # several float outputs, some without a gradient: ZerosLike(those)
     constant_operands: bool = False  # a gradient function differentiates every float input
     custom_gradients: bool = False  # honour TensorFlow's _gradient_op_type (registered gradients)
-    all_variables: bool = False  # a function's gradient covers every variable it reads, trainable or not
+    function_inputs: bool = False  # a called function's gradient covers all its float inputs and variables
     composites: tuple = ()  # grad.composites.Composite: decomposed ops judged as one backward node
     keeps_for_shape: Callable[[Tensor, Node], bool] | None = None  # liveness: a shape read keeps t
+    views: frozenset[str] = frozenset()  # kinds whose output shares its input's storage (PyTorch views)
 
     def rule_for(self, kind: str) -> dict[int | str, Grad] | None:
         """The rule of a kind under this profile, or None when there is none (unsupported)."""
         rule = self.overrides.get(kind)
         return rule if rule is not None else RULES.get(kind)
 
+    def storage_of(self, t: Tensor) -> Tensor:
+        """The tensor whose storage ``t`` shares: a view's base (PyTorch saves the view, which keeps
+        its base's storage alive: one storage, counted once), else ``t``."""
+        while self.views and t.producer is not None and t.producer.kind in self.views \
+                and t.producer.inputs and t.producer.inputs[0] is not None \
+                and t.producer.inputs[0].dtype == t.dtype and t.producer.outputs[0] is t:
+            t = t.producer.inputs[0]
+        return t
+
 
 OPS = Profile("ops", "the plain per-op rules table, each ONNX op differentiated on its own")
 
 TENSORFLOW = Profile(
     "tensorflow", "TensorFlow's graph-mode gradient functions (tf.GradientTape in a tf.function)",
-    zeros_like_unused=True, constant_operands=True, custom_gradients=True, all_variables=True,
+    zeros_like_unused=True, constant_operands=True, custom_gradients=True, function_inputs=True,
     keeps_for_shape=tensorflow_keeps_for_shape)
 
 
@@ -65,7 +75,9 @@ def _pytorch() -> Profile:
             "max_pool": {0: G("MaxPoolWithIndicesBackward", "x0", "y0")},  # x and the indices (as y)
             "global_max_pool": {0: G("MaxPoolWithIndicesBackward", "x0", "y0")},
         },
-        composites=PYTORCH_COMPOSITES)
+        composites=PYTORCH_COMPOSITES,
+        # reshape/view/permute/squeeze return views, and .to(its own dtype) returns the tensor itself
+        views=frozenset({"reshape", "flatten", "squeeze", "unsqueeze", "transpose", "identity", "cast"}))
 
 
 PROFILES: dict[str, Callable[[], Profile]] = {
