@@ -110,19 +110,26 @@ def tf_saved(path: str, signature: str = "serving_default") -> dict[str, tuple[s
     forward_call, backward_call = called("__forward_"), called("__inference___backward_")
     forward = library[forward_call.attr["f"].func.name]
 
-    def producer(fdef, index: int, prefix: str) -> tuple[str, str]:
-        return made_by(fdef, fdef.ret[fdef.signature.output_arg[index].name], prefix)
+    def producer(fdef, index: int, prefix: str, caller=None) -> tuple[str, str]:
+        return made_by(fdef, fdef.ret[fdef.signature.output_arg[index].name], prefix, caller)
 
-    def made_by(fdef, ref: str, prefix: str) -> tuple[str, str]:
-        if ":" not in ref:
-            return "arg", prefix + ref
+    def made_by(fdef, ref: str, prefix: str, caller) -> tuple[str, str]:
+        """The producer of ``ref`` in ``fdef``; ``caller`` = (function, call node, prefix, its caller)."""
+        if ":" not in ref:  # an argument: in a nested call, what the caller passed (XLA blocks return
+            if caller is None:  # their inputs for backward: that is the caller's tensor, kept)
+                return "arg", prefix + ref
+            outer, call, outer_prefix, outer_caller = caller
+            i = [a.name for a in fdef.signature.input_arg].index(ref)
+            return made_by(outer, [r for r in call.input if not r.startswith("^")][i], outer_prefix,
+                           outer_caller)
         node_name, out_arg, k = ref.split(":")
         node = next(n for n in fdef.node_def if n.name == node_name)
         if node.op in _CALLS:
-            return producer(library[node.attr["f"].func.name], int(k), f"{prefix}{node.name}/")
+            return producer(library[node.attr["f"].func.name], int(k), f"{prefix}{node.name}/",
+                            (fdef, node, prefix, caller))
         index = _output_index(node, out_arg, int(k))
         if node.op == "IdentityN":  # a custom gradient's IdentityN: its outputs are its inputs
-            return made_by(fdef, [r for r in node.input if not r.startswith("^")][index], prefix)
+            return made_by(fdef, [r for r in node.input if not r.startswith("^")][index], prefix, caller)
         return node.op, f"{prefix}{node.name}:{index}"
 
     def readers(fdef, arg: str) -> set[str]:
@@ -227,8 +234,7 @@ def test_custom_gradients_are_what_made_efficientnet_agree():
     graph = load_model(path)
     assert len(graph.meta["custom_gradients"]) == 49  # 16 blocks x 3 swishes + the stem + the top
     r = compare(path, replace(TENSORFLOW, custom_gradients=False))
-    precision, recall = r["raw"]
-    assert precision < 0.9 and recall < 0.99, r["raw"]
+    assert r["raw"][0] < 0.9, r["raw"]  # precision: 49 Sigmoids more
     sigmoids = {n for n in r["ours_only"] if graph.tensors[n].producer.op_type == "Sigmoid"}
     assert len(sigmoids) >= 49, len(sigmoids)
 
