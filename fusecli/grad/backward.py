@@ -197,6 +197,8 @@ def _composite(b: _Builder, region: Region, dys: list[Tensor], rg: set[str], pro
     targets = [t for t in region.inputs if t.name in rg]
     if not targets:
         return
+    if profile.zeros_like_unused:  # the pass-through outputs get no gradient: ZerosLike reads them
+        dys = dys + [b.node(t.name, "ZerosLike", [t], [t])[0] for t in region.passthrough if t.is_float]
     reads = list({id(t): t for t in map(profile.storage_of, region.reads)
                   if t.producer is None or t.producer.phase == "forward"}.values())
     grads = b.node(region.root.name, region.op, [*dys, *reads], targets, forward=region.root)

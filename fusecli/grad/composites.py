@@ -8,6 +8,9 @@ are listed: the same math written by hand in Python (GPT-2's ``0.5 * x * (1 + ta
 ``x * 0.5 * (1 + erf(...))``) runs op by op in eager PyTorch and saves op by op, and its export has a
 different shape (``0.5 * x`` first, or ``pow(x, 3)`` under TorchScript), so it is not matched.
 
+Where the exporter's spelling and a hand-written one coincide (``x * torch.sigmoid(x)`` is exported as
+F.silu is), the composite wins: fusecli cannot tell them apart.
+
 A region is one backward node only when nothing outside it reads its interior tensors; its gradient
 goes to every tensor it reads from outside that needs one (x, gamma, beta).
 
@@ -19,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..fusion.match import Op, Var, match_at, op
 from ..fusion.patterns import ADD, LAYER_NORM, scalar
@@ -48,6 +51,7 @@ class Region:
     nodes: list[Node]
     inputs: list[Tensor]
     reads: list[Tensor]
+    passthrough: list[Tensor] = field(default_factory=list)  # custom gradient: IdentityN's copies of inputs
 
     @property
     def root(self) -> Node:
@@ -127,16 +131,19 @@ SOFTMAX, LOG_SOFTMAX = _softmax_trees(False), _softmax_trees(True)
 
 
 def _sdpa_trees() -> tuple[Op, ...]:
-    """F.scaled_dot_product_attention's math path as both exporters write it: q and k^T each scaled by
-    sqrt(scale), softmax (after an additive mask, if any), times v."""
+    """F.scaled_dot_product_attention's math path as the exporters write it: q and k^T each scaled by
+    sqrt(scale) (dynamo transposes k between two reshapes), softmax (after an additive mask, if any),
+    times v."""
+    k_t = (op("transpose", Var("k"), more=True),
+           op("reshape", op("transpose", op("reshape", Var("k"), more=True), more=True), more=True))
     trees = []
-    for masked in (True, False):
-        q = op("mul", Var("q"), Var(), commutative=True)
-        k = op("mul", op("transpose", Var("k"), more=True), Var(), commutative=True)
-        scores = op("matmul", q, k)
-        if masked:
-            scores = op(ADD, scores, Var(), commutative=True)
-        trees.append(op("matmul", op("softmax", scores, more=True), Var("v")))
+    for kt in k_t:
+        for masked in (True, False):
+            scores = op("matmul", op("mul", Var("q"), Var(), commutative=True),
+                        op("mul", kt, Var(), commutative=True))
+            if masked:
+                scores = op(ADD, scores, Var(), commutative=True)
+            trees.append(op("matmul", op("softmax", scores, more=True), Var("v")))
     return tuple(trees)
 
 
@@ -226,7 +233,8 @@ _MAX_CUSTOM_NODES = 64  # a region that walks further has escaped its inputs: no
 def custom_gradient_regions(graph: Graph) -> list[Region]:
     """TensorFlow custom gradients the SavedModel loader recorded: the ops from the inputs of the
     ``IdentityN`` to its results, differentiated by the registered gradient function, which reads the
-    forward tensors it captured."""
+    forward tensors it captured. The IdentityN also passes its inputs through: outputs without a
+    gradient, which TensorFlow's ``ZerosLike`` reads."""
     regions = []
     for cg in graph.meta.get("custom_gradients", ()):
         results = [graph.tensors.get(n) for n in cg["results"]]
@@ -249,5 +257,5 @@ def custom_gradient_regions(graph: Graph) -> list[Region]:
             continue
         inputs = [graph.tensors[n] for n in cg["inputs"] if n in graph.tensors]
         reads = [graph.tensors[n] for n in cg["reads"] if n in graph.tensors]
-        regions.append(Region("custom_gradient", cg["gradient"], nodes, inputs, reads))
+        regions.append(Region("custom_gradient", cg["gradient"], nodes, inputs, reads, inputs))
     return regions

@@ -71,8 +71,9 @@ CASES = [
     Case("layer_norm_opset13", lambda m, x: F.layer_norm(x, (8,), m.w, m.b), "torchscript", "layer_norm",
          opset=13),
     Case("rms_norm_dynamo", lambda m, x: F.rms_norm(x, (8,), m.w, 1e-6), "dynamo", "rms_norm"),
-    Case("sdpa_torchscript", _sdpa, "torchscript", "sdpa", internal=LSE,
-         why="flash attention for CPU also saves its logsumexp rows, which no ONNX tensor holds"),
+    *(Case(f"sdpa_{e}", _sdpa, e, "sdpa", internal=LSE,
+           why="flash attention for CPU also saves its logsumexp rows, which no ONNX tensor holds")
+      for e in ("torchscript", "dynamo")),
     *(Case(f"gelu_new_python_{e}", _gelu_new, e, None) for e in ("torchscript", "dynamo")),
     Case("gelu_erf_python", lambda m, x: x * 0.5 * (1.0 + torch.erf(x / math.sqrt(2.0))), "torchscript",
          None),
