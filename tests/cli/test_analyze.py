@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from fusecli import __version__
 from fusecli.cli import main
 
-CONTRACT_KEYS = {"fusecli", "model", "format", "batch", "forward", "backward", "saved", "memory",
+CONTRACT_KEYS = {"fusecli", "model", "format", "batch", "forward", "backward", "autodiff", "saved", "memory",
                  "patterns", "unsupported"}
 
 
