@@ -40,6 +40,7 @@ gradient functions also compute the gradient of a constant operand (``Mul(x, 0.5
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import replace
 
 import pytest
@@ -221,7 +222,10 @@ def test_saved_set_matches_tensorflow(models, name):
 
 @pytest.mark.parametrize("name", list(APPS))
 def test_keras_application_matches_tensorflow(name):
-    """EfficientNet's swish is a custom gradient, ConvNeXt's blocks nested calls: both as TensorFlow."""
+    """EfficientNet's swish is a custom gradient, ConvNeXt's blocks nested calls: both as TensorFlow.
+    The EfficientNetV2B0s (the same habits, 1.5 minutes each) run with FUSECLI_ALL_KERAS_APPS=1."""
+    if "v2" in name and not os.environ.get("FUSECLI_ALL_KERAS_APPS"):
+        pytest.skip("EfficientNetV2B0: set FUSECLI_ALL_KERAS_APPS=1 (same habits as EfficientNetB0)")
     if APPS[name][0] == "tf_keras":
         pytest.importorskip("tf_keras")
     assert_matches(saved_app(name))
@@ -296,4 +300,4 @@ def test_oracle_sees_nested_function_names(models):
     saved = tf_saved(models["keras3_cnn"])
     op, reads = saved["StatefulPartitionedCall/functional_1/re_lu_1/Relu:0"]  # read by value, for
     assert op == "Relu" and "ReluGrad" in reads  # ReLU's gradient (and its shape, for the mean's)
-    assert all(n.startswith("StatefulPartitionedCall/") for n in saved)
+    assert all(n.startswith("StatefulPartitionedCall/") for n, (op, _) in saved.items() if op != "arg")
