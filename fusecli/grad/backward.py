@@ -26,8 +26,10 @@ def grad_kind(node: Node) -> str:
 def requires_grad(graph: Graph, wrt_inputs: bool = False, profile: Profile = OPS) -> set[str]:
     """Names of tensors on a path from a trainable leaf: float parameters (and float inputs)."""
     every = profile.function_inputs  # TensorFlow: a function call's gradient covers all its inputs
+    frozen = profile.frozen(graph) if profile.frozen is not None else ()
     rg = {t.name for t in graph.tensors.values()
-          if t.is_float and (t.kind == "parameter" or ((wrt_inputs or every) and t.kind == "input")
+          if t.is_float and ((t.kind == "parameter" and t.name not in frozen)
+                             or ((wrt_inputs or every) and t.kind == "input")
                              or (every and "variable" in t.meta))}
     for node in graph.nodes:
         if node.meta.get("constant"):

@@ -39,6 +39,7 @@ class Profile:
     composites: tuple = ()  # grad.composites.Composite: decomposed ops judged as one backward node
     keeps_for_shape: Callable[[Tensor, Node], bool] | None = None  # liveness: a shape read keeps t
     views: frozenset[str] = frozenset()  # kinds whose output shares its input's storage (PyTorch views)
+    frozen: Callable[[Graph], set[str]] | None = None  # parameters the framework does not differentiate
 
     def rule_for(self, kind: str) -> dict[int | str, Grad] | None:
         """The rule of a kind under this profile, or None when there is none (unsupported)."""
@@ -65,6 +66,7 @@ TENSORFLOW = Profile(
 
 def _pytorch() -> Profile:
     from .composites import PYTORCH_COMPOSITES
+    from .torch_export import frozen_parameters
 
     return Profile(
         "pytorch", "PyTorch's eager autograd (derivatives.yaml), composite ops as one autograd node",
@@ -77,7 +79,8 @@ def _pytorch() -> Profile:
         },
         composites=PYTORCH_COMPOSITES,
         # reshape/view/permute/squeeze return views, and .to(its own dtype) returns the tensor itself
-        views=frozenset({"reshape", "flatten", "squeeze", "unsqueeze", "transpose", "identity", "cast"}))
+        views=frozenset({"reshape", "flatten", "squeeze", "unsqueeze", "transpose", "identity", "cast"}),
+        frozen=frozen_parameters)  # dynamo: buffers and values folded from them are no parameters
 
 
 PROFILES: dict[str, Callable[[], Profile]] = {

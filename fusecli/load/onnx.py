@@ -161,6 +161,8 @@ def build_graph(model: onnx.ModelProto, name: str = "model") -> Graph:
     g = model.graph
     graph = Graph(g.name or name, fmt="onnx")
     graph.meta["producer"] = model.producer_name  # which framework made it: its autodiff profile
+    graph.meta["export"] = {p.key: p.value for p in g.metadata_props}  # the exporter's notes (torch.export's
+    # graph signature); per initializer in its value info (its InputSpec kind, what constant folding used)
     infos = {vi.name: vi for vi in (*g.input, *g.value_info, *g.output)}
     initializer_names = set()
 
@@ -185,6 +187,8 @@ def build_graph(model: onnx.ModelProto, name: str = "model") -> Graph:
         value = _small_value(init)
         if value is not None:
             t.meta["value"] = value
+        if init.name in infos and infos[init.name].metadata_props:
+            t.meta["export"] = {p.key: p.value for p in infos[init.name].metadata_props}
     for vi in g.input:
         if vi.name in initializer_names:
             continue  # IR < 4 lists initializers as inputs too

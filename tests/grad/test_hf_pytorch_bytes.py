@@ -23,12 +23,9 @@ DYNAMIC = False  # the exports' axes: True = named batch/seq dims bound by --bat
 BATCH = 2
 DONE_WHEN = ("bert", "distilbert", "gpt2", "llama", "mistral", "qwen2", "t5_encoder", "vit", "clip_vision",
              "whisper_encoder", "convnext", "swin", "segformer")
-ROTARY = ("dynamo folds the rotary cos/sin tables (made from the inv_freq buffer) into float initializers; "
-          "ONNX has no trainable flag, so fusecli differentiates them and keeps q and k for their gradient")
 FOLDED_BN = ("the eval export folds BatchNorm into the conv; eager PyTorch keeps the conv output for "
              "BatchNorm's backward, and no ONNX tensor holds it")
 KNOWN = {  # (model, exporter) -> why fusecli cannot match PyTorch there yet
-    **{(m, "dynamo"): ROTARY for m in ("llama", "mistral", "qwen2")},
     ("swin", "torchscript"): "shape inference leaves the window dims of this export unknown: sizes count "
                              "them as 1 (the sizes issue)",
     **{("mobilevit", e): FOLDED_BN for e in ("torchscript", "dynamo")},

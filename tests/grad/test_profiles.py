@@ -98,3 +98,34 @@ def test_pytorch_views_share_their_base(save_model):
         joint = build_backward(graph, profile=get_profile(name))
         saved[name] = {s.tensor.name for s in analyze_liveness(joint).saved if s.tensor.kind == "activation"}
     assert saved == {"ops": {"r"}, "pytorch": {"s"}}
+
+
+def test_dynamo_notes_say_which_initializers_pytorch_differentiates(save_model):
+    """torch.export's signature and onnxscript's folded_from: buffers and values folded from them only
+    are no parameters for the PyTorch profile; a value folded from a parameter is one."""
+    import numpy as np
+    from onnx import StringStringEntryProto, numpy_helper
+
+    from fusecli.grad.torch_export import FOLDED, KIND, SIGNATURE, frozen_parameters
+
+    names = ("w", "wt", "cos", "buf")
+    inits = [numpy_helper.from_array(np.ones((2, 3), np.float32), n) for n in names]
+    nodes = [helper.make_node("Mul", ["x", n], [f"y{i}"], f"m{i}") for i, n in enumerate(names)]
+    nodes.append(helper.make_node("Sum", ["y0", "y1", "y2", "y3"], ["y"], "sum"))
+    model = make_model(nodes, [vi("x", 2, 3)], [vi("y", 2, 3)], inits)
+    notes = {"w": {KIND: "PARAMETER"}, "wt": {FOLDED: "['lin.weight']"},
+             "cos": {FOLDED: "['arange', 'cos', 'rotary.inv_freq']"}, "buf": {KIND: "BUFFER"}}
+    for name, meta in notes.items():
+        info = vi(name, 2, 3)
+        info.metadata_props.extend(StringStringEntryProto(key=k, value=v) for k, v in meta.items())
+        model.graph.value_info.append(info)
+    model.graph.metadata_props.append(StringStringEntryProto(key=SIGNATURE, value=(
+        "\n# inputs\np_w: PARAMETER target='w'\np_lin_weight: PARAMETER target='lin.weight'\n"
+        "b_rotary_inv_freq: BUFFER target='rotary.inv_freq' persistent=False\nx: USER_INPUT\n")))
+    graph = load_model(save_model(model))
+    assert frozen_parameters(graph) == {"cos", "buf"}
+    joint = build_backward(graph, profile=get_profile("pytorch"))
+    assert sorted(t.meta["grad_of"] for t in joint.outputs if "grad_of" in t.meta) == ["w", "wt"]
+    assert len([t for t in build_backward(graph).outputs if "grad_of" in t.meta]) == 4  # ops: all four
+    model.graph.ClearField("metadata_props")  # no signature (TorchScript): every float initializer
+    assert frozen_parameters(load_model(save_model(model, "plain.onnx"))) == set()
