@@ -174,12 +174,14 @@ def main() -> None:
               show_default=True,
               help="ONNX: float Constant nodes in a weight's role (conv/matmul weight, norm scale, bias, "
                    "embedding) are trainable parameters, or constants.")
+@click.option("--autodiff", type=click.Choice(["tensorflow", "pytorch", "ops"]), default=None,
+              help="Whose autodiff habits backward follows (default: the framework that made the model).")
 @click.option("-v", "--verbose", is_flag=True, help="List every saved tensor and every match.")
 @click.option("-q", "--quiet", is_flag=True, help="Print the summary only (verdicts per pattern, memory).")
 @click.option("--all", "all_saved", is_flag=True, help="List every saved tensor (default: the largest 10).")
 def analyze(model: str, as_json: bool, batch: int | None, dims: tuple[str, ...], signature: str | None,
-            wrt: str, plot_path: str | None, patterns: tuple[str, ...], constant_weights: str, verbose: bool,
-            quiet: bool, all_saved: bool) -> None:
+            wrt: str, plot_path: str | None, patterns: tuple[str, ...], constant_weights: str,
+            autodiff: str | None, verbose: bool, quiet: bool, all_saved: bool) -> None:
     """Analyze MODEL (an .onnx file or a SavedModel folder)."""
     from .pipeline import Options
     from .pipeline import analyze as run_analysis
@@ -189,7 +191,7 @@ def analyze(model: str, as_json: bool, batch: int | None, dims: tuple[str, ...],
         raise click.BadParameter("-v and -q exclude each other", param_hint="-q")
     options = Options(batch=batch, dims=_parse_dims(dims), wrt_inputs=wrt == "inputs",
                       patterns=patterns, signature=signature,
-                      constant_weights=constant_weights == "parameters")
+                      constant_weights=constant_weights == "parameters", autodiff=autodiff)
     if plot_path:
         _check_plot(plot_path, model)
     result = run_analysis(model, options)

@@ -8,8 +8,8 @@ from . import progress
 from .fusion import find_fusions
 from .fusion.match import Match
 from .grad.backward import build_backward
-from .grad.rules import rule_for
-from .ir import Graph, Node, Tensor, gc_paused
+from .grad.profiles import OPS, Profile, choose_profile
+from .ir import Graph, gc_paused
 from .liveness import Liveness, analyze_liveness
 from .load import load_model, resolve_sizes
 from .load.constant_weights import no_parameter_warning
@@ -26,6 +26,7 @@ class Options:
     patterns: tuple[str, ...] = ()
     signature: str | None = None  # SavedModels: which signature (default serving_default)
     constant_weights: bool = True  # ONNX: Constant nodes in a weight's role are trainable parameters
+    autodiff: str | None = None  # ops | tensorflow | pytorch; None: by the framework that made the model
 
 
 @dataclass
@@ -41,25 +42,20 @@ class Analysis:
     warnings: list[str] = field(default_factory=list)
     sizes: Sizes = field(default_factory=Sizes)
     unknown_sizes: dict[str, int] = field(default_factory=dict)  # op type -> forward tensors of unknown size
+    profile: Profile | None = None  # the autodiff profile the backward was built with
+    profile_reason: str = ""  # why that profile
 
     def unsupported(self) -> dict[str, int]:
         """Op types (domain-qualified when not ONNX's) with no gradient rule, and their counts."""
         counts: dict[str, int] = {}
         for n in self.graph.nodes:
-            if n.kind == "unknown" or (rule_for(n.kind) is None and not n.meta.get("constant")):
+            if n.kind == "unknown" or (self.rule_for(n.kind) is None and not n.meta.get("constant")):
                 key = n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}.{n.op_type}"
                 counts[key] = counts.get(key, 0) + 1
         return counts
 
-
-def tensorflow_keeps_for_shape(t: Tensor, reader: Node) -> bool:
-    """TensorFlow captures a tensor to take its shape in backward when a dim is unknown in its graph;
-    its Reshape gradient needs none with one unknown dim (it reshapes to a -1 wildcard)."""
-    shape = t.meta.get("graph_shape", t.shape)
-    if shape is None:
-        return True
-    unknown = sum(d is None for d in shape)
-    return unknown > (1 if reader.op_type == "ReshapeGrad" and 0 not in shape else 0)
+    def rule_for(self, kind: str):
+        return (self.profile or OPS).rule_for(kind)
 
 
 def size_graph(graph: Graph, options: Options) -> tuple[Sizes, list[str], dict[str, int]]:
@@ -84,22 +80,22 @@ def size_graph(graph: Graph, options: Options) -> tuple[Sizes, list[str], dict[s
 
 
 def analyze_graph(path: str, graph: Graph, options: Options) -> Analysis:
-    """Every pass over an already loaded forward graph (modelling TensorFlow's autodiff for SavedModels)."""
+    """Every pass over an already loaded forward graph: its sizes at the user's dims, then backward with
+    the autodiff profile of the framework that made it (or the user's ``options.autodiff``)."""
     progress.stage("sizes")
     sizes, warnings, unknown = size_graph(graph, options)
-    tensorflow = graph.format == "savedmodel"
+    profile, reason = choose_profile(graph, options.autodiff)
     progress.stage("backward")
-    joint = build_backward(graph, wrt_inputs=options.wrt_inputs, tensorflow=tensorflow)
+    joint = build_backward(graph, wrt_inputs=options.wrt_inputs, profile=profile)
     progress.stage("liveness")
-    liveness = analyze_liveness(joint, sizes,
-                                keeps_for_shape=tensorflow_keeps_for_shape if tensorflow else None)
+    liveness = analyze_liveness(joint, sizes, keeps_for_shape=profile.keeps_for_shape)
     progress.stage("fusion")
     matches = find_fusions(graph, joint, liveness, sizes, options.patterns)
     warnings = [*graph.meta.get("warnings", []), *warnings]
     no_params = None if options.wrt_inputs else no_parameter_warning(graph)
     if no_params:
         warnings.append(no_params)
-    return Analysis(path, graph, options, joint, liveness, matches, warnings, sizes, unknown)
+    return Analysis(path, graph, options, joint, liveness, matches, warnings, sizes, unknown, profile, reason)
 
 
 def analyze(path: str, options: Options | None = None,

@@ -29,6 +29,8 @@ def _document(a: Analysis) -> dict:
         "forward": {"nodes": len(g.nodes), "tensors": len(g.tensors),
                     "constant_weights": g.meta.get("constant_weights", 0)},
         "backward": {"nodes": len(a.joint.backward_nodes())},
+        "autodiff": {"profile": a.profile.name if a.profile else "ops", "reason": a.profile_reason,
+                     "composites": len(a.joint.meta.get("composites", ()))},
         "saved": [saved_entry(s) for s in live.saved],
         "memory": {"saved_bytes": live.saved_bytes,
                    "saved_activation_bytes": live.saved_activation_bytes,

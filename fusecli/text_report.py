@@ -175,6 +175,8 @@ def header_lines(a: Analysis, namer: Namer, width: int) -> list[str]:
              *wrap(f"{g.format}: {len(g.nodes)} forward ops, {len(a.joint.backward_nodes())} backward ops; "
                    f"{dims_text(a)}", width, ""),
              cut_end("tensors: " + ", ".join(f"{kinds[k]} {k}" for k in sorted(kinds)), width)]
+    if a.profile is not None:
+        lines += wrap(f"autodiff: {a.profile.name} ({a.profile_reason})", width, "  ")
     if g.meta.get("constant_weights"):
         lines.append(f"weights: {g.meta['constant_weights']} parameters read from Constant nodes")
     for label, tensors in (("input", g.inputs), ("output", g.outputs)):

@@ -10,7 +10,9 @@ from __future__ import annotations
 from functools import cache
 
 from ..ir import Graph, Node, Tensor
-from .rules import Grad, grad_for_input, rule_for
+from .composites import Region, custom_gradient_regions, find_regions
+from .profiles import OPS, Profile
+from .rules import Grad, grad_for_input
 
 GRAD_PREFIX = "gradients"
 
@@ -21,14 +23,18 @@ def grad_kind(node: Node) -> str:
     return node.meta.get("grad_kind", node.kind)
 
 
-def requires_grad(graph: Graph, wrt_inputs: bool = False) -> set[str]:
+def requires_grad(graph: Graph, wrt_inputs: bool = False, profile: Profile = OPS) -> set[str]:
     """Names of tensors on a path from a trainable leaf: float parameters (and float inputs)."""
+    every = profile.function_inputs  # TensorFlow: a function call's gradient covers all its inputs
+    frozen = profile.frozen(graph) if profile.frozen is not None else ()
     rg = {t.name for t in graph.tensors.values()
-          if t.is_float and (t.kind == "parameter" or (wrt_inputs and t.kind == "input"))}
+          if t.is_float and ((t.kind == "parameter" and t.name not in frozen)
+                             or ((wrt_inputs or every) and t.kind == "input")
+                             or (every and "variable" in t.meta))}
     for node in graph.nodes:
         if node.meta.get("constant"):
             continue
-        rule = rule_for(grad_kind(node))
+        rule = profile.rule_for(grad_kind(node))
         if rule == {}:
             continue
         if any(t is not None and t.name in rg and (rule is None or grad_for_input(rule, i))
@@ -101,36 +107,56 @@ def _broadcast(x: Tensor, y: Tensor | None) -> bool:
     return xs is None or xs != ys or None in xs
 
 
-def build_backward(forward: Graph, wrt_inputs: bool = False, tensorflow: bool = False) -> Graph:
-    """The joint graph: a copy of ``forward`` followed by the backward ops of ``loss = sum(outputs)``.
+def regions_of(graph: Graph, profile: Profile) -> list[Region]:
+    """The profile's composite regions of ``graph``: TensorFlow's custom gradients, PyTorch's composites."""
+    regions = custom_gradient_regions(graph) if profile.custom_gradients else []
+    if profile.composites:
+        taken = {id(n) for r in regions for n in r.nodes}
+        regions += [r for r in find_regions(graph, profile.composites)
+                    if not any(id(n) in taken for n in r.nodes)]
+    return regions
 
-    ``tensorflow``: build it as TensorFlow's graph-mode autodiff does: an op with several float
-    outputs, some without a gradient, gets ``ZerosLike(output)`` for those, which reads (and keeps)
-    them; and a gradient function differentiates every float input, constants too (``Mul(x, 0.5)``
-    keeps x for the constant's unused gradient).
+
+def build_backward(forward: Graph, wrt_inputs: bool = False, profile: Profile = OPS) -> Graph:
+    """The joint graph: a copy of ``forward`` followed by the backward ops of ``loss = sum(outputs)``,
+    built as ``profile``'s framework builds it (grad.profiles): its rule overrides; its composite
+    regions, each one backward node reading what the framework's formula reads; with
+    ``zeros_like_unused`` an op with several float outputs, some without a gradient, gets
+    ``ZerosLike(output)`` for those, which reads (and keeps) them; with ``constant_operands`` a gradient
+    function differentiates every float input, constants too (``Mul(x, 0.5)`` keeps x for the
+    constant's unused gradient).
     """
     joint = forward.copy()
     joint.meta["wrt_inputs"] = wrt_inputs
-    rg = requires_grad(joint, wrt_inputs)
+    joint.meta["autodiff"] = profile.name
+    rg = requires_grad(joint, wrt_inputs, profile)
+    regions = regions_of(joint, profile)
+    joint.meta["composites"] = {r.root.name: r.name for r in regions}
+    region_of = {id(r.root): r for r in regions}
+    interior = {id(n) for r in regions for n in r.nodes[:-1]}
     b = _Builder(joint)
     for y in joint.outputs:
         if y.name in rg:  # d(sum y)/dy = ones_like(y)
             b.add_partial(y, b.node(y.name, "OnesLike", [], [y], shape_reads=[y])[0])
     for node in reversed(joint.forward_nodes()):
-        if node.meta.get("constant"):
+        if node.meta.get("constant") or id(node) in interior:
             continue
         out_grads = [None if t is None else b.total(t) for t in node.outputs]
         dys = [g for g in out_grads if g is not None]
         if not dys:
             continue
-        if tensorflow and len(dys) < len(node.outputs):
+        region = region_of.get(id(node))
+        if region is not None:
+            _composite(b, region, dys, rg, profile)
+            continue
+        if profile.zeros_like_unused and len(dys) < len(node.outputs):
             dys += [b.node(t.name, "ZerosLike", [t], [t])[0] for t, g in zip(node.outputs, out_grads,
                                                                            strict=True)
                     if g is None and t is not None and t.is_float]
-        rule = rule_for(grad_kind(node))
+        rule = profile.rule_for(grad_kind(node))
         wanted = [i for i, t in enumerate(node.inputs) if t is not None and t.name in rg
                   and (rule is None or grad_for_input(rule, i) is not None)]
-        if tensorflow and wanted and rule is not None:
+        if profile.constant_operands and wanted and rule is not None:
             wanted = [i for i, t in enumerate(node.inputs) if t is not None and t.is_float
                       and grad_for_input(rule, i) is not None]
         if not wanted:
@@ -158,16 +184,39 @@ def build_backward(forward: Graph, wrt_inputs: bool = False, tensorflow: bool = 
             for _, g in items:
                 for read in g.reads:
                     for t, shape_only in _resolve(node, read):
+                        if not shape_only:
+                            t = profile.storage_of(t)
                         (shapes if shape_only else values)[t.name] = t
             grads = b.node(node.name, op, [*dys, *values.values()],
                            [node.inputs[i] for i, _ in items],
                            shape_reads=[t for n, t in shapes.items() if n not in values], forward=node)
             for (i, _), g in zip(items, grads, strict=True):
                 b.add_partial(node.inputs[i], g)
+    _finish(joint, b, rg, wrt_inputs)
+    return joint
+
+
+def _composite(b: _Builder, region: Region, dys: list[Tensor], rg: set[str], profile: Profile) -> None:
+    """One backward node for a composite region: it reads what the framework's formula reads and
+    makes the gradients of the region's outside inputs that need one."""
+    targets = [t for t in region.inputs if t.name in rg]
+    if not targets:
+        return
+    if profile.zeros_like_unused:  # the pass-through outputs get no gradient: ZerosLike reads them
+        dys = dys + [b.node(t.name, "ZerosLike", [t], [t])[0] for t in region.passthrough if t.is_float]
+    reads = list({id(t): t for t in map(profile.storage_of, region.reads)
+                  if t.producer is None or t.producer.phase == "forward"}.values())
+    grads = b.node(region.root.name, region.op, [*dys, *reads], targets, forward=region.root)
+    grads[0].producer.meta["composite"] = region.name
+    for t, g in zip(targets, grads, strict=True):
+        b.add_partial(t, g)
+
+
+def _finish(joint: Graph, b: _Builder, rg: set[str], wrt_inputs: bool) -> None:
+    """Parameter (and input) gradients become graph outputs."""
     for name in sorted(rg):
         t = joint.tensors[name]
-        if t.kind in ("parameter", "input") and b.partials.get(name):
+        if (t.kind == "parameter" or (wrt_inputs and t.kind == "input")) and b.partials.get(name):
             total = b.total(t)
             total.meta["grad_of"] = name
             joint.outputs.append(total)
-    return joint

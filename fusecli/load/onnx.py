@@ -187,6 +187,9 @@ def build_graph(model: onnx.ModelProto, name: str = "model", constant_weights: b
     """The IR graph of a (shape-inferred) ModelProto."""
     g = model.graph
     graph = Graph(g.name or name, fmt="onnx")
+    graph.meta["producer"] = model.producer_name  # which framework made it: its autodiff profile
+    graph.meta["export"] = {p.key: p.value for p in g.metadata_props}  # the exporter's notes (torch.export's
+    # graph signature); per initializer in its value info (its InputSpec kind, what constant folding used)
     infos = {vi.name: vi for vi in (*g.input, *g.value_info, *g.output)}
     initializer_names = set()
 
@@ -211,6 +214,8 @@ def build_graph(model: onnx.ModelProto, name: str = "model", constant_weights: b
         value = _small_value(init)
         if value is not None:
             t.meta["value"] = value
+        if init.name in infos and infos[init.name].metadata_props:
+            t.meta["export"] = {p.key: p.value for p in infos[init.name].metadata_props}
     for sparse in g.sparse_initializer:  # a dense tensor of ``dims`` stored as values + indices
         init = sparse.values
         if init.name in initializer_names:

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import sys
 
 import numpy as np
@@ -237,6 +238,9 @@ class _Loader:
         self.stack: list[str] = []
         self.resources: dict[str, _Resource] = {}  # graph-level variable handles by node name
         self.graph = Graph(os.path.basename(path) or path, fmt="savedmodel")
+        self.registered = {g.registered_op_type: g.gradient_func  # tf.custom_gradient: op type -> function
+                           for g in meta.graph_def.library.registered_gradients}
+        self.custom_gradients: list[dict] = []
 
     def fail(self, why: str) -> FuseError:
         return FuseError(f"{self.path}: {why}")
@@ -391,11 +395,36 @@ class _Loader:
             layout, dtypes = self.layout(nd)
             layouts[nd.name] = layout
             outputs[nd.name] = self.emit(nd, prefix, ins, dtypes)
+            if nd.op == "IdentityN" and "_gradient_op_type" in nd.attr:
+                self.custom_gradient(nd, ins, resolve, [*body, *(a.name for a in sig.input_arg)])
         self.stack.pop()
         return [resolve(r, "its return value") for r in rets]
 
     def dangling(self, reader: str, fname: str, ref: str, why: str) -> FuseError:
         return self.fail(f"{reader} of function {fname!r} reads {ref!r}, which does not exist ({why})")
+
+    def custom_gradient(self, nd, ins: list, resolve, local_names: list[str]) -> None:
+        """Record a ``tf.custom_gradient``: ``IdentityN(results..., inputs...)`` whose
+        ``_gradient_op_type`` names a registered gradient function. That function takes one gradient per
+        IdentityN output, then the forward tensors it captured, each an argument named after its
+        reader in the gradient and the captured node (``mul_<node name, '/' as '_'>``); it returns one
+        gradient per input. What it captured is what TensorFlow's backward reads."""
+        fdef = self.functions.get(self.registered.get(nd.attr["_gradient_op_type"].s.decode(), ""))
+        n_inputs = len(fdef.signature.output_arg) if fdef is not None else 0
+        if not 0 < n_inputs < len(ins) or not all(isinstance(v, Tensor) for v in ins):
+            return
+        names = {re.sub(r"\W", "_", n.lower()): n for n in local_names}
+        reads = []
+        for arg in fdef.signature.input_arg[len(ins):]:
+            best = max((k for k in names if arg.name == k or arg.name.endswith("_" + k)), key=len,
+                       default=None)
+            value = resolve(names[best]) if best is not None else None
+            if not isinstance(value, Tensor):
+                return  # a capture fusecli cannot name: leave the ops to their own rules
+            reads.append(value.name)
+        self.custom_gradients.append({"results": [t.name for t in ins[:-n_inputs]],
+                                      "inputs": [t.name for t in ins[-n_inputs:]], "reads": reads,
+                                      "gradient": fdef.signature.name})
 
     @staticmethod
     def order(body: dict, rets: list[str]) -> list:
@@ -558,6 +587,7 @@ class _Loader:
         graph.tensors = {name: t for name, t in self.tensors.items() if name in used}
         for n in needed:
             graph.add_node(n)
+        graph.meta["custom_gradients"] = self.custom_gradients
         graph.meta.update(signature=self.signature, signatures=signature_names(self.meta),
                           output_names=out_names,
                           tensorflow_version=self.meta.meta_info_def.tensorflow_version)

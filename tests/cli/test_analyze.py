@@ -11,7 +11,7 @@ from fusecli import __version__
 from fusecli.cli import main
 
 CONTRACT_KEYS = {"fusecli", "model", "format", "batch", "dims", "resolved_dims", "forward", "backward",
-                 "saved", "memory", "patterns", "unsupported"}
+                 "autodiff", "saved", "memory", "patterns", "unsupported"}
 
 
 def run(*args):

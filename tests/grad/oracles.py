@@ -19,6 +19,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from fusecli.grad.backward import build_backward
+from fusecli.grad.profiles import OPS, Profile
 from fusecli.ir import Graph
 from fusecli.liveness import analyze_liveness
 from fusecli.load.onnx import build_graph, infer_shapes
@@ -36,17 +37,17 @@ class Oracle:
 
 
 # -- fusecli side ----------------------------------------------------------------------------------
-def fusecli_joint(model: onnx.ModelProto, tensorflow: bool = False) -> Graph:
-    """The linted joint graph of ``model``, differentiated w.r.t. parameters and float inputs
-    (``tensorflow``: as TensorFlow's graph-mode autodiff builds it, as for SavedModels)."""
-    joint = build_backward(build_graph(infer_shapes(model)[0]), wrt_inputs=True, tensorflow=tensorflow)
+def fusecli_joint(model: onnx.ModelProto, profile: Profile = OPS) -> Graph:
+    """The linted joint graph of ``model``, differentiated w.r.t. parameters and float inputs, as
+    ``profile``'s framework builds it (grad.profiles)."""
+    joint = build_backward(build_graph(infer_shapes(model)[0]), wrt_inputs=True, profile=profile)
     joint.lint()
     return joint
 
 
-def fusecli_saved(model: onnx.ModelProto) -> set[str]:
+def fusecli_saved(model: onnx.ModelProto, profile: Profile = OPS) -> set[str]:
     """Names of the forward tensors whose values fusecli's backward reads."""
-    live = analyze_liveness(fusecli_joint(model))
+    live = analyze_liveness(fusecli_joint(model, profile))
     return {s.tensor.name for s in live.saved if s.reads == "value"}
 
 

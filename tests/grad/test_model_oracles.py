@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from fusecli.grad.profiles import OPS, TENSORFLOW
 from tests.conftest import make_model, vi
 
 from .oracles import (
@@ -119,4 +120,4 @@ def test_model_saved_values_match_the_framework(make, fw):
     assert set().union(*fusecli_reads_by_node(joint).values()) == fusecli_saved(model)
     # TensorFlow's graph-mode gradients also differentiate constant operands (the attention scale):
     # fusecli's TensorFlow mode, used for SavedModels, builds the backward the same way
-    assert got.named == predicted_saved(fusecli_joint(model, tensorflow=fw == "tf"), fw)
+    assert got.named == predicted_saved(fusecli_joint(model, TENSORFLOW if fw == "tf" else OPS), fw)

@@ -16,6 +16,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from fusecli.grad.backward import build_backward
+from fusecli.grad.profiles import get_profile
 from fusecli.ir import Graph, Node
 from fusecli.liveness import analyze_liveness
 from tests.conftest import make_model, vi
@@ -263,3 +264,13 @@ def test_tf_only_rule_matches_tf(op, kind, names, ref):
     live = analyze_liveness(joint)
     assert {s.tensor.name for s in live.saved if s.reads == "value"} == got.named
     assert not got.internal
+
+
+@pytest.mark.parametrize("case_id", ["relu6", "elu", "selu"])
+def test_pytorch_profile_reads_what_pytorch_reads(case_id):
+    """The PyTorch profile's overrides remove the table's documented differences with PyTorch."""
+    pytest.importorskip("torch")
+    model, feeds, _ = _reference(case_id)
+    got = ORACLES["torch"][1](model, feeds)
+    assert DIFFERENCES[(case_id, "torch")][0] == {"x0"}
+    assert fusecli_saved(model, get_profile("pytorch")) == got.named == {"x"}

@@ -20,13 +20,17 @@ tensors of weight-only subgraphs (fusecli's parameters: Keras 3's BatchNorm ``rs
 gamma``) are left out on both sides, as are fusecli's graph outputs (TensorFlow returns them as the
 forward function's own outputs, never as extra ones).
 
-fusecli models three TensorFlow habits for SavedModels (``pipeline.analyze_graph``), each once a
+fusecli models TensorFlow's habits (``grad.profiles.TENSORFLOW``) for SavedModels, each once a
 difference this oracle found: ``AddV2``/``Sub`` gradients take ``shape(x)`` and ``shape(y)`` unless both
 shapes are fully known and equal, which keeps both inputs alive under an unknown batch; an op with
 several outputs gets ``zeros_like`` for the outputs without a gradient (``FusedBatchNormV3``'s batch
 statistics), which keeps them; ``Reshape``'s gradient reshapes to a ``-1`` wildcard when one dim is
 unknown, which keeps nothing. The differences are still named tensor by tensor below, so that a
-regression says which habit it broke; the test asserts that none is left.
+regression says which habit it broke; the test asserts that none is left. Two more, found on Keras
+applications (EfficientNet, ConvNeXt): a ``tf.custom_gradient`` (Keras swish) is differentiated by its
+registered gradient function, which reads only what it captured (x, not swish's Sigmoid); and the
+gradient of a called function covers all its float inputs and variables, trainable or not, so the
+input normalization ahead of the first conv keeps ``x - mean`` for the (unused) gradient of its divisor.
 
 Precision and recall by tensor name must be >= 0.99.
 Where both keep a tensor, TensorFlow may read its value where fusecli reads only its shape: graph-mode
@@ -35,13 +39,22 @@ gradient functions also compute the gradient of a constant operand (``Mul(x, 0.5
 
 from __future__ import annotations
 
+import functools
+import os
+from dataclasses import replace
+
 import pytest
 
+from fusecli.grad.backward import build_backward
+from fusecli.grad.profiles import TENSORFLOW, Profile
+from fusecli.liveness import analyze_liveness
 from fusecli.load import load_model
 from fusecli.pipeline import Options, analyze_graph
 
 tf = pytest.importorskip("tensorflow")
 from tests.load.test_savedmodel import KERAS3, SEEDS, saved_models  # noqa: E402
+
+from .keras_apps import APPS, saved_app  # noqa: E402
 
 _CALLS = ("StatefulPartitionedCall", "PartitionedCall")
 _NOT_ACTIVATIONS = ("ReadVariableOp", "Const", "VarHandleOp")
@@ -69,6 +82,7 @@ def _output_index(node, out_arg: str, k: int) -> int:
     raise KeyError(out_arg)
 
 
+@functools.cache
 def tf_saved(path: str, signature: str = "serving_default") -> dict[str, tuple[str, frozenset]]:
     """TensorFlow's saved tensors: fusecli's name (``node:index``) -> (producer op type or 'arg', the op
     types in the backward functions that read it)."""
@@ -97,15 +111,27 @@ def tf_saved(path: str, signature: str = "serving_default") -> dict[str, tuple[s
     forward_call, backward_call = called("__forward_"), called("__inference___backward_")
     forward = library[forward_call.attr["f"].func.name]
 
-    def producer(fdef, index: int, prefix: str) -> tuple[str, str]:
-        ref = fdef.ret[fdef.signature.output_arg[index].name]
-        if ":" not in ref:
-            return "arg", prefix + ref
+    def producer(fdef, index: int, prefix: str, caller=None) -> tuple[str, str]:
+        return made_by(fdef, fdef.ret[fdef.signature.output_arg[index].name], prefix, caller)
+
+    def made_by(fdef, ref: str, prefix: str, caller) -> tuple[str, str]:
+        """The producer of ``ref`` in ``fdef``; ``caller`` = (function, call node, prefix, its caller)."""
+        if ":" not in ref:  # an argument: in a nested call, what the caller passed (XLA blocks return
+            if caller is None:  # their inputs for backward: that is the caller's tensor, kept)
+                return "arg", prefix + ref
+            outer, call, outer_prefix, outer_caller = caller
+            i = [a.name for a in fdef.signature.input_arg].index(ref)
+            return made_by(outer, [r for r in call.input if not r.startswith("^")][i], outer_prefix,
+                           outer_caller)
         node_name, out_arg, k = ref.split(":")
         node = next(n for n in fdef.node_def if n.name == node_name)
         if node.op in _CALLS:
-            return producer(library[node.attr["f"].func.name], int(k), f"{prefix}{node.name}/")
-        return node.op, f"{prefix}{node.name}:{_output_index(node, out_arg, int(k))}"
+            return producer(library[node.attr["f"].func.name], int(k), f"{prefix}{node.name}/",
+                            (fdef, node, prefix, caller))
+        index = _output_index(node, out_arg, int(k))
+        if node.op == "IdentityN":  # a custom gradient's IdentityN: its outputs are its inputs
+            return made_by(fdef, [r for r in node.input if not r.startswith("^")][index], prefix, caller)
+        return node.op, f"{prefix}{node.name}:{index}"
 
     def readers(fdef, arg: str) -> set[str]:
         """Op types that read argument ``arg`` of ``fdef``, through nested calls."""
@@ -135,10 +161,15 @@ def tf_saved(path: str, signature: str = "serving_default") -> dict[str, tuple[s
     return saved
 
 
-def compare(path: str) -> dict:
-    """Both saved sets (activations by tensor name), the named differences, and the numbers."""
+def compare(path: str, profile: Profile | None = None) -> dict:
+    """Both saved sets (activations by tensor name), the named differences, and the numbers; fusecli's
+    with the profile ``analyze_graph`` picks (TensorFlow's), or ``profile``."""
     graph = load_model(path)
-    live = analyze_graph(path, graph, Options(batch=2)).liveness
+    if profile is None:
+        live = analyze_graph(path, graph, Options(batch=2)).liveness
+    else:
+        joint = build_backward(graph, profile=profile)
+        live = analyze_liveness(joint, 2, keeps_for_shape=profile.keeps_for_shape)
     theirs, tf_reads = {}, {}
     for name, (op, reads) in tf_saved(path).items():
         if op == "arg" or op in _NOT_ACTIVATIONS:
@@ -186,13 +217,40 @@ def compare(path: str) -> dict:
 def test_saved_set_matches_tensorflow(models, name):
     if name not in models:
         pytest.skip("tf_keras is not installed")
-    r = compare(models[name])
+    assert_matches(models[name])
+
+
+@pytest.mark.parametrize("name", list(APPS))
+def test_keras_application_matches_tensorflow(name):
+    """EfficientNet's swish is a custom gradient, ConvNeXt's blocks nested calls: both as TensorFlow.
+    The EfficientNetV2B0s (the same habits, 1.5 minutes each) run with FUSECLI_ALL_KERAS_APPS=1."""
+    if "v2" in name and not os.environ.get("FUSECLI_ALL_KERAS_APPS"):
+        pytest.skip("EfficientNetV2B0: set FUSECLI_ALL_KERAS_APPS=1 (same habits as EfficientNetB0)")
+    if APPS[name][0] == "tf_keras":
+        pytest.importorskip("tf_keras")
+    assert_matches(saved_app(name))
+
+
+def test_custom_gradients_are_what_made_efficientnet_agree():
+    """With the registered gradients ignored, fusecli differentiates swish's ops one by one and keeps
+    its Sigmoid outputs, which TensorFlow never keeps."""
+    path = saved_app("keras3_efficientnetb0")
+    graph = load_model(path)
+    assert len(graph.meta["custom_gradients"]) == 49  # 16 blocks x 3 swishes + the stem + the top
+    r = compare(path, replace(TENSORFLOW, custom_gradients=False))
+    assert r["raw"][0] < 0.9, r["raw"]  # precision: 49 Sigmoids more
+    sigmoids = {n for n in r["ours_only"] if graph.tensors[n].producer.op_type == "Sigmoid"}
+    assert len(sigmoids) >= 49, len(sigmoids)
+
+
+def assert_matches(path: str) -> None:
+    r = compare(path)
     assert r["theirs"], "TensorFlow saves no activation: the oracle found nothing to compare"
     assert not r["tf_only"] and not r["ours_only"], (r["tf_only"], r["ours_only"])
     assert r["named"] == {"add_shape": [], "zeros_like": [], "reshape_wildcard": []}, r["named"]
     precision, recall = r["raw"]
     assert precision >= 0.99 and recall >= 0.99, r["raw"]
-    graph = load_model(models[name])
+    graph = load_model(path)
     for t in set(r["theirs"]) & set(r["ours"]):  # a shape-only read on one side is one on the other,
         tf_shape_only = r["tf_reads"][t] <= {"Shape", "ShapeN"}  # or a constant operand's gradient
         const_operand = any(c.op_type == "Mul" and any(i.kind == "constant" for i in c.inputs)
@@ -242,4 +300,4 @@ def test_oracle_sees_nested_function_names(models):
     saved = tf_saved(models["keras3_cnn"])
     op, reads = saved["StatefulPartitionedCall/functional_1/re_lu_1/Relu:0"]  # read by value, for
     assert op == "Relu" and "ReluGrad" in reads  # ReLU's gradient (and its shape, for the mean's)
-    assert all(n.startswith("StatefulPartitionedCall/") for n in saved)
+    assert all(n.startswith("StatefulPartitionedCall/") for n, (op, _) in saved.items() if op != "arg")

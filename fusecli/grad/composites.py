@@ -1,0 +1,261 @@
+"""Composite ops: a decomposed forward region that a framework differentiates as ONE backward node.
+
+PyTorch's ``F.gelu`` is one autograd node that saves x, but its ONNX export spells it as five ops that,
+differentiated one by one, keep five tensors. A ``Composite`` names the op trees the torch exporters
+write for one aten op (matched with fusion.match's ``Op``/``Var`` trees, walking producers from the
+root) and what its derivative formula saves (``derivatives.yaml``). Only the exporters' own spellings
+are listed: the same math written by hand in Python (GPT-2's ``0.5 * x * (1 + tanh(...))``, an
+``x * 0.5 * (1 + erf(...))``) runs op by op in eager PyTorch and saves op by op, and its export has a
+different shape (``0.5 * x`` first, or ``pow(x, 3)`` under TorchScript), so it is not matched.
+
+Where the exporter's spelling and a hand-written one coincide (``x * torch.sigmoid(x)`` is exported as
+F.silu is), the composite wins: fusecli cannot tell them apart.
+
+A region is one backward node only when nothing outside it reads its interior tensors; its gradient
+goes to every tensor it reads from outside that needs one (x, gamma, beta).
+
+TensorFlow's ``tf.custom_gradient`` regions (Keras swish and GELU) use the same ``Region`` but come from
+the SavedModel (``graph.meta["custom_gradients"]``, recorded by the loader), not from trees.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..fusion.match import Op, Var, match_at, op
+from ..fusion.patterns import ADD, LAYER_NORM, scalar
+from ..ir import Graph, Node, Tensor
+
+Reads = Callable[[dict[str, Node], dict[str, Tensor], Node], list[Tensor]]
+
+
+@dataclass(frozen=True)
+class Composite:
+    """One aten op as its exporters decompose it, and the forward values its backward reads."""
+
+    name: str
+    forms: tuple[Op, ...]
+    op: str  # the backward node's op type (PyTorch's autograd node name)
+    reads: Reads  # (roles, bound, root) -> the tensors its derivative formula saves
+    doc: str
+
+
+@dataclass
+class Region:
+    """A matched composite: its nodes (root last), the tensors it reads from outside, what backward reads."""
+
+    name: str
+    op: str
+    nodes: list[Node]
+    inputs: list[Tensor]
+    reads: list[Tensor]
+    passthrough: list[Tensor] = field(default_factory=list)  # custom gradient: IdentityN's copies of inputs
+
+    @property
+    def root(self) -> Node:
+        return self.nodes[-1]
+
+
+def _x(roles, bound, root) -> list[Tensor]:
+    return [bound["x"]]
+
+
+def _y(roles, bound, root) -> list[Tensor]:
+    return [root.outputs[0]]
+
+
+def _one_plus(inner: Op) -> Op:
+    return op(ADD | {"bias_add"}, inner, Var(check=scalar(1.0)), commutative=True)
+
+
+_HALF = Var(check=scalar(0.5))
+_ERF = op("erf", op("div", Var("x"), Var(check=scalar(math.sqrt(2)))))
+# F.gelu: TorchScript writes (x * (1 + erf(x / sqrt 2))) * 0.5, dynamo x * ((1 + erf(x / sqrt 2)) * 0.5)
+GELU_ERF_TORCH = (op("mul", op("mul", Var("x"), _one_plus(_ERF), commutative=True), _HALF, commutative=True),
+                  op("mul", Var("x"), op("mul", _one_plus(_ERF), _HALF, commutative=True), commutative=True))
+
+
+def _tanh_gelu(cube: Op) -> Op:
+    cubed = op("mul", cube, Var(check=scalar(0.044715)), commutative=True)
+    inner = op(ADD, Var("x"), cubed, commutative=True)
+    return op("tanh", op("mul", inner, Var(check=scalar(math.sqrt(2 / math.pi))), commutative=True))
+
+
+# F.gelu(approximate="tanh"): TorchScript 0.5 * (x * (1 + tanh(c (x + k x*x*x)))), dynamo
+# x * ((1 + tanh(c (x + k pow(x, 3)))) * 0.5)
+_CUBE_MUL = op("mul", Var("x"), op("mul", Var("x"), Var("x")), commutative=True)
+_CUBE_POW = op("pow", Var("x"), Var(check=scalar(3.0)))
+GELU_TANH_TORCH = (
+    op("mul", _HALF, op("mul", Var("x"), _one_plus(_tanh_gelu(_CUBE_MUL)), commutative=True),
+       commutative=True),
+    op("mul", Var("x"), op("mul", _one_plus(_tanh_gelu(_CUBE_POW)), _HALF, commutative=True),
+       commutative=True))
+# F.silu: x * sigmoid(x) (both exporters)
+SILU = (op("mul", Var("x"), op("sigmoid", Var("x")), commutative=True),)
+# F.hardswish below opset 14: x * HardSigmoid(x)
+HARDSWISH = (op("mul", Var("x"), op("hard_sigmoid", Var("x")), commutative=True),)
+
+
+def _rms_norm_trees() -> tuple[Op, ...]:
+    """F.rms_norm (dynamo): x * reciprocal(sqrt(mean(pow(x, 2)) + eps)) * w, or x * rsqrt(...) * w."""
+    ms = op(ADD, op("reduce_mean", op("pow", Var("x"), Var(check=scalar(2.0))), more=True),
+            Var(check=scalar()), commutative=True)
+    trees = []
+    for rstd in (op("reciprocal", op("sqrt", ms), name="rstd"), op("rsqrt", ms, name="rstd"),
+                 op("div", Var(check=scalar(1.0)), op("sqrt", ms), name="rstd")):
+        normed = op("mul", Var("x"), rstd, commutative=True, name="normed")
+        trees += [op("mul", normed, Var(), commutative=True), normed]
+    return tuple(trees)
+
+
+RMS_NORM = _rms_norm_trees()
+
+
+def _softmax_trees(log: bool) -> tuple[Op, ...]:
+    """softmax = exp(x - max) / sum(exp(x - max)); log_softmax = (x - max) - log(sum(exp(x - max)))."""
+    shifted = (op("sub", Var("x"), op("reduce_max", Var("x"), more=True), name="s"), Var("x", check=None))
+    trees = []
+    for s in shifted:
+        s_ref = Var("s") if isinstance(s, Op) else Var("x")
+        if log:
+            trees.append(op("sub", s, op("log", op("reduce_sum", op("exp", s_ref), more=True))))
+        else:
+            e = op("exp", s, name="e")
+            trees.append(op("div", e, op("reduce_sum", Var("e"), more=True)))
+    return tuple(trees)
+
+
+SOFTMAX, LOG_SOFTMAX = _softmax_trees(False), _softmax_trees(True)
+
+
+def _sdpa_trees() -> tuple[Op, ...]:
+    """F.scaled_dot_product_attention's math path as the exporters write it: q and k^T each scaled by
+    sqrt(scale) (dynamo transposes k between two reshapes), softmax (after an additive mask, if any),
+    times v."""
+    k_t = (op("transpose", Var("k"), more=True),
+           op("reshape", op("transpose", op("reshape", Var("k"), more=True), more=True), more=True))
+    trees = []
+    for kt in k_t:
+        for masked in (True, False):
+            scores = op("matmul", op("mul", Var("q"), Var(), commutative=True),
+                        op("mul", kt, Var(), commutative=True))
+            if masked:
+                scores = op(ADD, scores, Var(), commutative=True)
+            trees.append(op("matmul", op("softmax", scores, more=True), Var("v")))
+    return tuple(trees)
+
+
+SDPA = _sdpa_trees()
+
+
+# F.layer_norm below opset 17: (x - mean(x)) / sqrt(mean((x - mean)^2) + eps) * w + b, fusion's trees
+# (LAYER_NORM's first four; the others are TensorFlow's moments form)
+LAYER_NORM_TORCH = LAYER_NORM[:4]
+
+
+def _layer_norm_reads(roles, bound, root) -> list[Tensor]:
+    """x and the statistics mean and std (PyTorch keeps rstd, the same size); w and b are parameters."""
+    return [bound["x"], bound["d"].producer.inputs[1], roles["normalize"].inputs[1]]
+
+
+def _rms_norm_reads(roles, bound, root) -> list[Tensor]:
+    """CPU's rms_norm is CompositeImplicitAutograd: pow saves x, rsqrt and mul save rstd, w * normed
+    saves normed."""
+    normed = bound.get("normed")  # unbound when it is the root (no weight)
+    return [bound["x"], bound["rstd"]] + ([normed] if normed is not None else [])
+
+
+PYTORCH_COMPOSITES: tuple[Composite, ...] = (
+    Composite("gelu_erf", GELU_ERF_TORCH, "GeluBackward0", _x, "gelu_backward(grad, self): saves x"),
+    Composite("gelu_tanh", GELU_TANH_TORCH, "GeluBackward0", _x,
+              "gelu_backward(grad, self, 'tanh'): saves x"),
+    Composite("silu", SILU, "SiluBackward0", _x, "silu_backward(grad, self): saves x"),
+    Composite("hardswish", HARDSWISH, "HardswishBackward0", _x, "hardswish_backward(grad, self): saves x"),
+    Composite("layer_norm", LAYER_NORM_TORCH, "NativeLayerNormBackward0", _layer_norm_reads,
+              "native_layer_norm_backward: saves x, weight, bias, mean, rstd"),
+    Composite("rms_norm", RMS_NORM, "RmsNormBackward", _rms_norm_reads,
+              "rms_norm on CPU runs as pow, mean, rsqrt, mul: saves x, rstd and x * rstd"),
+    Composite("softmax", SOFTMAX, "SoftmaxBackward0", _y, "_softmax_backward_data(grad, result): saves y"),
+    Composite("log_softmax", LOG_SOFTMAX, "LogSoftmaxBackward0", _y,
+              "_log_softmax_backward_data(grad, result): saves y"),
+    Composite("sdpa", SDPA, "ScaledDotProductFlashAttentionForCpuBackward0",
+              lambda roles, bound, root: [bound["q"], bound["k"], bound["v"], root.outputs[0]],
+              "_scaled_dot_product_flash_attention_for_cpu: saves q, k, v, out (and logsumexp)"),
+)
+
+
+def _region(composite: Composite, node: Node) -> Region | None:
+    for form in composite.forms:
+        found = match_at(form, node)
+        if found is None:
+            continue
+        nodes, roles, bound = found
+        inside = {id(n) for n in nodes}
+        if any(c is None or id(c) not in inside for n in nodes[:-1] for t in n.outputs if t is not None
+               for c in t.consumers):
+            continue  # an interior tensor read outside: gradients flow through it, no single node
+        made = {id(t) for n in nodes for t in n.outputs if t is not None}
+        inputs, seen = [], set()
+        for n in nodes:
+            for t in n.inputs:
+                if t is not None and id(t) not in made and id(t) not in seen:
+                    seen.add(id(t))
+                    inputs.append(t)
+        reads = composite.reads(roles, bound, node)
+        return Region(composite.name, composite.op, nodes, inputs, [t for t in reads if t is not None])
+    return None
+
+
+def find_regions(graph: Graph, composites: tuple[Composite, ...]) -> list[Region]:
+    """Every composite region of the forward graph, none overlapping (the first root in order wins)."""
+    by_kind: dict[str, list[Composite]] = {}
+    for c in composites:
+        for kind in frozenset().union(*(f.kinds for f in c.forms)):
+            by_kind.setdefault(kind, []).append(c)
+    regions, claimed = [], set()
+    for node in reversed(graph.forward_nodes()):  # outermost roots first
+        if id(node) in claimed or node.meta.get("constant"):
+            continue
+        for c in by_kind.get(node.kind, ()):
+            r = _region(c, node)
+            if r is not None and not any(id(n) in claimed for n in r.nodes):
+                claimed.update(id(n) for n in r.nodes)
+                regions.append(r)
+                break
+    return regions
+
+
+_MAX_CUSTOM_NODES = 64  # a region that walks further has escaped its inputs: not a custom gradient
+
+
+def custom_gradient_regions(graph: Graph) -> list[Region]:
+    """TensorFlow custom gradients the SavedModel loader recorded: the ops from the inputs of the
+    ``IdentityN`` to its results, differentiated by the registered gradient function, which reads the
+    forward tensors it captured. The IdentityN also passes its inputs through: outputs without a
+    gradient, which TensorFlow's ``ZerosLike`` reads."""
+    regions = []
+    for cg in graph.meta.get("custom_gradients", ()):
+        results = [graph.tensors.get(n) for n in cg["results"]]
+        if not results or any(t is None or t.producer is None for t in results):
+            continue
+        stop = {n for n in cg["inputs"]}
+        nodes, seen, stack = [], set(), [t.producer for t in results]
+        while stack and len(nodes) <= _MAX_CUSTOM_NODES:
+            n = stack.pop()
+            if n is None or id(n) in seen or n.meta.get("constant"):
+                continue
+            seen.add(id(n))
+            nodes.append(n)
+            stack.extend(t.producer for t in n.inputs if t is not None and t.name not in stop)
+        if len(results) != 1 or len(nodes) > _MAX_CUSTOM_NODES:
+            continue  # one result: one root (Keras swish, GELU)
+        order = {id(n): i for i, n in enumerate(graph.nodes)}
+        nodes.sort(key=lambda n: order[id(n)])
+        if nodes[-1] is not results[0].producer:
+            continue
+        inputs = [graph.tensors[n] for n in cg["inputs"] if n in graph.tensors]
+        reads = [graph.tensors[n] for n in cg["reads"] if n in graph.tensors]
+        regions.append(Region("custom_gradient", cg["gradient"], nodes, inputs, reads, inputs))
+    return regions

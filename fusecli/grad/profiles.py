@@ -1,0 +1,109 @@
+"""How a framework's autodiff differentiates: one Profile per framework, chosen per model.
+
+A profile holds what the plain per-op rules (``rules.RULES``) do not say: its rule overrides (PyTorch's
+relu6 reads x where TensorFlow's reads y), its composite ops (PyTorch's gelu is one autograd node that
+saves x, not the five tensors of its ONNX spelling), and its graph-building and shape-read habits
+(TensorFlow's ``ZerosLike`` of unused outputs, its gradients of constant operands, the tensors it keeps
+only to read their shape). The README's table of habits lists the same facts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from ..ir import Graph, Node, Tensor
+from .rules import RULES, G, Grad
+
+
+def tensorflow_keeps_for_shape(t: Tensor, reader: Node) -> bool:
+    """TensorFlow captures a tensor to take its shape in backward when a dim is unknown in its graph;
+    its Reshape gradient needs none with one unknown dim (it reshapes to a -1 wildcard)."""
+    shape = t.meta.get("graph_shape", t.shape)  # as TensorFlow's graph has it, before fusecli sized it
+    if shape is None:
+        return True
+    unknown = sum(d is None for d in shape)
+    return unknown > (1 if reader.op_type == "ReshapeGrad" and 0 not in shape else 0)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One framework's autodiff habits; ``ops`` (no habits) is the plain per-op rules table."""
+
+    name: str
+    doc: str
+    overrides: Mapping[str, dict[int | str, Grad]] = field(default_factory=dict)
+    zeros_like_unused: bool = False  # several float outputs, some without a gradient: ZerosLike(those)
+    constant_operands: bool = False  # a gradient function differentiates every float input
+    custom_gradients: bool = False  # honour TensorFlow's _gradient_op_type (registered gradients)
+    function_inputs: bool = False  # a called function's gradient covers all its float inputs and variables
+    composites: tuple = ()  # grad.composites.Composite: decomposed ops judged as one backward node
+    keeps_for_shape: Callable[[Tensor, Node], bool] | None = None  # liveness: a shape read keeps t
+    views: frozenset[str] = frozenset()  # kinds whose output shares its input's storage (PyTorch views)
+    frozen: Callable[[Graph], set[str]] | None = None  # parameters the framework does not differentiate
+
+    def rule_for(self, kind: str) -> dict[int | str, Grad] | None:
+        """The rule of a kind under this profile, or None when there is none (unsupported)."""
+        rule = self.overrides.get(kind)
+        return rule if rule is not None else RULES.get(kind)
+
+    def storage_of(self, t: Tensor) -> Tensor:
+        """The tensor whose storage ``t`` shares: a view's base (PyTorch saves the view, which keeps
+        its base's storage alive: one storage, counted once), else ``t``."""
+        while self.views and t.producer is not None and t.producer.kind in self.views \
+                and t.producer.inputs and t.producer.inputs[0] is not None \
+                and t.producer.inputs[0].dtype == t.dtype and t.producer.outputs[0] is t:
+            t = t.producer.inputs[0]
+        return t
+
+
+OPS = Profile("ops", "the plain per-op rules table, each ONNX op differentiated on its own")
+
+TENSORFLOW = Profile(
+    "tensorflow", "TensorFlow's graph-mode gradient functions (tf.GradientTape in a tf.function)",
+    zeros_like_unused=True, constant_operands=True, custom_gradients=True, function_inputs=True,
+    keeps_for_shape=tensorflow_keeps_for_shape)
+
+
+def _pytorch() -> Profile:
+    from .composites import PYTORCH_COMPOSITES
+    from .torch_export import frozen_parameters
+
+    return Profile(
+        "pytorch", "PyTorch's eager autograd (derivatives.yaml), composite ops as one autograd node",
+        overrides={
+            "relu6": {0: G("HardtanhBackward", "x0")},  # hardtanh_backward(grad, self, 0, 6)
+            "elu": {0: G("EluBackward", "x0")},  # elu_backward(..., is_result=false, self)
+            "selu": {0: G("EluBackward", "x0")},  # selu is an elu: saves self
+            "max_pool": {0: G("MaxPoolWithIndicesBackward", "x0", "y0")},  # x and the indices (as y)
+            "global_max_pool": {0: G("MaxPoolWithIndicesBackward", "x0", "y0")},
+        },
+        composites=PYTORCH_COMPOSITES,
+        # reshape/view/permute/squeeze return views, and .to(its own dtype) returns the tensor itself
+        views=frozenset({"reshape", "flatten", "squeeze", "unsqueeze", "transpose", "identity", "cast"}),
+        frozen=frozen_parameters)  # dynamo: buffers and values folded from them are no parameters
+
+
+PROFILES: dict[str, Callable[[], Profile]] = {
+    "ops": lambda: OPS, "tensorflow": lambda: TENSORFLOW, "pytorch": _pytorch}
+_TENSORFLOW_PRODUCERS = ("tf2onnx", "keras2onnx")
+
+
+def get_profile(name: str) -> Profile:
+    """The profile called ``name`` (``ops``, ``tensorflow``, ``pytorch``)."""
+    return PROFILES[name]()
+
+
+def choose_profile(graph: Graph, override: str | None = None) -> tuple[Profile, str]:
+    """The profile for ``graph`` and why: the user's choice, else the framework that made the model."""
+    if override is not None:
+        return get_profile(override), "--autodiff"
+    if graph.format == "savedmodel":
+        return TENSORFLOW, "a TensorFlow SavedModel"
+    producer = graph.meta.get("producer") or ""
+    if producer == "pytorch":
+        return get_profile("pytorch"), "ONNX producer_name 'pytorch'"
+    if producer in _TENSORFLOW_PRODUCERS:
+        return TENSORFLOW, f"ONNX producer_name {producer!r}"
+    why = f"ONNX producer_name {producer!r}" if producer else "ONNX without producer_name"
+    return OPS, f"{why}: no framework's habits known, plain per-op rules"

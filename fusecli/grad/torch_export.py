@@ -1,0 +1,60 @@
+"""Which float initializers of a dynamo export PyTorch differentiates: what torch.export says about them.
+
+The dynamo exporter writes the ExportedProgram's graph signature into the graph's metadata (one line per
+input: ``name: KIND target='module.path'``, KIND one of PARAMETER, BUFFER, CONSTANT_TENSOR, ...), marks
+each initializer it keeps with its ``InputSpec.kind``, and onnxscript's optimizer marks each initializer
+it made by constant folding with ``folded_from`` (the values and nodes it folded). A folded initializer
+is a parameter when it was folded from one (a transposed weight, an expanded class token), else a value
+computed at export time from buffers and constants (rotary cos/sin from ``inv_freq``), which PyTorch
+never differentiates. The loader keeps these notes in ``graph.meta["export"]`` and ``tensor.meta["export"]``.
+Without a signature (TorchScript exports) every float initializer stays a parameter.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+
+from ..ir import Graph, Tensor
+
+SIGNATURE = "pkg.torch.export.ExportedProgram.graph_signature"
+KIND = "pkg.torch.export.graph_signature.InputSpec.kind"
+FOLDED = "pkg.onnxscript.optimizer.folded_from"
+_INPUT = re.compile(r"^(\w+): (\w+) target='([^']*)'", re.M)
+
+
+def frozen_parameters(graph: Graph) -> set[str]:
+    """Names of the graph's parameters that torch.export says are not PyTorch parameters."""
+    signature = (graph.meta.get("export") or {}).get(SIGNATURE)
+    if not signature:
+        return set()
+    params = {n for name, kind, target in _INPUT.findall(signature) if kind == "PARAMETER"
+              for n in (name, target)}
+    verdict: dict[str, bool] = {}
+
+    def trainable(t: Tensor, depth: int = 0) -> bool:
+        if t.name not in verdict:
+            notes = t.meta.get("export") or {}
+            kind, folded = notes.get(KIND), _sources(notes.get(FOLDED))
+            if kind is not None:
+                verdict[t.name] = kind == "PARAMETER"
+            elif folded is None or depth > 16:
+                verdict[t.name] = True  # no note: as the loader says
+            else:
+                verdict[t.name] = any(s in params or (s in graph.tensors and s != t.name
+                                                      and graph.tensors[s].kind == "parameter"
+                                                      and trainable(graph.tensors[s], depth + 1))
+                                      for s in folded)
+        return verdict[t.name]
+
+    return {t.name for t in graph.tensors.values() if t.kind == "parameter" and not trainable(t)}
+
+
+def _sources(folded: str | None) -> list[str] | None:
+    if folded is None:
+        return None
+    try:
+        value = ast.literal_eval(folded)
+    except (ValueError, SyntaxError):
+        return None
+    return [str(s) for s in value] if isinstance(value, list | tuple) else None
