@@ -11,7 +11,7 @@ import onnx
 from onnx import helper
 
 from ..errors import FuseError
-from ..ir import Graph
+from ..ir import Graph, gc_paused
 from ..load.onnx import dtype_name, graph_of_model, opset_of
 from ..output import refuse_overwriting_input
 from ..pipeline import Analysis, Options, analyze, analyze_graph
@@ -144,8 +144,9 @@ def rewrite(path: str, options: RewriteOptions | None = None, output: str | None
             source.protected += data_files
         nodes_before, ops_before = len(model.graph.node), op_counts(model)
         initializers_before = len(model.graph.initializer)
-        applied, passes, folded = rewrite_passes(model, first, options, source.onnx_path)
-        prune(model)
+        with gc_paused():  # passes build and drop whole analyses: no collector walks meanwhile
+            applied, passes, folded = rewrite_passes(model, first, options, source.onnx_path)
+            prune(model)
         result = RewriteResult(path, output, options, model, applied, nodes_before, len(model.graph.node),
                                ops_before, op_counts(model), folded, passes, warnings=list(first.warnings))
         # nothing rewritten and nothing pruned: the output is the input's graph, there is nothing to compare
