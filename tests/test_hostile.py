@@ -13,6 +13,7 @@ import resource
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -34,8 +35,7 @@ def run_cli(*args: str, env: dict | None = None, limit: float = SECONDS + 20) ->
 
     full_env = {**os.environ, "PYTHONPATH": ROOT, "NO_COLOR": "1", **(env or {})}
     full_env.pop("FUSECLI_DEBUG", None)
-    out_path, err_path = os.path.join(ROOT, ".hostile.out"), os.path.join(ROOT, ".hostile.err")
-    with open(out_path, "w+") as out, open(err_path, "w+") as err:
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         t0 = time.perf_counter()
         p = subprocess.Popen([sys.executable, "-m", "fusecli", *args], stdout=out, stderr=err, env=full_env,
                              preexec_fn=cap, cwd=ROOT)
@@ -52,10 +52,7 @@ def run_cli(*args: str, env: dict | None = None, limit: float = SECONDS + 20) ->
         seconds = time.perf_counter() - t0
         out.seek(0)
         err.seek(0)
-        result = p.returncode, out.read(), err.read(), seconds, usage.ru_maxrss * 1024
-    os.unlink(out_path)
-    os.unlink(err_path)
-    return result
+        return p.returncode, out.read(), err.read(), seconds, usage.ru_maxrss * 1024
 
 
 def assert_one_error(result, pattern: str) -> None:
