@@ -67,6 +67,7 @@ def assert_one_error(result, pattern: str) -> None:
 
 def assert_within_budget(result) -> None:
     _, _, err, seconds, peak = result
+    print(f"[{seconds:.2f} s, peak {peak / 2**20:.0f} MiB]", end=" ")
     assert seconds < SECONDS, f"took {seconds:.1f} s"
     assert peak < PEAK_BYTES, f"peak RSS {peak / 2**20:.0f} MiB"
 
