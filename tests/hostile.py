@@ -132,12 +132,14 @@ def undefined_elem_type(folder: str) -> str:
 
 
 def short_initializer(folder: str) -> str:
-    """A Conv weight whose raw data is shorter than its dims say (rewrite reads it)."""
+    """A Conv weight whose raw data is shorter than its dims say (rewrite reads it to fold a BatchNorm)."""
     w = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[4, 4, 3, 3], raw_data=b"\0" * 12)
-    b = numpy_helper.from_array(np.zeros(4, np.float32), "b")
-    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], "conv", pads=[1, 1, 1, 1]),
-             helper.make_node("Relu", ["c"], ["y"], "relu")]
-    return save(model(nodes, [vi("x", 1, 4, 6, 6)], [vi("y", 1, 4, 6, 6)], [w, b]), folder)
+    stats = [numpy_helper.from_array(np.full(4, v, np.float32), k) for k, v in
+             (("s", 1.0), ("sh", 0.0), ("m", 0.0), ("v", 1.0))]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], "conv", pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c", "s", "sh", "m", "v"], ["bn"], "bn"),
+             helper.make_node("Relu", ["bn"], ["y"], "relu")]
+    return save(model(nodes, [vi("x", 1, 4, 6, 6)], [vi("y", 1, 4, 6, 6)], [w, *stats]), folder)
 
 
 def huge_dims(folder: str) -> str:

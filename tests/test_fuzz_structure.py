@@ -1,12 +1,11 @@
 """The structure-aware fuzzer (tests/fuzz_structure.py) in CI: a bounded run, and every past finding.
 
-FUSECLI_FUZZ_SECONDS sets the run's length (default 100 s); FUSECLI_FUZZ_SEED its first seed (default:
-a new one per day, so CI explores over time and a failure names its seed to replay).
+FUSECLI_FUZZ_SECONDS sets the run's length (default 100 s); FUSECLI_FUZZ_SEED its first seed (default 0,
+so CI is repeatable; set another to explore, and a failure names its seed to replay).
 """
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import subprocess
@@ -40,7 +39,7 @@ def test_past_findings_end_cleanly():
 
 def test_fuzzer_finds_no_internal_error_hang_or_memory_hit():
     seconds = float(os.environ.get("FUSECLI_FUZZ_SECONDS", "100"))
-    seed = int(os.environ.get("FUSECLI_FUZZ_SEED", datetime.date.today().toordinal() % 1000 * 10_000))
+    seed = int(os.environ.get("FUSECLI_FUZZ_SEED", "0"))
     summary = _run(["--seconds", str(seconds), "--seed", str(seed)], timeout=seconds + 120)
     print(json.dumps({k: v for k, v in summary.items() if k != "findings"}))
     assert summary["cases"] > 0

@@ -11,7 +11,7 @@ import onnx
 from onnx import helper
 
 from ..errors import FuseError
-from ..ir import Graph
+from ..ir import Graph, gc_paused
 from ..load.onnx import dtype_name, graph_of_model, opset_of
 from ..output import refuse_overwriting_input, scratch_dir
 from ..pipeline import Analysis, Options, analyze, analyze_graph
@@ -152,8 +152,9 @@ def rewrite(path: str, options: RewriteOptions | None = None, output: str | None
             source.protected += data_files
         nodes_before, ops_before = len(model.graph.node), op_counts(model)
         initializers_before = len(model.graph.initializer)
-        applied, passes, folded = rewrite_passes(model, first, options, source.onnx_path)
-        prune(model)
+        with gc_paused():  # passes build and drop whole analyses: no collector walks meanwhile
+            applied, passes, folded = rewrite_passes(model, first, options, source.onnx_path)
+            prune(model)
         base_dir = os.path.dirname(os.path.abspath(source.onnx_path))
         spliced = not needs_external_data(model)  # payloads copied file to file when written
         if not spliced:

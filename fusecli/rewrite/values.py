@@ -28,6 +28,9 @@ def tensor_array(t: onnx.TensorProto, base_dir: str = "") -> np.ndarray:
                         f"its dims and type ({first})") from None
 
 
+_SUBGRAPH = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+
+
 class Names:
     """Unique names for new tensors and nodes of one model."""
 
@@ -57,21 +60,36 @@ class Weights:
         self._constant: dict[str, bool] = {}
 
     def is_constant(self, name: str) -> bool:
-        """True for an initializer or a tensor computed only from initializers and constants."""
-        if name in self._constant:
-            return self._constant[name]
-        if name in self.initializers:
-            result = True
-        elif name in self.inputs or name not in self.producer:
-            result = False
-        else:
-            node = self.producer[name]
-            result = (node.op_type not in _NOT_CONSTANT
-                      and not any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-                                  for a in node.attribute)
-                      and all(self.is_constant(i) for i in node.input if i))
-        self._constant[name] = result
-        return result
+        """True for an initializer or a tensor computed only from initializers and constants (walked with
+        a stack: a long constant chain costs no recursion; a cycle is not constant)."""
+        known, visiting = self._constant, set()
+        stack = [name]
+        while stack:
+            t = stack[-1]
+            if t in known:
+                stack.pop()
+                continue
+            if t in self.initializers:
+                known[t] = True
+            elif t in self.inputs or t not in self.producer:
+                known[t] = False
+            else:
+                node = self.producer[t]
+                if node.op_type in _NOT_CONSTANT or any(a.type in _SUBGRAPH for a in node.attribute):
+                    known[t] = False
+                elif t not in visiting:
+                    visiting.add(t)
+                    todo = [i for i in node.input if i and i not in known]
+                    if any(i in visiting for i in todo):
+                        known[t] = False
+                    else:
+                        stack.extend(todo)
+                        continue
+                else:
+                    known[t] = all(known.get(i, False) for i in node.input if i)
+            visiting.discard(t)
+            stack.pop()
+        return known[name]
 
     def value(self, name: str) -> np.ndarray | None:
         """The tensor's value, or None when it depends on a graph input."""

@@ -108,12 +108,17 @@ def make_feeds(sess: ort.InferenceSession, batch: int = 1, dims: Mapping[str, in
     return feeds
 
 
+def quiet_run() -> ort.RunOptions:
+    """Run options that keep onnxruntime's own error lines off the terminal (fusecli says what failed)."""
+    options = ort.RunOptions()
+    options.log_severity_level = QUIET
+    return options
+
+
 def run(sess: ort.InferenceSession, feeds: dict, what: str) -> dict[str, np.ndarray]:
     names = {i.name for i in sess.get_inputs()}
-    quiet = ort.RunOptions()
-    quiet.log_severity_level = QUIET
     try:
-        outs = sess.run(None, {k: v for k, v in feeds.items() if k in names}, quiet)
+        outs = sess.run(None, {k: v for k, v in feeds.items() if k in names}, quiet_run())
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise FuseError(f"onnxruntime failed to run the {what} model: {first} "
@@ -173,16 +178,17 @@ def bench(sources: list[tuple[str, Source, str]], batch: int = 1, dims: Mapping[
     feeds = make_feeds(sessions[0], batch, dims, seed)
     per = [{i.name for i in s.get_inputs()} for s in sessions]
     feeds_of = [{k: v for k, v in feeds.items() if k in names} for names in per]
-    for _ in range(warmup):
-        for s, f in zip(sessions, feeds_of, strict=True):
-            s.run(None, f)
+    quiet = quiet_run()
+    for (label, _, _), s, f in zip(sources, sessions, feeds_of, strict=True):  # warm-up; a failure is named
+        for _ in range(warmup):
+            run(s, f, label)
     times: list[list[float]] = [[] for _ in sessions]
     n = len(sessions)
     for r in range(runs):
         for k in range(n):
             i = (r + k) % n
             t0 = time.perf_counter()
-            sessions[i].run(None, feeds_of[i])
+            sessions[i].run(None, feeds_of[i], quiet)
             times[i].append(time.perf_counter() - t0)
     return [Timing(label, statistics.median(ts) * 1e3, runs) for (label, _, _), ts in zip(sources, times,
                                                                                           strict=True)]

@@ -1,0 +1,60 @@
+"""rewrite's own passes stay within a small multiple of analyze on long chains (20k nodes here; the README
+has the 200k-node measurement). CPU time of this process, so that other work on a shared machine does not
+decide the ratio."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from fusecli.pipeline import Options, analyze
+from fusecli.rewrite import RewriteOptions, rewrite
+
+NODES = 20_000
+
+
+def _plain_chain(n: int) -> onnx.ModelProto:
+    """x -> Relu -> Sigmoid -> Tanh -> Neg -> ... (nothing to fuse)."""
+    ops, nodes, prev = ["Relu", "Sigmoid", "Tanh", "Neg"], [], "x"
+    for i in range(n):
+        nodes.append(helper.make_node(ops[i % 4], [prev], [f"t{i}"], f"n{i}"))
+        prev = f"t{i}"
+    g = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+                          [helper.make_tensor_value_info(prev, TensorProto.FLOAT, ["N", 4])])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def _conv_chain(n: int) -> onnx.ModelProto:
+    """(Conv 1x1 -> Relu) * n/2: every pair becomes a FusedConv."""
+    w = numpy_helper.from_array(np.eye(4, dtype=np.float32).reshape(4, 4, 1, 1), "w")
+    nodes, prev = [], "x"
+    for i in range(n // 2):
+        nodes += [helper.make_node("Conv", [prev, "w"], [f"c{i}"], f"conv{i}"),
+                  helper.make_node("Relu", [f"c{i}"], [f"r{i}"], f"relu{i}")]
+        prev = f"r{i}"
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 2, 2])
+    g = helper.make_graph(nodes, "chain", [x],
+                          [helper.make_tensor_value_info(prev, TensorProto.FLOAT, [1, 4, 2, 2])], [w])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.mark.parametrize("build, verify", [(_plain_chain, True), (_conv_chain, False)])
+def test_rewrite_of_a_long_chain_within_3x_of_analyze(build, verify, tmp_path):
+    from onnxruntime.tools import symbolic_shape_infer  # noqa: F401  (imports outside the timings)
+
+    path = str(tmp_path / "chain.onnx")
+    onnx.save(build(NODES), path)
+    analyze(path, Options())  # warm: onnx's shape inference and the passes' first calls
+    t0 = time.process_time()
+    analyze(path, Options())
+    t_analyze = time.process_time() - t0
+    t0 = time.process_time()
+    r = rewrite(path, RewriteOptions(verify=verify), output=str(tmp_path / "out.onnx"))
+    t_rewrite = time.process_time() - t0
+    assert r.nodes_before == NODES
+    print(f"rewrite {t_rewrite:.2f} s, analyze {t_analyze:.2f} s")
+    assert t_rewrite <= 3 * t_analyze, f"rewrite {t_rewrite:.1f} s, analyze {t_analyze:.1f} s"
