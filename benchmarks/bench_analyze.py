@@ -231,8 +231,9 @@ def _show(r: Run) -> str:
     return f"{r.seconds:.2f} s {r.maxrss_kib / 1024:.0f} MiB" + ("" if r.ok else f" FAILED {r.error}")
 
 
-def fusecli(model: Path) -> list[str]:
-    return [sys.executable, "-m", "fusecli", "analyze", str(model), "--json"]
+def fusecli(model: Path, *dims: str) -> list[str]:
+    """The analyze command, sized as a user sizes it (every input dim given: no default is taken)."""
+    return [sys.executable, "-m", "fusecli", "analyze", str(model), "--json", "--batch", "2", *dims]
 
 
 # -- report -----------------------------------------------------------------------------------------------
@@ -331,7 +332,7 @@ def main() -> None:
 
     if not args.quick:
         print(f"BERT-large ({_size(BERT)}): analyze vs onnx.load", file=sys.stderr)
-        a, b = interleaved(fusecli(BERT), [sys.executable, "-c", f"import onnx; onnx.load({str(BERT)!r})"],
+        a, b = interleaved(fusecli(BERT, "--dim", "seq=128"), [sys.executable, "-c", f"import onnx; onnx.load({str(BERT)!r})"],
                            runs, "bert")
         nodes = _count_nodes(BERT)
         if a.ok and b.ok:
