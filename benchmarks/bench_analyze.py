@@ -332,8 +332,8 @@ def main() -> None:
 
     if not args.quick:
         print(f"BERT-large ({_size(BERT)}): analyze vs onnx.load", file=sys.stderr)
-        a, b = interleaved(fusecli(BERT, "--dim", "seq=128"), [sys.executable, "-c", f"import onnx; onnx.load({str(BERT)!r})"],
-                           runs, "bert")
+        a, b = interleaved(fusecli(BERT, "--dim", "seq=128"),
+                           [sys.executable, "-c", f"import onnx; onnx.load({str(BERT)!r})"], runs, "bert")
         nodes = _count_nodes(BERT)
         if a.ok and b.ok:
             r = a.seconds / b.seconds

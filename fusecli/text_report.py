@@ -35,7 +35,7 @@ class TextOptions:
     verbose: bool = False
     quiet: bool = False
     all_saved: bool = False
-    top: int = 10  # saved tensors shown by default
+    top: int = 8  # saved tensors shown by default
     width: int | None = None  # None: the terminal's (COLUMNS), 80 when not a terminal
     color: bool = False
 
@@ -269,8 +269,7 @@ def formula_lines(a: Analysis, width: int) -> list[str]:
         note = " (leaves out tensors of unknown size)" if key in incomplete else ""
         text += " B"
         if text.startswith("max("):  # the exact peak is a max of several step totals: the JSON has it
-            text = f"{total_formula(a.liveness.live_at_peak)[0]} B at this peak's step (--json: the max " \
-                   "over every step that can peak)"
+            text = f"{total_formula(a.liveness.live_at_peak)[0]} B here (--json: exact at any size)"
         lines += wrap(f"{key.replace('_bytes', '').replace('_', ' ')} = {text}{note}", width, "    ")
     return lines
 
@@ -312,16 +311,17 @@ def _scope(name: str) -> str:
 def _group_key(m: Match) -> tuple:
     f = m.verdict.frameworks or {}
     marks = tuple((k, v.get("cpu"), v.get("gpu")) for k, v in sorted(f.items()))
-    return (m.pattern.name, verdict_class(m), tuple(n.op_type for n in m.nodes), skeleton(m.nodes[0].name),
-            marks)
+    return (m.pattern.name, verdict_class(m), tuple(n.op_type for n in m.nodes), marks)
 
 
 def _frameworks(m: Match, verbose: bool) -> str:
     if verdict_class(m) == "not fusable":
         return "TF, ORT: not fused (the chain is not fusable here)"
-    names = {"tensorflow": "TF", "onnxruntime": "ORT"}
+    names = {"tensorflow": "TF", "onnxruntime": "ORT", "pytorch": "PyTorch"}
     parts = []
     for key, f in (m.verdict.frameworks or {}).items():
+        if not verbose and f.get("cpu") is None and f.get("gpu") is None:
+            continue  # nothing known to say in the short form (-v has the note)
         text = f"{names.get(key, key)}: CPU {_yes(f.get('cpu'))}, GPU {_yes(f.get('gpu'))}"
         parts.append(text + (f" ({f['note']})" if verbose and f.get("note") else ""))
     return "; ".join(parts)
@@ -337,13 +337,16 @@ def matches_lines(a: Analysis, namer: Namer, width: int, verbose: bool, style: _
     lines = ["", "matches" + ("" if verbose else " (repeated blocks on one line; -v lists each)"),
              *wrap("would TensorFlow's Grappler (TF) or ONNX Runtime (ORT) fuse it, on CPU and GPU", width,
                    "  ")]
-    for (pattern, cls, ops, _, _), ms in groups.items():
+    for (pattern, cls, ops, _), ms in groups.items():
         first = ms[0]
-        names = [_scope(namer(m.nodes[0].name)) for m in ms]
+        by_skeleton: dict[str, list[str]] = {}  # 'stem_conv', 'stage*_block*_conv': one pattern each
+        for m in ms:
+            by_skeleton.setdefault(skeleton(m.nodes[0].name), []).append(_scope(namer(m.nodes[0].name)))
         label = f"{pattern} x{len(ms)}" if len(ms) > 1 else pattern
         visible = len(f"  {label}  {cls}  ")
         lines.append(f"  {label}  {style(cls, fg=CLASS_COLOR[cls])}  "
-                     + cut(name_pattern(names), max(20, width - visible)))
+                     + cut(", ".join(name_pattern(names) for names in by_skeleton.values()),
+                           max(20, width - visible)))
         chain = " > ".join(ops)
         if verbose:
             lines += wrap(f"{chain}; {_frameworks(first, False)}", width, "      ")
@@ -354,9 +357,25 @@ def matches_lines(a: Analysis, namer: Namer, width: int, verbose: bool, style: _
             continue
         lines += wrap(f"{chain}; {_frameworks(first, False)}", width, "      ")
         if cls not in ("training-safe", "backward fusion"):
-            lines += _limited(wrap(("e.g. " if len(ms) > 1 else "") + namer.text(first.verdict.reason, 40),
-                                   width, "      "), 4, width)
+            lines += _limited(wrap(("e.g. " if len(ms) > 1 else "") + _why_short(first, namer),
+                                   width, "      "), 2, width)
     return lines
+
+
+def _why_short(m: Match, namer: Namer) -> str:
+    """The gist of a verdict that is not training-safe: what blocks it, its size, who reads it, and the
+    price of recomputing it (-v prints the whole reason)."""
+    v = m.verdict
+    if not v.blocking:
+        return namer.text(v.reason, 40)
+    b = v.blocking[0]
+    readers = sorted({n.rsplit("/", 1)[-1] for n in b.needed_by})
+    text = f"blocked by {namer(b.tensor.name)} ({format_bytes(b.bytes)}), read by {', '.join(readers)}"
+    rc = getattr(v, "recompute", None)
+    if rc is not None:
+        flops = "? FLOPs" if rc.flops is None else f"{rc.flops:,} FLOPs"
+        text += f"; recomputed: frees {format_bytes(rc.bytes_freed)} for +{flops}"
+    return text
 
 
 def _limited(lines: list[str], most: int, width: int) -> list[str]:
