@@ -325,7 +325,7 @@ def rewrite_command(model: str, output: str, target: str, mode: str, patterns: t
     from .rewrite.report import to_json as rewrite_json
 
     check_output(output, [model], ("onnx",), "-o")
-    options = RewriteOptions(target=target, mode=mode, batch=batch or 1, dims=_parse_dims(dims),
+    options = RewriteOptions(target=target, mode=mode, batch=batch, dims=_parse_dims(dims),
                              patterns=patterns,
                              verify=not no_verify, bench=bench, threads=threads, signature=signature,
                              keep_weights=False)

@@ -15,7 +15,7 @@ def to_json(r: RewriteResult) -> dict:
     v = r.verification
     return {
         "fusecli": __version__, "model": r.path, "output": r.output, "data_file": r.data_file,
-        "target": r.options.target, "mode": r.options.mode, "batch": r.options.batch,
+        "target": r.options.target, "mode": r.options.mode, "batch": r.options.batch, "dims": r.dims,
         "nodes": {"before": r.nodes_before, "after": r.nodes_after},
         "passes": r.passes, "folded_constants": r.folded_constants,
         "rewrites": [{"pattern": a.pattern, "kernel": a.kernel, "nodes": a.nodes} for a in r.applied],
@@ -55,7 +55,8 @@ def format_summary(r: RewriteResult) -> str:
     if v is not None:
         outs = len(next(iter(v.checks.values()), []))
         errs = ", ".join(f"{v.worst(lvl):.2g} ({_LEVEL_NAMES.get(lvl, lvl)})" for lvl in v.checks)
-        lines.append(f"verified with onnxruntime (CPU, batch {r.options.batch}): {outs} output"
+        at = ", ".join(f"{k}={v}" for k, v in r.dims.items()) or "fixed sizes"
+        lines.append(f"verified with onnxruntime (CPU, {at}): {outs} output"
                      f"{'s' if outs != 1 else ''}, largest relative L2 error {errs}")
     elif r.unchanged and r.options.verify:
         lines.append("not verified: nothing was rewritten, the output's graph is the input's")

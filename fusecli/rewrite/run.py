@@ -39,7 +39,7 @@ class RewriteOptions:
     target: str = "cpu"
     mode: str = "inference"
     patterns: tuple[str, ...] = ()
-    batch: int = 1
+    batch: int | None = None  # --batch: the model's batch dim (None: 1, with the analysis's warning)
     dims: dict[str, int] = field(default_factory=dict)
     verify: bool = True
     bench: bool = False
@@ -75,6 +75,7 @@ class RewriteResult:
     warnings: list[str] = field(default_factory=list)
     data_file: str | None = None
     unchanged: bool = False  # nothing rewritten or pruned (then not verified: the graphs are the same)
+    dims: dict[str, int] = field(default_factory=dict)  # the input dims' values it was analyzed and run at
 
     def kernel_counts(self) -> dict[str, int]:
         return dict(Counter(a.kernel for a in self.applied))
@@ -160,7 +161,8 @@ def rewrite(path: str, options: RewriteOptions | None = None, output: str | None
         if not spliced:
             restore_weights(model, source.onnx_path)  # past 2 GB: written with its own data file
         result = RewriteResult(path, output, options, model, applied, nodes_before, len(model.graph.node),
-                               ops_before, op_counts(model), folded, passes, warnings=list(first.warnings))
+                               ops_before, op_counts(model), folded, passes, warnings=list(first.warnings),
+                               dims={n: first.sizes[n] for n in first.sizes.variables})
         # nothing rewritten and nothing pruned: the output is the input's graph, there is nothing to compare
         # (onnxruntime's sessions would be most of the time on a big graph)
         result.unchanged = not applied and result.nodes_after == nodes_before \
@@ -171,7 +173,8 @@ def rewrite(path: str, options: RewriteOptions | None = None, output: str | None
             rewritten = _session_source(model, work, base_dir if spliced else None)
             if options.verify and not result.unchanged:
                 stage("verifying with onnxruntime")
-                result.verification = verify(source.onnx_path, rewritten, options.batch, options.dims)
+                result.verification = verify(source.onnx_path, rewritten, first.sizes.batch or 1,
+                                             dict(first.sizes))
                 if not result.verification.ok:
                     level, c = result.verification.failures()[0]
                     raise FuseError(f"verification failed: output {c.name!r} differs from the original "
@@ -184,7 +187,8 @@ def rewrite(path: str, options: RewriteOptions | None = None, output: str | None
                                         ("rewritten", rewritten, "disabled"),
                                         ("original, ORT default opts", source.onnx_path, "default"),
                                         ("rewritten, ORT default opts", rewritten, "default")],
-                                       options.batch, options.dims, options.threads, runs=options.bench_runs)
+                                       first.sizes.batch or 1, dict(first.sizes), options.threads,
+                                       runs=options.bench_runs)
         if output is not None and spliced:
             stage("writing")
             write_spliced(model, output, base_dir, source.protected)

@@ -12,6 +12,7 @@ import numpy as np
 import onnxruntime as ort
 
 from .. import budgets
+from ..dims import dim_value
 from ..errors import FuseError
 
 Source = bytes | str  # a serialized model or a path (a path reads external data beside it)
@@ -88,7 +89,7 @@ def make_feeds(sess: ort.InferenceSession, batch: int = 1, dims: Mapping[str, in
     rng, dims = np.random.default_rng(seed), dims or {}
     feeds = {}
     for i in sess.get_inputs():
-        shape = [d if isinstance(d, int) else dims.get(d, batch if axis == 0 else 1) if isinstance(d, str)
+        shape = [d if isinstance(d, int) else dim_value(d, dims) if dim_value(d, dims) is not None
                  else (batch if axis == 0 else 1) for axis, d in enumerate(i.shape)]
         dtype = _NP.get(i.type)
         if any(not isinstance(d, int) or d < 0 for d in shape):
