@@ -201,8 +201,8 @@ def analyze(model: str, as_json: bool, batch: int | None, dims: tuple[str, ...],
 
 @main.command()
 @click.argument("model", type=click.Path(dir_okay=True, path_type=str))
-@click.option("--view", type=click.Choice(["before", "after", "backward"]), default="after",
-              show_default=True, help="The forward graph, the fused graph, or forward+backward.")
+@click.option("--view", default="after", show_default=True, metavar="VIEW",
+              help="before (the forward graph), after (the fused graph) or backward (forward+backward).")
 @click.option("--dot", "as_dot", is_flag=True, help="Write DOT source (to stdout without -o).")
 @click.option("-o", "--output", default=None, metavar="FILE",
               help="FILE.svg, .png, .pdf (drawn by Graphviz's dot) or .dot.")
@@ -228,8 +228,19 @@ def render(model: str, view: str, as_dot: bool, output: str | None, mode: str, f
     from .output import atomic_write, check_output
     from .pipeline import Options
     from .pipeline import analyze as run_analysis
-    from .render import BIG_GRAPH_NODES, FORMATS, FocusError, RenderOptions, build_dot, count_nodes, run_dot
+    from .render import (
+        BIG_GRAPH_NODES,
+        FORMATS,
+        VIEWS,
+        FocusError,
+        RenderOptions,
+        build_dot,
+        count_nodes,
+        run_dot,
+    )
 
+    if view not in VIEWS:  # one entry in render.VIEWS adds a view
+        raise click.BadParameter(f"{view!r} is not one of {', '.join(VIEWS)}", param_hint="--view")
     if output is None and not as_dot:
         stem = os.path.splitext(os.path.basename(os.path.normpath(model)))[0]
         output = f"{stem}.{view}.svg"
