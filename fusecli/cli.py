@@ -257,7 +257,7 @@ def render(model: str, view: str, as_dot: bool, output: str | None, mode: str, f
         try:
             count = count_nodes(result, render_options)
         except FocusError as e:
-            raise click.BadParameter(str(e).split(": ", 1)[-1], param_hint="--focus") from None
+            raise click.BadParameter(str(e).removeprefix("--focus "), param_hint="--focus") from None
         if fmt != "dot" and count > max_nodes:
             raise FuseError(f"{count} nodes are too many to lay out (--max-nodes {max_nodes}); draw part "
                             "with --focus NODE --hops N, collapse scopes with --collapse DEPTH, or write "

@@ -102,7 +102,7 @@ def parse_focus(a: Analysis, focus: str) -> list[Node]:
     g = a.graph
     if g.has_node(focus):
         return [g.node(focus)]
-    name, colon, index = focus.rpartition(":") if ":" in focus else (focus, "", "0")
+    name, _, index = focus.rpartition(":") if ":" in focus else (focus, "", "0")
     found = [m for m in a.matches if m.pattern.name == name and m.pattern.phase == "forward"]
     forms = "give a node name, PATTERN (its first match) or PATTERN:K (K counts from 0)"
     if not found:
