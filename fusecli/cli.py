@@ -220,9 +220,9 @@ def analyze(model: str, as_json: bool, batch: int | None, dims: tuple[str, ...],
 
 @main.command()
 @click.argument("model", type=click.Path(dir_okay=True, path_type=str))
-@click.option("--view", type=click.Choice(["before", "after", "backward", "fused-training"]), default="after",
-              show_default=True, help="The forward graph, the fused graph, forward+backward, or both fused "
-              "for training with the tensors that cross between them.")
+@click.option("--view", default="after", show_default=True, metavar="VIEW",
+              help="before (the forward graph), after (the fused graph), backward (forward+backward) or "
+                   "fused-training (both fused for training, and the tensors that cross between them).")
 @click.option("--dot", "as_dot", is_flag=True, help="Write DOT source (to stdout without -o).")
 @click.option("-o", "--output", default=None, metavar="FILE",
               help="FILE.svg, .png, .pdf (drawn by Graphviz's dot) or .dot.")
@@ -248,8 +248,19 @@ def render(model: str, view: str, as_dot: bool, output: str | None, mode: str, f
     from .output import atomic_write, check_output
     from .pipeline import Options
     from .pipeline import analyze as run_analysis
-    from .render import BIG_GRAPH_NODES, FORMATS, FocusError, RenderOptions, build_dot, count_nodes, run_dot
+    from .render import (
+        BIG_GRAPH_NODES,
+        FORMATS,
+        VIEWS,
+        FocusError,
+        RenderOptions,
+        build_dot,
+        count_nodes,
+        run_dot,
+    )
 
+    if view not in VIEWS:  # one entry in render.VIEWS adds a view
+        raise click.BadParameter(f"{view!r} is not one of {', '.join(VIEWS)}", param_hint="--view")
     if output is None and not as_dot:
         stem = os.path.splitext(os.path.basename(os.path.normpath(model)))[0]
         output = f"{stem}.{view}.svg"
@@ -263,25 +274,16 @@ def render(model: str, view: str, as_dot: bool, output: str | None, mode: str, f
         for w in result.warnings:
             click.echo(f"warning: {w}", err=True)
         render_options = RenderOptions(view, focus, hops, collapse, mode, fmt)
-        training_dot = None
-        if view == "fused-training":  # the seeds' Fig. 4 for any model (fusecli.render_training)
-            from .render_training import build_training_dot
-
-            training_dot, count = build_training_dot(result)
-        else:
-            try:
-                count = count_nodes(result, render_options)
-            except FocusError as e:
-                raise click.BadParameter(str(e).split(": ", 1)[-1], param_hint="--focus") from None
+        try:
+            count = count_nodes(result, render_options)
+        except FocusError as e:
+            raise click.BadParameter(str(e).removeprefix("--focus "), param_hint="--focus") from None
         if fmt != "dot" and count > max_nodes:
             raise FuseError(f"{count} nodes are too many to lay out (--max-nodes {max_nodes}); draw part "
                             "with --focus NODE --hops N, collapse scopes with --collapse DEPTH, or write "
                             "--dot and lay it out yourself")
         stage(f"drawing {count} nodes")
-        if training_dot is None:
-            source, count = build_dot(result, view, focus, hops, collapse, mode, fmt)
-        else:
-            source = training_dot
+        source, count = build_dot(result, view, focus, hops, collapse, mode, fmt)
         if fmt == "dot":
             if output is None:
                 click.echo(source)

@@ -102,7 +102,6 @@ def last_segments(name: str, prefix: str = "", limit: int = 40) -> str:
         return name
     start = len(name) - (limit - 2)  # room for '…/'
     j = name.find("/", start - 1)
-    if 0 <= j < len(name) - 1:
+    if 0 <= j < len(name) - 1 and len(name) - j > limit // 2:
         return ELLIPSIS + "/" + name[j + 1:]
-    last = name[name.rfind("/") + 1:]
-    return cut(last, limit, head=limit // 3)
+    return cut(name, limit, head=limit // 3)  # the last segments alone would say little: head and tail

@@ -102,7 +102,7 @@ def parse_focus(a: Analysis, focus: str) -> list[Node]:
     g = a.graph
     if g.has_node(focus):
         return [g.node(focus)]
-    name, colon, index = focus.rpartition(":") if ":" in focus else (focus, "", "0")
+    name, _, index = focus.rpartition(":") if ":" in focus else (focus, "", "0")
     found = [m for m in a.matches if m.pattern.name == name and m.pattern.phase == "forward"]
     forms = "give a node name, PATTERN (its first match) or PATTERN:K (K counts from 0)"
     if not found:
@@ -361,7 +361,14 @@ def draw_backward(d: _Drawer, a: Analysis, nodes: set[int] | None, o: RenderOpti
 
 
 View = Callable[[_Drawer, Analysis, "set[int] | None", RenderOptions], None]
-VIEWS: dict[str, View] = {"before": draw_before, "after": draw_after, "backward": draw_backward}
+def draw_fused_training(d: _Drawer, a: Analysis, nodes: set[int] | None, o: RenderOptions) -> None:
+    from .render_training import draw_fused_training as draw  # the seeds' Fig. 4 for any model
+
+    draw(d, a, nodes, o)
+
+
+VIEWS: dict[str, View] = {"before": draw_before, "after": draw_after, "backward": draw_backward,
+                          "fused-training": draw_fused_training}
 
 
 def _title(a: Analysis, o: RenderOptions) -> str:

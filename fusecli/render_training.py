@@ -10,12 +10,19 @@ backward node labelled d<tensor> with their bytes.
 
 from __future__ import annotations
 
-import os
-
 from .fusion.match import Match
-from .names import common_scope
 from .pipeline import Analysis
-from .render import BACKWARD_STYLE, COLORS, FORWARD_STYLE, LEAF_STYLE, _Drawer, _label, _node_label, escape
+from .render import (
+    BACKWARD_STYLE,
+    COLORS,
+    FORWARD_STYLE,
+    LEAF_STYLE,
+    _Drawer,
+    _label,
+    _node_label,
+    build_dot,
+    escape,
+)
 from .units import format_bytes, format_shape
 
 RECOMPUTE_COLOR = "#1f77b4"
@@ -45,10 +52,13 @@ def _training_matches(a: Analysis) -> tuple[list[Match], list[Match]]:
 
 def build_training_dot(a: Analysis) -> tuple[str, int]:
     """The DOT source of the fused-training view and the number of nodes it draws."""
+    return build_dot(a, "fused-training")
+
+
+def draw_fused_training(d: _Drawer, a: Analysis, nodes, o) -> None:
+    """render.VIEWS entry: the forward and backward graphs fused for training (``nodes``: --focus is not
+    applied here; the view is of the whole model)."""
     fused, back_fused = _training_matches(a)
-    prefix = common_scope([n.name for n in a.graph.nodes if not n.meta.get("constant")])
-    d = _Drawer(f"{os.path.basename(os.path.normpath(a.path))}: fused for training, forward and backward",
-                prefix)
     fwd: dict[int, str] = {}
     of_match = {id(n): m for m in fused for n in m.nodes}
     for n in a.graph.forward_nodes():
@@ -114,7 +124,7 @@ def build_training_dot(a: Analysis) -> tuple[str, int]:
         dashed = t.name in recomputed
         for r in sorted(readers):
             size = format_bytes(s.bytes) if s.bytes is not None else "? B"  # None: an unknown size
-            d.edge(src, r, label=escape(f"{t.name} {size}"
+            d.edge(src, r, label=escape(f"{d.short(t.name)} {size}"
                                         + (" (recomputed)" if dashed else "")),
                    color=RECOMPUTE_COLOR if dashed else "#4a6fa5", style="dashed" if dashed else "solid",
                    penwidth="1.2" if dashed else "2", constraint="false")
@@ -127,4 +137,3 @@ def build_training_dot(a: Analysis) -> tuple[str, int]:
               ("input / parameter", LEAF_STYLE),
               ("solid edge: a tensor backward keeps\ndashed blue: recomputed instead",
                {"shape": "plaintext"})], "fused for training")
-    return d.dot.source, len(d.ids)

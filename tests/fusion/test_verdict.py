@@ -186,6 +186,6 @@ def test_cli_patterns_json(sample):
 
 def test_cli_unknown_pattern_is_one_error_line(sample):
     r = CliRunner().invoke(main, ["analyze", sample("conv_bn_relu"), "--json", "--patterns", "nope"])
-    assert r.exit_code == 2 and r.stdout == ""  # a bad option value: a usage error
+    assert r.exit_code == 2 and r.stdout == ""  # a bad option value is a usage error
     lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error:") and "unknown pattern 'nope'" in lines[0]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "unknown pattern 'nope'" in lines[0]
