@@ -15,6 +15,7 @@ from ..ir import Graph
 from ..load.onnx import dtype_name, graph_of_model, opset_of
 from ..output import refuse_overwriting_input
 from ..pipeline import Analysis, Options, analyze, analyze_graph
+from .benchverdict import slowdown
 from .edit import apply, protos_by_ir_name, prune
 from .emit import Context
 from .plan import plan
@@ -43,6 +44,7 @@ class RewriteOptions:
     bench_runs: int = 50
     max_passes: int = 4
     signature: str | None = None  # SavedModels: the signature tf2onnx converts (default: its first)
+    force: bool = False  # write even when --bench measures the rewritten model slower
 
 
 @dataclass
@@ -69,6 +71,7 @@ class RewriteResult:
     timings: list[Timing] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     data_file: str | None = None
+    refused: str | None = None  # why nothing was written (a measured slowdown without force)
 
     def kernel_counts(self) -> dict[str, int]:
         return dict(Counter(a.kernel for a in self.applied))
@@ -162,7 +165,12 @@ def rewrite(path: str, options: RewriteOptions | None = None, output: str | None
                                         ("original, ORT default opts", source.onnx_path, "default"),
                                         ("rewritten, ORT default opts", rewritten, "default")],
                                        options.batch, options.dims, options.threads, runs=options.bench_runs)
-        if output is not None:
+                slower = slowdown(result.timings)
+                if slower is not None and not options.force:
+                    result.refused = (f"the rewritten model is measurably slower ({slower.rewritten}: "
+                                      f"{slower.ratio:.2f}x the original's speed, outside the spread); "
+                                      "nothing written (--force writes it anyway)")
+        if output is not None and result.refused is None:
             result.data_file = write_model(model, output, source.protected)
     return result
 
