@@ -215,7 +215,8 @@ def test_bad_savedmodel_fails_before_tensorflow_is_imported(tmp_path):
     assert not (tmp_path / "o.onnx").exists()
 
 
-def test_savedmodel_is_converted_and_rewritten(tmp_path):
+def test_savedmodel_is_converted_and_rewritten(tmp_path, capfd):
+    """Converted and rewritten, and no TensorFlow, absl or tf2onnx log line reaches the terminal."""
     pytest.importorskip("tf2onnx")
     tf = pytest.importorskip("tensorflow")
     rng = np.random.default_rng(0)
@@ -232,8 +233,11 @@ def test_savedmodel_is_converted_and_rewritten(tmp_path):
     module = ConvBiasRelu()
     tf.saved_model.save(module, str(tmp_path / "sm"), signatures=module.__call__)
     out = tmp_path / "o.onnx"
+    capfd.readouterr()
     r = run("rewrite", tmp_path / "sm", "-o", out, "--batch", "2")
     assert r.exit_code == 0, r.output
+    leaked = capfd.readouterr()
+    assert r.stderr == "" and leaked.out == "" and leaked.err == "", (r.stderr, leaked)
     model = onnx.load(out)
     assert ops(model)["com.microsoft.FusedConv"] == 1 and "Relu" not in ops(model)
     x = rng.standard_normal((2, 8, 8, 3)).astype("float32")
