@@ -62,9 +62,15 @@ class _Builder:
     def const(self, name: str, value: np.ndarray) -> str:
         return _new_init(self.ctx, f"{self.base}_{name}", value, self.inits)
 
-    def packed(self, t: str, perm: list[int], hidden: int) -> str:
-        """(B, N, S, H) seen through ``perm`` as (B, S, N, H), then (B, S, N H)."""
-        moved = self.node("Transpose", [t], perm=perm)
+    def packed(self, t: Tensor, perm: list[int], hidden: int) -> str:
+        """``t`` seen through ``perm`` as (B, S, N, H), then (B, S, N H). Where ``t`` is itself a
+        Transpose of the export's head split, its input is read instead (one transpose, or none)."""
+        src = t.producer
+        if src is not None and src.op_type == "Transpose" and src.name in self.ctx.protos:
+            p0 = _perm(self.ctx, src)
+            if p0 is not None and len(p0) == 4:
+                t, perm = src.inputs[0], [p0[i] for i in perm]
+        moved = t.name if perm == [0, 1, 2, 3] else self.node("Transpose", [t.name], perm=perm)
         return self.node("Reshape", [moved, self.const("packed_shape", np.array([0, 0, hidden], np.int64))])
 
 
@@ -104,17 +110,15 @@ def attention(m: Match, ctx: Context) -> Emission | None:
         return None
     q = m.bound["q"]
     kt = r.get("k_transpose")
-    if kt is not None:
-        k_in, kperm = kt.inputs[0], _perm(ctx, kt)
-        if kperm != [0, 1, 3, 2]:
-            return None
-        kperm = [0, 2, 1, 3]
-    else:  # qk's second operand is already K^T (B, N, H, L)
-        k_in, kperm = qk.inputs[1], [0, 3, 1, 2]
+    # K^T (B, N, H, L) = transpose(k_in, P); (B, L, N, H) is k_in through (P[0], P[3], P[1], P[2])
+    k_in, p = (kt.inputs[0], _perm(ctx, kt)) if kt is not None else (qk.inputs[1], [0, 1, 2, 3])
+    if p is None or sorted(p) != [0, 1, 2, 3]:
+        return None
+    kperm = [p[0], p[3], p[1], p[2]]
     v_in = pv.inputs[1]
     qh, vh = _heads(q), _heads(v_in)
     ks = k_in.shape
-    if qh is None or vh is None or ks is None or len(ks) != 4 or vh[0] != qh[0]:
+    if qh is None or vh is None or ks is None or len(ks) != 4 or vh[0] != qh[0] or p[0] != 0:
         return None
     if softmax.outputs[0].shape is None or _attr(ctx.protos[softmax.name], "axis", -1) % 4 != 3:
         return None
@@ -126,18 +130,35 @@ def attention(m: Match, ctx: Context) -> Emission | None:
         return None
     heads, size = qh
     b = _Builder(ctx, pv.name)
-    q3 = b.packed(q.name, [0, 2, 1, 3], heads * size)
-    k3 = b.packed(k_in.name, kperm, heads * size)
-    v3 = b.packed(v_in.name, [0, 2, 1, 3], heads * vh[1])
+    q3 = b.packed(q, [0, 2, 1, 3], heads * size)
+    k3 = b.packed(k_in, kperm, heads * size)
+    v3 = b.packed(v_in, [0, 2, 1, 3], heads * vh[1])
     bias = _bias(m, ctx, b, q3, q)
     if bias is None:
         return None
     o3 = b.node("MultiHeadAttention", [q3, k3, v3, "", "", bias], domain=MS, num_heads=heads, scale=scale)
-    split = b.node("Reshape", [o3, b.const("heads_shape", np.array([0, 0, heads, vh[1]], np.int64))])
-    b.node("Transpose", [split], pv.outputs[0].name, perm=[0, 2, 1, 3])
     keep = _feeding(m, [k_in, v_in])
     remove = [n.name for n in m.nodes if id(n) not in keep]
+    heads_shape = b.const("heads_shape", np.array([0, 0, heads, vh[1]], np.int64))
+    merge = _merge_heads(pv.outputs[0], ctx)
+    if merge is not None:  # the export's own (B, N, S, H) -> (B, S, N, H) transpose: written directly
+        b.node("Reshape", [o3, heads_shape], merge.outputs[0].name)
+        remove.append(merge.name)
+    else:
+        split = b.node("Reshape", [o3, heads_shape])
+        b.node("Transpose", [split], pv.outputs[0].name, perm=[0, 2, 1, 3])
     return Emission(m.pattern.name, "MultiHeadAttention", remove, b.nodes, b.inits)
+
+
+def _merge_heads(out: Tensor, ctx: Context) -> Node | None:
+    """The one consumer of the attention output when it is Transpose(0, 2, 1, 3), else None."""
+    if out.name in ctx.graph_outputs or len(out.consumers) != 1:
+        return None
+    t = out.consumers[0]
+    if t.op_type != "Transpose" or t.name not in ctx.protos or t.name in ctx.claimed \
+            or _perm(ctx, t) != [0, 2, 1, 3]:
+        return None
+    return t
 
 
 def _feeding(m: Match, ts: list[Tensor]) -> set[int]:
