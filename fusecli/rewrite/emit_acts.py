@@ -2,7 +2,8 @@
 
 silu(x) = x sigmoid(x), swish(x) = x sigmoid(beta x), quick_gelu = swish with beta 1.702: all are
 QuickGelu(X; alpha = beta), which onnxruntime has on CPU (float32) and CUDA. hard_swish written as
-x relu6(x + 3) / 6 or x hard_sigmoid(x) is HardSwish(X) (ONNX opset 14; CPU and CUDA).
+x relu6(x + 3) / 6 or x hard_sigmoid(x) is HardSwish(X) (ONNX opset 14; CPU only: onnxruntime's
+CUDA provider registers no HardSwish kernel).
 """
 
 from __future__ import annotations
@@ -60,8 +61,8 @@ def _is_hard_sigmoid(m: Match, ctx: Context) -> bool:
 
 def hard_swish(m: Match, ctx: Context) -> Emission | None:
     x = m.bound.get("act_in")
-    if x is None or ctx.opset < 14 or _dtype(m) != "float32" or m.root.kind == "hard_swish" \
-            or not _is_hard_sigmoid(m, ctx):
+    if x is None or ctx.opset < 14 or ctx.target == "cuda" or _dtype(m) != "float32" \
+            or m.root.kind == "hard_swish" or not _is_hard_sigmoid(m, ctx):
         return None
     node = _node("HardSwish", [x.name], _out(m.root), m.root.name)
     return Emission(m.pattern.name, "HardSwish", [n.name for n in m.nodes], [node])
