@@ -18,7 +18,7 @@ from ..pipeline import Analysis, Options, analyze, analyze_graph
 from .benchverdict import slowdown
 from .edit import apply, protos_by_ir_name, prune
 from .emit import Context
-from .plan import plan
+from .plan import is_safe, plan
 from .proto import light_copy
 from .save import needs_external_data, write_model
 from .shapes import refine_shapes
@@ -149,7 +149,11 @@ def rewrite(path: str, options: RewriteOptions | None = None, output: str | None
         prune(model)
         result = RewriteResult(path, output, options, model, applied, nodes_before, len(model.graph.node),
                                ops_before, op_counts(model), folded, passes, warnings=list(first.warnings))
-        if options.verify or options.bench:
+        safe = sum(is_safe(m, options.mode) for m in first.matches)
+        if source.converted and not applied and safe:  # a SavedModel converted for nothing
+            result.refused = (f"none of the {safe} {options.mode}-safe matches has a kernel on target "
+                              f"{options.target} in tf2onnx's conversion; nothing written")
+        if result.refused is None and (options.verify or options.bench):
             rewritten = _session_source(model, work)
             if options.verify:
                 result.verification = verify(source.onnx_path, rewritten, options.batch, options.dims)
