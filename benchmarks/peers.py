@@ -22,7 +22,7 @@ from collections import Counter
 import onnx
 
 ONNX_FUSED = ("LayerNormalization", "SimplifiedLayerNormalization", "RMSNormalization", "Gelu", "Attention",
-              "RotaryEmbedding")
+              "RotaryEmbedding", "HardSwish")
 
 
 def op_counts(model: onnx.ModelProto) -> Counter:

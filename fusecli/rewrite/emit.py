@@ -553,9 +553,9 @@ EMITTERS: dict[str, Callable[[Match, Context], Emission | None]] = {
 
 def _register() -> None:
     """The kernel families in their own modules (they import this one's helpers) join the table."""
-    from . import emit_acts, emit_attention, emit_norms
+    from . import emit_acts, emit_attention, emit_layout, emit_norms
 
-    for module in (emit_acts, emit_attention, emit_norms):
+    for module in (emit_acts, emit_attention, emit_norms, emit_layout):
         EMITTERS.update(module.EMITTERS)
 
 
