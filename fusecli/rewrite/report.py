@@ -49,7 +49,7 @@ def format_summary(r: RewriteResult) -> str:
     else:
         lines.append("rewrites: none (no safe match has a kernel on this target and mode)")
     fused = {k: n for k, n in sorted(r.ops_after.items()) if k.startswith("com.microsoft.")
-             or k == "LayerNormalization"}
+             or k in ("LayerNormalization", "SimplifiedLayerNormalization")}
     if fused:
         lines.append("fused ops in the output: "
                      + ", ".join(f"{k.split('.')[-1]} {n}" for k, n in fused.items()))
