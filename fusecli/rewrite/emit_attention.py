@@ -74,7 +74,7 @@ class _Builder:
         return self.node("Reshape", [moved, self.const("packed_shape", np.array([0, 0, hidden], np.int64))])
 
 
-def _bias(m: Match, ctx: Context, b: _Builder, q3: str, q: Tensor) -> str | None:
+def _bias(m: Match, ctx: Context, b: _Builder, q3: str) -> str | None:
     """The additive attention bias as a (B|1, N|1, S, L) tensor name, '' when there is none."""
     terms = []
     pb = m.roles.get("position_bias")
@@ -119,9 +119,9 @@ def attention(m: Match, ctx: Context) -> Emission | None:
     qh, vh = _heads(q), _heads(v_in)
     ks = k_in.shape
     if qh is None or vh is None or ks is None or len(ks) != 4 or vh[0] != qh[0] or p[0] != 0:
-        return None
-    if softmax.outputs[0].shape is None or _attr(ctx.protos[softmax.name], "axis", -1) % 4 != 3:
-        return None
+        return None  # heads unknown, or K's batch axis moved
+    if _attr(ctx.protos[softmax.name], "axis", -1) % 4 != 3:
+        return None  # softmax over the keys only
     d = r.get("dropout")
     if d is not None and len(ctx.protos[d.name].input) > 2 and ctx.protos[d.name].input[2]:
         return None  # a training_mode input: not provably the identity
@@ -133,7 +133,7 @@ def attention(m: Match, ctx: Context) -> Emission | None:
     q3 = b.packed(q, [0, 2, 1, 3], heads * size)
     k3 = b.packed(k_in, kperm, heads * size)
     v3 = b.packed(v_in, [0, 2, 1, 3], heads * vh[1])
-    bias = _bias(m, ctx, b, q3, q)
+    bias = _bias(m, ctx, b, q3)
     if bias is None:
         return None
     o3 = b.node("MultiHeadAttention", [q3, k3, v3, "", "", bias], domain=MS, num_heads=heads, scale=scale)
