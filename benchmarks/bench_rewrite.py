@@ -300,8 +300,10 @@ def main() -> None:
     args = ap.parse_args()
     threads = args.threads or default_threads()
     names = [n.strip() for n in args.models.split(",") if n.strip()]
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="bench-rewrite-") as tmp:
         rows = [measure(n, Path(tmp), args.runs, threads) for n in names]
+    load = f"- load average (1 min) at start / end: {load_before:.1f} / {os.getloadavg()[0]:.1f}"
     md = tables(rows)
     print(md)
     notes = [f"- {TITLES[r['name']]}: {k}'s output is not timed: {msg}" for r in rows
@@ -311,7 +313,7 @@ def main() -> None:
     text = (f"# fusecli rewrite: benchmark\n\n`python benchmarks/bench_rewrite.py --runs {args.runs}"
             f"{'' if names == list(MODELS) else ' --models ' + ','.join(names)}` "
             f"({args.runs} interleaved runs per model after 5 warm-up runs; CPU only).\n\n"
-            f"{machine(threads)}\n\n{md}\n\n{NOTE}\n\n{errors}\n")
+            f"{machine(threads)}\n{load}\n\n{md}\n\n{NOTE}\n\n{errors}\n")
     Path(args.out).write_text(text)
     print(f"wrote {args.out}")
 
