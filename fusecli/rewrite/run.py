@@ -18,6 +18,7 @@ from ..pipeline import Analysis, Options, analyze, analyze_graph
 from .benchverdict import slowdown
 from .edit import apply, protos_by_ir_name, prune
 from .emit import Context
+from .fold_scales import fold_conv_scales
 from .plan import is_safe, plan
 from .proto import light_copy
 from .save import needs_external_data, write_model
@@ -145,7 +146,11 @@ def rewrite(path: str, options: RewriteOptions | None = None, output: str | None
         if not source.converted:
             source.protected += data_files
         nodes_before, ops_before = len(model.graph.node), op_counts(model)
+        scales = fold_conv_scales(model) if options.mode == "inference" else []
+        if scales:  # the graph changed under the analysis: analyze the folded model again
+            first = analyze_model(model, pipeline_options, {}, source.onnx_path)
         applied, passes, folded = rewrite_passes(model, first, options, source.onnx_path)
+        applied = [Applied("conv_mul", "Conv(scale folded)", list(pair)) for pair in scales] + applied
         prune(model)
         result = RewriteResult(path, output, options, model, applied, nodes_before, len(model.graph.node),
                                ops_before, op_counts(model), folded, passes, warnings=list(first.warnings))
