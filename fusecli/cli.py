@@ -311,14 +311,16 @@ def render(model: str, view: str, as_dot: bool, output: str | None, mode: str, f
 @_common_options
 @click.option("--no-verify", "no_verify", is_flag=True,
               help="Skip the onnxruntime comparison of original and rewritten outputs.")
-@click.option("--bench", is_flag=True, help="Time original and rewritten in onnxruntime (medians).")
+@click.option("--bench", is_flag=True, help="Time original and rewritten in onnxruntime (medians and "
+              "spread); a measurable slowdown writes nothing and exits 1.")
+@click.option("--force", is_flag=True, help="With --bench: write the model even when it measures slower.")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
               help="intra-op threads for --bench (default: the CPUs this process may use).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the summary.")
 def rewrite_command(model: str, output: str, target: str, mode: str, patterns: tuple[str, ...],
                     batch: int | None,
                     dims: tuple[str, ...], signature: str | None, no_verify: bool, bench: bool,
-                    threads: int | None, as_json: bool) -> None:
+                    threads: int | None, force: bool, as_json: bool) -> None:
     """Rewrite MODEL's fusion matches as ONNX Runtime kernels, verify, and write OUT.onnx."""
     from .output import check_output
     from .rewrite import RewriteOptions
@@ -330,7 +332,7 @@ def rewrite_command(model: str, output: str, target: str, mode: str, patterns: t
     options = RewriteOptions(target=target, mode=mode, batch=batch, dims=_parse_dims(dims),
                              patterns=patterns,
                              verify=not no_verify, bench=bench, threads=threads, signature=signature,
-                             keep_weights=False)
+                             keep_weights=False, force=force)
     from . import progress
 
     with progress.stages():
@@ -338,3 +340,5 @@ def rewrite_command(model: str, output: str, target: str, mode: str, patterns: t
     for w in result.warnings:
         click.echo(f"warning: {w}", err=True)
     click.echo(_dump_json(rewrite_json(result)) if as_json else format_summary(result))
+    if result.refused:
+        _fail(result.refused)

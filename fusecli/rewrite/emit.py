@@ -566,3 +566,14 @@ EMITTERS: dict[str, Callable[[Match, Context], Emission | None]] = {
     "matmul_bias_act": _matmul_family, "matmul_bias": _matmul_family, "matmul_scale": _matmul_scale,
     "gelu": _gelu, "bias_gelu": _gelu, "layer_norm": _layer_norm, "skip_layer_norm": _skip_layer_norm,
 }
+
+
+def _register() -> None:
+    """The kernel families in their own modules (they import this one's helpers) join the table."""
+    from . import emit_acts, emit_attention, emit_layout, emit_norms
+
+    for module in (emit_acts, emit_attention, emit_norms, emit_layout):
+        EMITTERS.update(module.EMITTERS)
+
+
+_register()

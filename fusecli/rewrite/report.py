@@ -6,6 +6,7 @@ import os
 from collections import Counter
 
 from .. import __version__
+from .benchverdict import Spread, comparisons
 from .run import RewriteResult
 
 _LEVEL_NAMES = {"disabled": "ORT_DISABLE_ALL", "default": "default optimizations"}
@@ -26,13 +27,17 @@ def to_json(r: RewriteResult) -> dict:
             "ok": v.ok,
             "levels": {lvl: [{"output": c.name, "dtype": c.dtype, "relative_l2_error": c.error,
                               "tolerance": c.tolerance} for c in cs] for lvl, cs in v.checks.items()}},
-        "bench": [{"model": t.label, "median_ms": t.median_ms, "runs": t.runs} for t in r.timings],
+        "bench": [{"model": t.label, "median_ms": t.median_ms, "runs": t.runs,
+                   "spread_ms": vars(Spread.of(t.times_ms)) if t.times_ms else None} for t in r.timings],
+        "bench_verdicts": [{"original": c.original, "rewritten": c.rewritten, "speedup": c.ratio,
+                            "verdict": c.verdict} for c in comparisons(r.timings)],
+        "refused": r.refused,
     }
 
 
 def format_summary(r: RewriteResult) -> str:
     name = os.path.basename(os.path.normpath(r.path))
-    where = f" -> {r.output}" if r.output else ""
+    where = " (nothing written)" if r.refused else f" -> {r.output}" if r.output else ""
     lines = [f"rewrote {name}{where} (target {r.options.target}, mode {r.options.mode}, "
              f"{r.passes} pass{'es' if r.passes != 1 else ''})",
              f"nodes: {r.nodes_before} -> {r.nodes_after}"
@@ -45,7 +50,7 @@ def format_summary(r: RewriteResult) -> str:
     else:
         lines.append("rewrites: none (no safe match has a kernel on this target and mode)")
     fused = {k: n for k, n in sorted(r.ops_after.items()) if k.startswith("com.microsoft.")
-             or k == "LayerNormalization"}
+             or k in ("LayerNormalization", "SimplifiedLayerNormalization")}
     if fused:
         lines.append("fused ops in the output: "
                      + ", ".join(f"{k.split('.')[-1]} {n}" for k, n in fused.items()))
@@ -63,11 +68,21 @@ def format_summary(r: RewriteResult) -> str:
     else:
         lines.append("not verified (--no-verify)")
     if r.timings:
-        base = {t.label: t.median_ms for t in r.timings}
-        lines.append(f"bench (median of {r.timings[0].runs} interleaved runs, spinning off):")
-        width = max(len(t.label) for t in r.timings)
-        for t in r.timings:
-            ref = base.get(t.label.replace("rewritten", "original"))
-            ratio = f"  speedup {ref / t.median_ms:.2f}x" if ref and "rewritten" in t.label else ""
-            lines.append(f"  {t.label:<{width}}  {t.median_ms:9.3f} ms{ratio}")
+        lines += bench_lines(r.timings)
     return "\n".join(lines)
+
+
+def bench_lines(timings: list) -> list[str]:
+    """Median with min / 25th-75th / max per session, then one verdict in words per level."""
+    lines = [f"bench ({timings[0].runs} interleaved runs, spinning off; median [25th-75th] (min-max)):"]
+    width = max(len(t.label) for t in timings)
+    for t in timings:
+        if t.times_ms:
+            s = Spread.of(t.times_ms)
+            lines.append(f"  {t.label:<{width}}  {s.median:9.3f} ms  [{s.q1:.3f}-{s.q3:.3f}]  "
+                         f"({s.low:.3f}-{s.high:.3f})")
+        else:
+            lines.append(f"  {t.label:<{width}}  {t.median_ms:9.3f} ms")
+    for c in comparisons(timings):
+        lines.append(f"  {c.rewritten}: {c.words()}")
+    return lines

@@ -16,9 +16,11 @@ from ..load.onnx import dtype_name, graph_of_model, opset_of
 from ..output import refuse_overwriting_input, scratch_dir
 from ..pipeline import Analysis, Options, analyze, analyze_graph
 from ..progress import stage
+from .benchverdict import slowdown
 from .edit import apply, protos_by_ir_name, prune
 from .emit import Context
-from .plan import plan
+from .fold_scales import fold_conv_scales
+from .plan import is_safe, plan
 from .proto import light_copy
 from .save import needs_external_data, write_model
 from .shapes import refine_shapes
@@ -48,6 +50,7 @@ class RewriteOptions:
     max_passes: int = 4
     signature: str | None = None  # SavedModels: the signature tf2onnx converts (default: its first)
     keep_weights: bool = True  # False: the result's model leaves its payloads in the input file
+    force: bool = False  # write even when --bench measures the rewritten model slower
 
 
 @dataclass
@@ -76,6 +79,7 @@ class RewriteResult:
     data_file: str | None = None
     unchanged: bool = False  # nothing rewritten or pruned (then not verified: the graphs are the same)
     dims: dict[str, int] = field(default_factory=dict)  # the input dims' values it was analyzed and run at
+    refused: str | None = None  # why nothing was written (a measured slowdown without force)
 
     def kernel_counts(self) -> dict[str, int]:
         return dict(Counter(a.kernel for a in self.applied))
@@ -153,10 +157,14 @@ def rewrite(path: str, options: RewriteOptions | None = None, output: str | None
             source.protected += data_files
         nodes_before, ops_before = len(model.graph.node), op_counts(model)
         initializers_before = len(model.graph.initializer)
+        base_dir = os.path.dirname(os.path.abspath(source.onnx_path))
+        scales = fold_conv_scales(model, base_dir) if options.mode == "inference" else []
+        if scales:  # the graph changed under the analysis: analyze the folded model again
+            first = analyze_model(model, pipeline_options, {}, source.onnx_path)
         with gc_paused():  # passes build and drop whole analyses: no collector walks meanwhile
             applied, passes, folded = rewrite_passes(model, first, options, source.onnx_path)
             prune(model)
-        base_dir = os.path.dirname(os.path.abspath(source.onnx_path))
+        applied = [Applied("conv_mul", "Conv(scale folded)", list(pair)) for pair in scales] + applied
         spliced = not needs_external_data(model)  # payloads copied file to file when written
         if not spliced:
             restore_weights(model, source.onnx_path)  # past 2 GB: written with its own data file
@@ -167,7 +175,11 @@ def rewrite(path: str, options: RewriteOptions | None = None, output: str | None
         # (onnxruntime's sessions would be most of the time on a big graph)
         result.unchanged = not applied and result.nodes_after == nodes_before \
             and len(model.graph.initializer) == initializers_before
-        if (options.verify and not result.unchanged) or options.bench:
+        safe = sum(is_safe(m, options.mode) for m in first.matches)
+        if source.converted and not applied and safe:  # a SavedModel converted for nothing
+            result.refused = (f"none of the {safe} {options.mode}-safe matches has a kernel on target "
+                              f"{options.target} in tf2onnx's conversion; nothing written")
+        if result.refused is None and ((options.verify and not result.unchanged) or options.bench):
             from .verify import bench, verify  # onnxruntime, imported only when it runs
 
             rewritten = _session_source(model, work, base_dir if spliced else None)
@@ -189,10 +201,15 @@ def rewrite(path: str, options: RewriteOptions | None = None, output: str | None
                                         ("rewritten, ORT default opts", rewritten, "default")],
                                        first.sizes.batch or 1, dict(first.sizes), options.threads,
                                        runs=options.bench_runs)
-        if output is not None and spliced:
+                slower = slowdown(result.timings)
+                if slower is not None and not options.force:
+                    result.refused = (f"the rewritten model is measurably slower ({slower.rewritten}: "
+                                      f"{slower.ratio:.2f}x the original's speed, outside the spread); "
+                                      "nothing written (--force writes it anyway)")
+        if output is not None and result.refused is None and spliced:
             stage("writing")
             write_spliced(model, output, base_dir, source.protected)
-        elif output is not None:
+        elif output is not None and result.refused is None:
             stage("writing")
             result.data_file = write_model(model, output, source.protected)
         if spliced and options.keep_weights:

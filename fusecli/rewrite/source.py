@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import logging
 import os
+import sys
+import tempfile
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import onnx
@@ -52,12 +59,52 @@ def open_source(path: str, workdir: str, signature: str | None = None) -> Source
     folder = os.path.dirname(path) if os.path.isfile(path) else path
     # fusecli's own reader first: a bad folder, file or signature is one clear line, before TensorFlow
     # is imported (and prints its start-up logs) for the conversion
+    signature = signature or "serving_default"  # the signature analyze reads, not tf2onnx's first
     load_model(folder, signature)
     out = os.path.join(workdir, "model.onnx")
-    stage("converting with tf2onnx")
+    stage("converting the SavedModel with tf2onnx")
     model = convert_savedmodel(folder, signature)
     save_plain(model, out)
+    del model
+    gc.collect()  # the ModelProto and TensorFlow's graph of it, before verification opens sessions
     return Source(path, out, converted=True)
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[list[str]]:
+    """TensorFlow's C++ logs, absl, tf2onnx's logging and Python warnings kept off the terminal: file
+    descriptors 1 and 2 point at a scratch file meanwhile; the yielded list gets its lines."""
+    lines: list[str] = []
+    loggers = [logging.getLogger(n) for n in ("tf2onnx", "tensorflow", "absl")]
+    levels = [lg.level for lg in loggers]
+    with tempfile.TemporaryFile(mode="w+b") as sink, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for lg in loggers:
+            lg.setLevel(logging.ERROR)
+        saved = []
+        for fd in (1, 2):
+            try:
+                saved.append((fd, os.dup(fd)))
+            except OSError:
+                continue
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        for fd, _ in saved:
+            os.dup2(sink.fileno(), fd)
+        try:
+            yield lines
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(Exception):
+                    stream.flush()
+            for fd, copy in saved:
+                os.dup2(copy, fd)
+                os.close(copy)
+            for lg, level in zip(loggers, levels, strict=True):
+                lg.setLevel(level)
+            sink.seek(0)
+            lines += sink.read().decode(errors="replace").splitlines()
 
 
 def convert_savedmodel(folder: str, signature: str | None = None,
@@ -65,27 +112,36 @@ def convert_savedmodel(folder: str, signature: str | None = None,
     """SavedModel folder -> ModelProto with tf2onnx (its serving signature, TensorFlow imported here only)."""
     if not os.path.isfile(os.path.join(folder, "saved_model.pb")):
         raise FuseError(f"{folder}: a folder without saved_model.pb is not a SavedModel")
-    try:
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-        import tensorflow as tf
-        from tf2onnx import tf_loader
-        from tf2onnx.convert import _convert_common
-    except ImportError as e:
-        raise FuseError(f"rewriting a SavedModel needs TensorFlow and tf2onnx ({e.name or e} is missing); "
-                        "install the tf extra: pip install 'fusecli[tf]'") from None
-    try:
-        graph_def, inputs, outputs, tables, renames = tf_loader.from_saved_model(
-            folder, None, None, signatures=[signature] if signature else None,
-            return_initialized_tables=True, return_tensors_to_rename=True)
-        with tf.device("/cpu:0"):
-            model, _ = _convert_common(graph_def, name=os.path.basename(os.path.normpath(folder)),
-                                       opset=opset, input_names=inputs, output_names=outputs,
-                                       tensors_to_rename=renames, initialized_tables=tables)
-    except FuseError:
-        raise
-    except Exception as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise FuseError(f"{folder}: tf2onnx could not convert the SavedModel: {first}") from None
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    with quiet():
+        try:
+            import tensorflow as tf
+            from tf2onnx import tf_loader
+            from tf2onnx.convert import _convert_common
+        except ImportError as e:
+            missing = e.name or str(e)
+        else:
+            missing = None
+    if missing is not None:
+        raise FuseError(f"rewriting a SavedModel needs TensorFlow and tf2onnx ({missing} is missing); "
+                        "install the tf extra: pip install 'fusecli[tf]'")
+    error = None
+    with quiet():
+        try:
+            graph_def, inputs, outputs, tables, renames = tf_loader.from_saved_model(
+                folder, None, None, signatures=[signature] if signature else None,
+                return_initialized_tables=True, return_tensors_to_rename=True)
+            with tf.device("/cpu:0"):
+                model, _ = _convert_common(graph_def, name=os.path.basename(os.path.normpath(folder)),
+                                           opset=opset, input_names=inputs, output_names=outputs,
+                                           tensors_to_rename=renames, initialized_tables=tables)
+            del graph_def
+        except Exception as e:  # tf2onnx raises anything; the user gets one line
+            error = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        finally:
+            gc.collect()  # TensorFlow's loaded SavedModel object goes with the call's frames
+    if error is not None:
+        raise FuseError(f"{folder}: tf2onnx could not convert the SavedModel: {error}")
     return model
 
 

@@ -168,6 +168,7 @@ class Timing:
     label: str
     median_ms: float
     runs: int
+    times_ms: list[float] = field(default_factory=list)  # every timed run, for the spread
 
 
 def bench(sources: list[tuple[str, Source, str]], batch: int = 1, dims: Mapping[str, int] | None = None,
@@ -191,8 +192,8 @@ def bench(sources: list[tuple[str, Source, str]], batch: int = 1, dims: Mapping[
             t0 = time.perf_counter()
             sessions[i].run(None, feeds_of[i], quiet)
             times[i].append(time.perf_counter() - t0)
-    return [Timing(label, statistics.median(ts) * 1e3, runs) for (label, _, _), ts in zip(sources, times,
-                                                                                          strict=True)]
+    return [Timing(label, statistics.median(ts) * 1e3, runs, [x * 1e3 for x in ts])
+            for (label, _, _), ts in zip(sources, times, strict=True)]
 
 
 def default_threads() -> int:

@@ -11,7 +11,8 @@ from onnx import helper, numpy_helper
 
 MS = "com.microsoft"
 FUSED_KERNELS = ("FusedConv", "FusedGemm", "FusedMatMul", "Gelu", "BiasGelu", "FastGelu",
-                 "LayerNormalization", "SkipLayerNormalization")
+                 "LayerNormalization", "SkipLayerNormalization", "MultiHeadAttention", "QuickGelu",
+                 "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization")
 
 
 def ops(model: onnx.ModelProto) -> Counter:

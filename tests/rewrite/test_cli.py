@@ -60,9 +60,40 @@ def test_json_summary(sample, tmp_path):
 def test_no_verify_and_bench(sample, tmp_path):
     r = run("rewrite", sample("conv_bias_relu"), "-o", tmp_path / "o.onnx", "--no-verify")
     assert r.exit_code == 0 and "not verified" in r.stdout
-    r = run("rewrite", sample("conv_bias_relu"), "-o", tmp_path / "o.onnx", "--bench", "--threads", "1")
+    r = run("rewrite", sample("conv_bias_relu"), "-o", tmp_path / "o.onnx", "--bench", "--threads", "1",
+            "--force")
     assert r.exit_code == 0, r.output
-    assert "bench (median of 50 interleaved runs" in r.stdout and r.stdout.count(" ms") == 4
+    assert "bench (50 interleaved runs" in r.stdout and r.stdout.count(" ms") == 4
+    assert r.stdout.count("rewritten: ") + r.stdout.count("rewritten, ORT default opts: ") == 2
+
+
+def test_bench_refuses_a_measured_slowdown(sample, tmp_path, monkeypatch):
+    """A rewritten model that really does more work (a side output of 30 chained 256x256 MatMuls) is
+    measured slower: exit 1, one error line, nothing written; --force writes it."""
+    import fusecli.rewrite.run as run_mod
+
+    real = run_mod._session_source
+
+    def heavier(model, work):
+        m = onnx.ModelProto()
+        m.CopyFrom(model)
+        w = onnx.numpy_helper.from_array(np.full((256, 256), 1e-3, np.float32), "heavy_w")
+        x = onnx.numpy_helper.from_array(np.ones((256, 256), np.float32), "heavy_x")
+        m.graph.initializer.extend([w, x])
+        prev = "heavy_x"
+        for i in range(30):
+            m.graph.node.append(onnx.helper.make_node("MatMul", [prev, "heavy_w"], [f"heavy_{i}"]))
+            prev = f"heavy_{i}"
+        m.graph.output.append(onnx.helper.make_tensor_value_info(prev, onnx.TensorProto.FLOAT, [256, 256]))
+        return real(m, work)
+
+    monkeypatch.setattr(run_mod, "_session_source", heavier)
+    out = tmp_path / "o.onnx"
+    r = run("rewrite", sample("conv_bias_relu"), "-o", out, "--bench", "--threads", "1")
+    assert "measurably slower" in _one_error_line(r) and not out.exists()
+    assert "slower: " in r.stdout and "nothing written" in r.stdout
+    r = run("rewrite", sample("conv_bias_relu"), "-o", out, "--bench", "--threads", "1", "--force")
+    assert r.exit_code == 0 and out.exists()
 
 
 @pytest.mark.parametrize("how", ["same path", "symlink"])
@@ -183,7 +214,8 @@ def test_bad_savedmodel_fails_before_tensorflow_is_imported(tmp_path):
     assert not (tmp_path / "o.onnx").exists()
 
 
-def test_savedmodel_is_converted_and_rewritten(tmp_path):
+def test_savedmodel_is_converted_and_rewritten(tmp_path, capfd):
+    """Converted and rewritten, and no TensorFlow, absl or tf2onnx log line reaches the terminal."""
     pytest.importorskip("tf2onnx")
     tf = pytest.importorskip("tensorflow")
     rng = np.random.default_rng(0)
@@ -200,8 +232,11 @@ def test_savedmodel_is_converted_and_rewritten(tmp_path):
     module = ConvBiasRelu()
     tf.saved_model.save(module, str(tmp_path / "sm"), signatures=module.__call__)
     out = tmp_path / "o.onnx"
+    capfd.readouterr()
     r = run("rewrite", tmp_path / "sm", "-o", out, "--batch", "2")
     assert r.exit_code == 0, r.output
+    leaked = capfd.readouterr()
+    assert r.stderr == "" and leaked.out == "" and leaked.err == "", (r.stderr, leaked)
     model = onnx.load(out)
     assert ops(model)["com.microsoft.FusedConv"] == 1 and "Relu" not in ops(model)
     x = rng.standard_normal((2, 8, 8, 3)).astype("float32")

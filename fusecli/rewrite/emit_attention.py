@@ -1,0 +1,176 @@
+"""Attention written out -> ONNX Runtime's MultiHeadAttention (com.microsoft; CPU float32, CUDA).
+
+softmax(q k^T s + bias) v with q, k, v as (B, N, S, H) heads: MultiHeadAttention takes them packed as
+(B, S, N H), so each goes through Transpose(0, 2, 1, 3) + Reshape(0, 0, N H) (pairs ONNX Runtime's
+transpose optimizer cancels against the export's own head split), and the output is split back the
+same way. The additive bias (B|1, N|1, S, L) is the export's mask (Add), a causal Where turned into an
+additive one, and T5's position bias, broadcast over the query axis. Grouped-query K/V enter after
+their repeat (the repeat nodes stay); a Dropout is the identity in inference.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..fusion.match import Match
+from ..ir import Node, Tensor
+from .emit import MS, Context, Emission, _attr, _dtype, _new_init, _node, _other
+
+ADD = ("add", "sum", "bias_add")
+
+
+def _scalar(ctx: Context, t: Tensor) -> float | None:
+    v = ctx.weights.value(t.name)
+    return None if v is None or np.size(v) != 1 else float(np.reshape(v, -1)[0])
+
+
+def _scale(m: Match, ctx: Context) -> float | None:
+    node = m.roles.get("scale")
+    if node is None:
+        return 1.0
+    qk = m.roles["qk"].outputs[0]
+    c = _scalar(ctx, _other(node, qk) if node.kind == "mul" else node.inputs[1])
+    if c is None or c == 0:
+        return None
+    return c if node.kind == "mul" else 1.0 / c
+
+
+def _perm(ctx: Context, node: Node) -> list[int] | None:
+    p = _attr(ctx.protos[node.name], "perm")
+    return None if p is None else [int(a) for a in p]
+
+
+def _heads(t: Tensor) -> tuple[int, int] | None:
+    """(N, H) of a (B, N, S, H) tensor whose head count and size are known."""
+    s = t.shape
+    if s is None or len(s) != 4 or not isinstance(s[1], int) or not isinstance(s[3], int):
+        return None
+    return s[1], s[3]
+
+
+class _Builder:
+    """New nodes and initializers of one emission, with unique names."""
+
+    def __init__(self, ctx: Context, base: str):
+        self.ctx, self.base, self.nodes, self.inits = ctx, base, [], []
+
+    def node(self, op: str, inputs: list[str], output: str | None = None, domain: str = "", **kw) -> str:
+        out = output or self.ctx.names.new(f"{self.base}_{op}")
+        self.nodes.append(_node(op, inputs, out, self.ctx.names.new(f"{self.base}_{op}"), domain, **kw))
+        return out
+
+    def const(self, name: str, value: np.ndarray) -> str:
+        return _new_init(self.ctx, f"{self.base}_{name}", value, self.inits)
+
+    def packed(self, t: Tensor, perm: list[int], hidden: int) -> str:
+        """``t`` seen through ``perm`` as (B, S, N, H), then (B, S, N H). Where ``t`` is itself a
+        Transpose of the export's head split, its input is read instead (one transpose, or none)."""
+        src = t.producer
+        if src is not None and src.op_type == "Transpose" and src.name in self.ctx.protos:
+            p0 = _perm(self.ctx, src)
+            if p0 is not None and len(p0) == 4:
+                t, perm = src.inputs[0], [p0[i] for i in perm]
+        moved = t.name if perm == [0, 1, 2, 3] else self.node("Transpose", [t.name], perm=perm)
+        return self.node("Reshape", [moved, self.const("packed_shape", np.array([0, 0, hidden], np.int64))])
+
+
+def _bias(m: Match, ctx: Context, b: _Builder, q3: str) -> str | None:
+    """The additive attention bias as a (B|1, N|1, S, L) tensor name, '' when there is none."""
+    terms = []
+    pb = m.roles.get("position_bias")
+    if pb is not None:
+        terms.append(m.bound["position_bias"].name)
+    mask = m.roles.get("mask")
+    if mask is not None:
+        if mask.kind in ADD:
+            terms.append(m.bound["mask"].name)
+        else:  # where(cond, s, c) or where(cond, c, s): the constant c where the condition says
+            cond, a, c = mask.inputs[0], mask.inputs[1], mask.inputs[2]
+            fill = c if a.producer is not None and any(a.producer is n for n in m.nodes) else a
+            value = _scalar(ctx, fill)
+            if value is None:
+                return None
+            zero, fv = b.const("zero", np.zeros((), np.float32)), b.const("fill", np.array(value, np.float32))
+            terms.append(b.node("Where", [cond.name, zero, fv] if fill is c else [cond.name, fv, zero]))
+    if not terms:
+        return ""
+    bias = terms[0] if len(terms) == 1 else b.node("Add", terms)
+    seq = (b.node("Shape", [q3], start=1, end=2) if ctx.opset >= 15 else
+           b.node("Slice", [b.node("Shape", [q3]), b.const("one", np.array([1], np.int64)),
+                            b.const("two", np.array([2], np.int64))]))
+    ones = b.const("ones", np.array([1, 1], np.int64))
+    shape = b.node("Concat", [ones, seq, b.const("one_tail", np.array([1], np.int64))], axis=0)
+    return b.node("Expand", [bias, shape])  # the query axis broadcast: MultiHeadAttention wants S there
+
+
+def attention(m: Match, ctx: Context) -> Emission | None:
+    r = m.roles
+    qk, pv, softmax = r["qk"], r["pv"], r["softmax"]
+    if _dtype(m) != "float32" or qk.kind != "matmul" or pv.kind != "matmul" or ctx.opset < 13:
+        return None
+    q = m.bound["q"]
+    kt = r.get("k_transpose")
+    # K^T (B, N, H, L) = transpose(k_in, P); (B, L, N, H) is k_in through (P[0], P[3], P[1], P[2])
+    k_in, p = (kt.inputs[0], _perm(ctx, kt)) if kt is not None else (qk.inputs[1], [0, 1, 2, 3])
+    if p is None or sorted(p) != [0, 1, 2, 3]:
+        return None
+    kperm = [p[0], p[3], p[1], p[2]]
+    v_in = pv.inputs[1]
+    qh, vh = _heads(q), _heads(v_in)
+    ks = k_in.shape
+    if qh is None or vh is None or ks is None or len(ks) != 4 or vh[0] != qh[0] or p[0] != 0:
+        return None  # heads unknown, or K's batch axis moved
+    if _attr(ctx.protos[softmax.name], "axis", -1) % 4 != 3:
+        return None  # softmax over the keys only
+    d = r.get("dropout")
+    if d is not None and len(ctx.protos[d.name].input) > 2 and ctx.protos[d.name].input[2]:
+        return None  # a training_mode input: not provably the identity
+    scale = _scale(m, ctx)
+    if scale is None:
+        return None
+    heads, size = qh
+    b = _Builder(ctx, pv.name)
+    q3 = b.packed(q, [0, 2, 1, 3], heads * size)
+    k3 = b.packed(k_in, kperm, heads * size)
+    v3 = b.packed(v_in, [0, 2, 1, 3], heads * vh[1])
+    bias = _bias(m, ctx, b, q3)
+    if bias is None:
+        return None
+    o3 = b.node("MultiHeadAttention", [q3, k3, v3, "", "", bias], domain=MS, num_heads=heads, scale=scale)
+    keep = _feeding(m, [k_in, v_in])
+    remove = [n.name for n in m.nodes if id(n) not in keep]
+    heads_shape = b.const("heads_shape", np.array([0, 0, heads, vh[1]], np.int64))
+    merge = _merge_heads(pv.outputs[0], ctx)
+    if merge is not None:  # the export's own (B, N, S, H) -> (B, S, N, H) transpose: written directly
+        b.node("Reshape", [o3, heads_shape], merge.outputs[0].name)
+        remove.append(merge.name)
+    else:
+        split = b.node("Reshape", [o3, heads_shape])
+        b.node("Transpose", [split], pv.outputs[0].name, perm=[0, 2, 1, 3])
+    return Emission(m.pattern.name, "MultiHeadAttention", remove, b.nodes, b.inits)
+
+
+def _merge_heads(out: Tensor, ctx: Context) -> Node | None:
+    """The one consumer of the attention output when it is Transpose(0, 2, 1, 3), else None."""
+    if out.name in ctx.graph_outputs or len(out.consumers) != 1:
+        return None
+    t = out.consumers[0]
+    if t.op_type != "Transpose" or t.name not in ctx.protos or t.name in ctx.claimed \
+            or _perm(ctx, t) != [0, 2, 1, 3]:
+        return None
+    return t
+
+
+def _feeding(m: Match, ts: list[Tensor]) -> set[int]:
+    """ids of the match's nodes that make ``ts`` (the grouped-query repeats): they stay."""
+    inside = {id(n): n for n in m.nodes}
+    keep, stack = set(), [t.producer for t in ts if t.producer is not None]
+    while stack:
+        n = stack.pop()
+        if id(n) in inside and id(n) not in keep:
+            keep.add(id(n))
+            stack += [t.producer for t in n.inputs if t is not None and t.producer is not None]
+    return keep
+
+
+EMITTERS = {"attention": attention}

@@ -1,0 +1,94 @@
+"""RMSNorm matches -> ONNX Runtime's SimplifiedLayerNormalization / SkipSimplifiedLayerNormalization.
+
+y = x rsqrt(mean(x^2, last axis) + eps) g. SimplifiedLayerNormalization(X, scale; axis, epsilon) is
+registered by onnxruntime in the ONNX domain (CPU and CUDA); SkipSimplifiedLayerNormalization(input,
+skip, gamma; epsilon) is com.microsoft, and its 4th output is input + skip, written where a pre-norm
+block reads the residual sum again (Llama's decoder layers).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..fusion.match import Match
+from ..ir import Tensor
+from .emit import MS, Context, Emission, _affine_param, _dtype, _node, _out, _reduce_axes, _skip_operands
+
+ADD = ("add", "sum", "bias_add")
+
+
+def _rms_parts(m: Match, ctx: Context) -> tuple[Tensor, float, Tensor | None] | None:
+    """(x, eps, gain) of an RMSNorm match normalizing x's last axis; None for any other shape of it."""
+    x = m.bound.get("x")
+    mean = next((n for n in m.nodes if n.kind == "reduce_mean"), None)
+    if x is None or mean is None or x.shape is None or not x.shape:
+        return None
+    axes = _reduce_axes(mean, ctx)
+    if axes is None or [a % len(x.shape) for a in axes] != [len(x.shape) - 1]:
+        return None
+    eps_add = next((n for n in m.nodes if n.kind in ADD and mean.outputs[0] in n.inputs), None)
+    if eps_add is None:
+        return None
+    eps_t = next((t for t in eps_add.inputs if t is not mean.outputs[0]), None)
+    eps = None if eps_t is None else ctx.weights.value(eps_t.name)
+    if eps is None or np.size(eps) != 1:
+        return None
+    gain = None
+    affine = m.roles.get("rms_norm")
+    if affine is not None:
+        normed = m.roles["normalize"].outputs[0]
+        gain = next((t for t in affine.inputs if t is not normed), None)
+    return x, float(np.reshape(eps, -1)[0]), gain
+
+
+def rms_norm(m: Match, ctx: Context) -> Emission | None:
+    if _dtype(m) != "float32":
+        return None
+    parts = _rms_parts(m, ctx)
+    if parts is None:
+        return None
+    x, eps, gain = parts
+    inits: list = []
+    scale = _affine_param(ctx, gain, x, len(x.shape) - 1, 1.0, inits)
+    if not scale:
+        return None
+    node = _node("SimplifiedLayerNormalization", [x.name, scale], _out(m.root), m.root.name, axis=-1,
+                 epsilon=eps)
+    return Emission(m.pattern.name, "SimplifiedLayerNormalization", [n.name for n in m.nodes], [node], inits)
+
+
+def skip_rms_norm(m: Match, ctx: Context) -> Emission | None:
+    if _dtype(m) != "float32":
+        return None
+    parts = _rms_parts(m, ctx)
+    if parts is None:
+        return None
+    x, eps, gain = parts
+    inside = {id(n) for n in m.nodes}
+    chain = [x]  # the sum and the no-op casts of it the matcher looked through: all one value
+    while chain[-1].producer is not None and chain[-1].producer.kind == "cast" \
+            and id(chain[-1].producer) in inside:
+        chain.append(chain[-1].producer.inputs[0])
+    x = chain[-1]
+    add = x.producer
+    if add is None or add.kind not in ADD or id(add) not in inside:
+        return None
+    operands = _skip_operands(add)
+    inits: list = []
+    scale = _affine_param(ctx, gain, x, len(x.shape) - 1, 1.0, inits)
+    if operands is None or not scale:
+        return None
+    inp, skip = operands
+    node = _node("SkipSimplifiedLayerNormalization", [inp.name, skip.name, scale], _out(m.root), m.root.name,
+                 MS, epsilon=eps)
+    nodes = [node]
+    read = [t for t in reversed(chain)
+            if t.name in ctx.graph_outputs or any(id(c) not in inside for c in t.consumers)]
+    if read:  # the residual sum, read again by the next block: the kernel's 4th output
+        node.output.extend(["", "", read[0].name])
+        nodes += [_node("Identity", [read[0].name], t.name, ctx.names.new(f"{t.name}_sum")) for t in read[1:]]
+    return Emission(m.pattern.name, "SkipSimplifiedLayerNormalization", [n.name for n in m.nodes], nodes,
+                    inits)
+
+
+EMITTERS = {"rms_norm": rms_norm, "skip_rms_norm": skip_rms_norm}
