@@ -20,6 +20,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHORT_DATA = [66, 107, 160, 162, 172, 259, 353]
 # Dropout left without inputs (load/onnx.py _fill_missing_shapes)
 DROPOUT = [478, 614]
+# a Constant whose value attribute is no tensor (load/onnx.py _constant_values), drawn from all 7 bases
+NON_TENSOR_CONSTANT = [959]
 
 
 def _run(args: list[str], timeout: float) -> dict:
@@ -35,6 +37,9 @@ def test_past_findings_end_cleanly():
     summary = _run(["--seeds", ",".join(map(str, seeds)), "--bases", "5", "--seconds", "300"], timeout=400)
     assert summary["cases"] == len(seeds)
     assert not summary["findings"], summary["findings"]
+    summary = _run(["--seeds", ",".join(map(str, NON_TENSOR_CONSTANT)), "--bases", "7", "--seconds", "300"],
+                   timeout=400)
+    assert summary["cases"] == len(NON_TENSOR_CONSTANT) and not summary["findings"], summary["findings"]
 
 
 def test_fuzzer_finds_no_internal_error_hang_or_memory_hit():

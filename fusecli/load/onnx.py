@@ -287,8 +287,8 @@ def build_graph(model: onnx.ModelProto, name: str = "model", constant_weights: b
 def _constant_values(nodes: list[Node]) -> None:
     """Constant nodes' small values (and shapes, where inference left them out) onto their outputs."""
     for node in nodes:
-        if node.op_type != "Constant" or "value" not in node.attrs:
-            continue
+        if node.op_type != "Constant" or not isinstance(node.attrs.get("value"), onnx.TensorProto):
+            continue  # value_float(s), value_int(s) and the like carry no tensor (ONNX infers their shape)
         value, proto = _small_value(node.attrs["value"]), node.attrs["value"]
         for t in node.outputs:
             if t is None:

@@ -418,7 +418,10 @@ class _Loader:
         for arg in fdef.signature.input_arg[len(ins):]:
             best = max((k for k in names if arg.name == k or arg.name.endswith("_" + k)), key=len,
                        default=None)
-            value = resolve(names[best]) if best is not None else None
+            try:
+                value = None if best is None else resolve(names[best], f"the custom gradient of {nd.name!r}")
+            except FuseError:  # not a value of this function: leave the ops to their own rules
+                value = None
             if not isinstance(value, Tensor):
                 return  # a capture fusecli cannot name: leave the ops to their own rules
             reads.append(value.name)

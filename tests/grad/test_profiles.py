@@ -49,9 +49,9 @@ def test_savedmodel_gets_tensorflow():
 def test_cli_json_names_the_profile(save_model):
     path = save_model(_model("pytorch"))
     runner = CliRunner()
-    doc = json.loads(runner.invoke(main, ["analyze", path, "--json"]).output)
+    doc = json.loads(runner.invoke(main, ["analyze", path, "--json"]).stdout)
     assert doc["autodiff"]["profile"] == "pytorch" and "producer_name" in doc["autodiff"]["reason"]
-    doc = json.loads(runner.invoke(main, ["analyze", path, "--json", "--autodiff", "ops"]).output)
+    doc = json.loads(runner.invoke(main, ["analyze", path, "--json", "--autodiff", "ops"]).stdout)
     assert doc["autodiff"] == {"profile": "ops", "reason": "--autodiff", "composites": 0}
     bad = runner.invoke(main, ["analyze", path, "--autodiff", "jax"])
     assert bad.exit_code == 2 and "jax" in bad.output

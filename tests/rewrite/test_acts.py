@@ -13,7 +13,7 @@ from tests.rewrite.helpers import assert_same_outputs, attr, nodes, ops
 def _rewrite(save_model, model, target="cpu"):
     path = save_model(model)
     r = rewrite(path, RewriteOptions(target=target, batch=2))
-    assert r.verification.ok
+    assert r.verification.ok if not r.unchanged else r.verification is None  # nothing rewritten: no check
     assert_same_outputs(path, r.model)
     return r
 

@@ -60,7 +60,7 @@ def test_json_summary(sample, tmp_path):
 def test_no_verify_and_bench(sample, tmp_path):
     r = run("rewrite", sample("conv_bias_relu"), "-o", tmp_path / "o.onnx", "--no-verify")
     assert r.exit_code == 0 and "not verified" in r.stdout
-    r = run("rewrite", sample("conv_bias_relu"), "-o", tmp_path / "o.onnx", "--bench", "--threads", "1",
+    r = run("rewrite", sample("conv_bias_relu"), "-o", tmp_path / "o.onnx", "--bench", "--threads", "1", "--batch", "1",
             "--force")
     assert r.exit_code == 0, r.output
     assert "bench (50 interleaved runs" in r.stdout and r.stdout.count(" ms") == 4
@@ -74,7 +74,7 @@ def test_bench_refuses_a_measured_slowdown(sample, tmp_path, monkeypatch):
 
     real = run_mod._session_source
 
-    def heavier(model, work):
+    def heavier(model, work, base_dir=None):
         m = onnx.ModelProto()
         m.CopyFrom(model)
         w = onnx.numpy_helper.from_array(np.full((256, 256), 1e-3, np.float32), "heavy_w")
@@ -85,14 +85,14 @@ def test_bench_refuses_a_measured_slowdown(sample, tmp_path, monkeypatch):
             m.graph.node.append(onnx.helper.make_node("MatMul", [prev, "heavy_w"], [f"heavy_{i}"]))
             prev = f"heavy_{i}"
         m.graph.output.append(onnx.helper.make_tensor_value_info(prev, onnx.TensorProto.FLOAT, [256, 256]))
-        return real(m, work)
+        return real(m, work, base_dir)
 
     monkeypatch.setattr(run_mod, "_session_source", heavier)
     out = tmp_path / "o.onnx"
-    r = run("rewrite", sample("conv_bias_relu"), "-o", out, "--bench", "--threads", "1")
+    r = run("rewrite", sample("conv_bias_relu"), "-o", out, "--bench", "--threads", "1", "--batch", "1")
     assert "measurably slower" in _one_error_line(r) and not out.exists()
     assert "slower: " in r.stdout and "nothing written" in r.stdout
-    r = run("rewrite", sample("conv_bias_relu"), "-o", out, "--bench", "--threads", "1", "--force")
+    r = run("rewrite", sample("conv_bias_relu"), "-o", out, "--bench", "--threads", "1", "--batch", "1", "--force")
     assert r.exit_code == 0 and out.exists()
 
 

@@ -30,4 +30,4 @@ def test_per_pixel_scale_and_training_mode_are_left_alone(save_model):
     assert "Mul" in ops(rewrite(path, RewriteOptions(batch=2)).model)
     path = save_model(_conv_mul_clip(group=1), "t.onnx")
     r = rewrite(path, RewriteOptions(batch=2, mode="training"))
-    assert "Mul" in ops(r.model) and r.verification.ok
+    assert "Mul" in ops(r.model) and (r.verification is None if r.unchanged else r.verification.ok)
