@@ -60,8 +60,8 @@ def test_json_summary(sample, tmp_path):
 def test_no_verify_and_bench(sample, tmp_path):
     r = run("rewrite", sample("conv_bias_relu"), "-o", tmp_path / "o.onnx", "--no-verify")
     assert r.exit_code == 0 and "not verified" in r.stdout
-    r = run("rewrite", sample("conv_bias_relu"), "-o", tmp_path / "o.onnx", "--bench", "--threads", "1", "--batch", "1",
-            "--force")
+    r = run("rewrite", sample("conv_bias_relu"), "-o", tmp_path / "o.onnx", "--bench", "--threads", "1",
+            "--batch", "1", "--force")
     assert r.exit_code == 0, r.output
     assert "bench (50 interleaved runs" in r.stdout and r.stdout.count(" ms") == 4
     assert r.stdout.count("rewritten: ") + r.stdout.count("rewritten, ORT default opts: ") == 2
@@ -92,7 +92,8 @@ def test_bench_refuses_a_measured_slowdown(sample, tmp_path, monkeypatch):
     r = run("rewrite", sample("conv_bias_relu"), "-o", out, "--bench", "--threads", "1", "--batch", "1")
     assert "measurably slower" in _one_error_line(r) and not out.exists()
     assert "slower: " in r.stdout and "nothing written" in r.stdout
-    r = run("rewrite", sample("conv_bias_relu"), "-o", out, "--bench", "--threads", "1", "--batch", "1", "--force")
+    r = run("rewrite", sample("conv_bias_relu"), "-o", out, "--bench", "--threads", "1", "--batch", "1",
+            "--force")
     assert r.exit_code == 0 and out.exists()
 
 
