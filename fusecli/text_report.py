@@ -228,8 +228,8 @@ def summary_lines(a: Analysis, width: int, style: _Style) -> list[str]:
     n = len(a.matches)
     title = style(f"fusion: {n} match{'es' if n != 1 else ''}", bold=True) + ", how many are safe to fuse"
     return ["", title] + table(cols, body, width) \
-        + wrap("recompute: training-safe if the kernel recomputes what backward reads; blocked: bytes "
-               "backward reads from inside the fused kernels", width, "  ")
+        + wrap("recompute: safe if the kernel recomputes; blocked: bytes backward reads inside", width,
+               "  ")
 
 
 def memory_lines(a: Analysis, width: int) -> list[str]:
@@ -241,7 +241,7 @@ def memory_lines(a: Analysis, width: int) -> list[str]:
     peak = live.peak_node
     wrt = "parameters and inputs" if a.options.wrt_inputs else "parameters"
     return ["", f"memory (gradients w.r.t. {wrt}; {dims_text(a)})",
-            *wrap(f"saved for backward: {format_bytes(sum_bytes(s.bytes for s in live.saved))} in "
+            *wrap(f"saved: {format_bytes(sum_bytes(s.bytes for s in live.saved))} in "
                   f"{len(live.saved)} tensors ("
                   + ", ".join(f"{k} {format_bytes(sum_bytes(v))}" for k, v in sorted(by_kind.items())) + ")",
                   width, "  "),
