@@ -37,6 +37,7 @@ from .shape_tools import infer_shapes, value_shapes
 
 Shape = tuple | None
 MAX_FIT_VARIABLES = 4  # degree-2 fits in more variables need too many inference runs
+MAX_FOLD_ROUNDS = 16  # rounds of evaluating shape computations (fold_shape_values), each followed by ONNX's
 MAX_SYMBOLIC_PASSES = 64  # onnxruntime's loop re-runs after each merge of dims; a bound on it
 
 
@@ -188,8 +189,108 @@ class _Runner:
                 old = shapes.get(name)
                 if s is not None and (old is None or _known(s) > _known(old)):
                     shapes[name] = s
+        current = inferred
+        for _ in range(MAX_FOLD_ROUNDS):  # each round sizes what the next one's Shape ops read
+            if need is None or not any(_open(shapes.get(n)) for n in need):
+                break
+            folded = fold_shape_values(current, shapes)
+            if folded is None:
+                break
+            current = infer_shapes(folded)[0]
+            grew = False
+            for name, s in value_shapes(current).items():
+                old = shapes.get(name)
+                if s is not None and (old is None or _known(s) > _known(old)):
+                    shapes[name] = s
+                    grew = True
+            if not grew:
+                break
         return {n: None if s is None else tuple(d if isinstance(d, int) else None for d in s)
                 for n, s in shapes.items()}
+
+
+FOLD_ELEMENTS = 1 << 16  # a shape computation's tensors are small; bigger ones are not evaluated
+_SUBGRAPHS = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+_NOT_FOLDED = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "NonZero",
+                         "Multinomial", "Bernoulli"})
+
+
+def fold_shape_values(model: onnx.ModelProto, shapes: dict) -> onnx.ModelProto | None:
+    """The bound model with its shape computations evaluated by onnx's reference implementation: every
+    small tensor that depends on the graph inputs only through their (now static) shapes, and on
+    constants whose data was read, becomes an initializer (exporters compute window sizes and paddings
+    with float arithmetic on shapes, which neither shape tool follows). None when nothing folds."""
+    from onnx import numpy_helper
+    from onnx.reference import ReferenceEvaluator
+
+    g = model.graph
+    static = {t.name for t in g.initializer if _has_data(t)}
+    nodes, made, picked = [], {}, set()
+    for k, n in enumerate(g.node):
+        if n.domain not in ("", "ai.onnx") or any(a.type in _SUBGRAPHS for a in n.attribute):
+            continue
+        if n.op_type in ("Shape", "Size"):
+            s = shapes.get(n.input[0]) if n.input else None
+            if s is None or _open(s):
+                continue
+        elif n.op_type in _NOT_FOLDED or not all(i == "" or i in static for i in n.input) \
+                or (n.op_type != "Constant" and not n.input):
+            continue
+        outs = [shapes.get(o) for o in n.output if o]
+        if any(s is None or _open(s) or _numel(s) > FOLD_ELEMENTS for s in outs):
+            continue
+        nodes.append(n)
+        picked.add(k)
+        static.update(o for o in n.output if o)
+        made.update({o: n for o in n.output if o})
+    consumers = {i for k, n in enumerate(g.node) if k not in picked for i in n.input}
+    consumers |= {o.name for o in g.output}
+    boundary = sorted(o for o in made if o in consumers and made[o].op_type != "Constant")
+    if not boundary:
+        return None
+    sub = onnx.ModelProto()
+    sub.CopyFrom(model)
+    del sub.graph.node[:], sub.graph.output[:], sub.graph.input[:], sub.graph.value_info[:]
+    for n in nodes:
+        if n.op_type in ("Shape", "Size"):
+            s = shapes[n.input[0]]
+            value = np.array(list(s) if n.op_type == "Shape" else _numel(s), dtype=np.int64)
+            if n.op_type == "Shape":
+                start = next((a.i for a in n.attribute if a.name == "start"), 0)
+                end = next((a.i for a in n.attribute if a.name == "end"), len(s))
+                value = value[start:end]
+            sub.graph.node.append(helper.make_node("Constant", [], [n.output[0]],
+                                                   value=numpy_helper.from_array(value)))
+        else:
+            sub.graph.node.append(n)
+    sub.graph.output.extend(onnx.ValueInfoProto(name=o) for o in boundary)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            results = ReferenceEvaluator(sub).run(None, {})
+    except Exception:  # an op the reference implementation lacks, or inputs it refuses: fold nothing
+        return None
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    kept = [n for k, n in enumerate(out.graph.node) if k not in picked or n.op_type == "Constant"]
+    del out.graph.node[:]
+    out.graph.node.extend(kept)
+    out.graph.initializer.extend(numpy_helper.from_array(np.asarray(v), name)
+                                 for name, v in zip(boundary, results, strict=True))
+    del out.graph.input[:]  # the graph inputs, with their bound dims, stay; weights-as-inputs too
+    out.graph.input.extend(model.graph.input)
+    del out.graph.value_info[:]  # inferred again from the folded values (stale unknowns would stay)
+    return out
+
+
+def _has_data(t: onnx.TensorProto) -> bool:
+    return not _payload_left_out(t) and t.data_location != onnx.TensorProto.EXTERNAL
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
 
 
 def _ancestors(model: onnx.ModelProto, need: set[str]) -> onnx.ModelProto:

@@ -95,7 +95,9 @@ def _value_infos(graph: Graph, known: dict[str, onnx.ValueInfoProto]) -> None:
     """Remember the type and shape of every activation the IR knows (contrib ops' outputs keep theirs)."""
     for t in graph.tensors.values():
         if t.kind == "activation" and t.shape is not None and t.dtype in _ELEM_TYPE:
-            known[t.name] = helper.make_tensor_value_info(t.name, _ELEM_TYPE[t.dtype], list(t.shape))
+            dims = [None if isinstance(d, int) and not 0 <= d < 2**63 else d  # a bad file's dims: unknown
+                    for d in t.shape]
+            known[t.name] = helper.make_tensor_value_info(t.name, _ELEM_TYPE[t.dtype], dims)
 
 
 def analyze_model(model: onnx.ModelProto, options: Options, known: dict[str, onnx.ValueInfoProto],

@@ -26,8 +26,6 @@ DONE_WHEN = ("bert", "distilbert", "gpt2", "llama", "mistral", "qwen2", "t5_enco
 FOLDED_BN = ("the eval export folds BatchNorm into the conv; eager PyTorch keeps the conv output for "
              "BatchNorm's backward, and no ONNX tensor holds it")
 KNOWN = {  # (model, exporter) -> why fusecli cannot match PyTorch there yet
-    ("swin", "torchscript"): "neither shape tool sizes this export's window dims (float Pad/Cast arithmetic "
-                             "on shapes): those tensors have unknown sizes, said and left out",
     **{("mobilevit", e): FOLDED_BN for e in ("torchscript", "dynamo")},
 }
 
