@@ -38,7 +38,8 @@ def test_past_findings_end_cleanly():
     summary = _run(["--seeds", ",".join(map(str, seeds)), "--bases", "5", "--seconds", "300"], timeout=400)
     assert summary["cases"] == len(seeds)
     assert not summary["findings"], summary["findings"]
-    summary = _run(["--seeds", ",".join(map(str, SEVEN_BASES)), "--bases", "7", "--seconds", "300"], timeout=400)
+    summary = _run(["--seeds", ",".join(map(str, SEVEN_BASES)), "--bases", "7", "--seconds", "300"],
+                   timeout=400)
     assert summary["cases"] == len(SEVEN_BASES) and not summary["findings"], summary["findings"]
 
 
