@@ -22,7 +22,7 @@ SHORT_DATA = [66, 107, 160, 162, 172, 259, 353]
 DROPOUT = [478, 614]
 # drawn from all 7 bases: a Constant whose value attribute is no tensor (load/onnx.py _constant_values);
 # an initializer claiming a dim past int64, copied into rewrite's value infos (rewrite/run.py)
-SEVEN_BASES = [959, 20276634]
+SEVEN_BASES = [959, 20276634, 20282674]
 
 
 def _run(args: list[str], timeout: float) -> dict:
