@@ -41,6 +41,7 @@ class Context:
     protos: dict[str, onnx.NodeProto]
     graph_outputs: set[str]
     claimed: set[str] = field(default_factory=set)  # IR node names already rewritten in this pass
+    skipped: list[str] = field(default_factory=list)  # matches an emitter could not rewrite, and why
 
 
 @dataclass

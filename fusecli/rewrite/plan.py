@@ -26,7 +26,14 @@ def plan(matches: list[Match], ctx: Context) -> list[Emission]:
     for m in candidates:
         if any(n.name in ctx.claimed for n in m.nodes):
             continue
-        e = emit(m, ctx)
+        try:
+            e = emit(m, ctx)
+        except (ValueError, IndexError, KeyError, TypeError, NotImplementedError, ArithmeticError) as err:
+            # weights or attributes the kernel cannot take (a damaged file, an unusual export): the match
+            # stays unfused and the run says so
+            ctx.skipped.append(f"{m.pattern.name} at {m.root.name} ({type(err).__name__}: "
+                               f"{' '.join(str(err).split())[:160]})")
+            continue
         if e is None or any(name in ctx.claimed for name in e.remove):
             continue
         ctx.claimed.update(e.remove)

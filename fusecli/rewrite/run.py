@@ -113,7 +113,7 @@ def analyze_model(model: onnx.ModelProto, options: Options, known: dict[str, onn
 
 
 def rewrite_passes(model: onnx.ModelProto, first: Analysis, options: RewriteOptions,
-                   label: str) -> tuple[list[Applied], int, int]:
+                   label: str, skipped: list[str] | None = None) -> tuple[list[Applied], int, int]:
     """Plan and emit until a pass finds nothing more (BatchNorm folded in pass 1 makes Conv+Add+ReLU in 2)."""
     analysis, known = first, {}
     applied: list[Applied] = []
@@ -129,6 +129,8 @@ def rewrite_passes(model: onnx.ModelProto, first: Analysis, options: RewriteOpti
         weights = Weights(model, os.path.dirname(os.path.abspath(label)))
         ctx = Context(options.target, options.mode, opset_of(model), weights, Names(model), protos, outputs)
         emissions = plan(analysis.matches, ctx)
+        if skipped is not None:
+            skipped += ctx.skipped
         folded |= weights.folded
         if not emissions:
             break
@@ -164,14 +166,16 @@ def rewrite(path: str, options: RewriteOptions | None = None, output: str | None
         if scales:  # the graph changed under the analysis: analyze the folded model again
             first = analyze_model(model, pipeline_options, {}, source.onnx_path)
         with gc_paused():  # passes build and drop whole analyses: no collector walks meanwhile
-            applied, passes, folded = rewrite_passes(model, first, options, source.onnx_path)
+            skipped: list[str] = []
+            applied, passes, folded = rewrite_passes(model, first, options, source.onnx_path, skipped)
             prune(model)
         applied = [Applied("conv_mul", "Conv(scale folded)", list(pair)) for pair in scales] + applied
         spliced = not needs_external_data(model)  # payloads copied file to file when written
         if not spliced:
             restore_weights(model, source.onnx_path)  # past 2 GB: written with its own data file
         result = RewriteResult(path, output, options, model, applied, nodes_before, len(model.graph.node),
-                               ops_before, op_counts(model), folded, passes, warnings=list(first.warnings),
+                               ops_before, op_counts(model), folded, passes,
+                               warnings=[*first.warnings, *(f"not rewritten: {s}" for s in skipped)],
                                dims={n: first.sizes[n] for n in first.sizes.variables})
         # nothing rewritten and nothing pruned: the output is the input's graph, there is nothing to compare
         # (onnxruntime's sessions would be most of the time on a big graph)
