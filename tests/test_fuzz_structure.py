@@ -24,7 +24,8 @@ DROPOUT = [478, 614]
 # an initializer claiming a dim past int64, copied into rewrite's value infos (rewrite/run.py); weights an
 # emitter cannot fold (shapes that do not broadcast, object arrays, short inputs: rewrite/plan.py skips the
 # match and says so)
-SEVEN_BASES = [959, 20276634, 20282674, 40007101, 40012830, 40012895, 40014094, 40014791, 40016886]
+SEVEN_BASES = [959, 20276634, 20282674, 40007101, 40012830, 40012895, 40014094, 40014791, 40016886,
+               40023291]
 
 
 def _run(args: list[str], timeout: float) -> dict:
