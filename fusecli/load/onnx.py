@@ -204,13 +204,7 @@ def build_graph(model: onnx.ModelProto, name: str = "model", constant_weights: b
         if init.name in initializer_names:
             raise FuseError(f"initializer {init.name!r} is defined twice")
         initializer_names.add(init.name)
-        dtype = dtype_name(init.data_type)
-        numel = 1
-        for d in init.dims:
-            numel *= d
-        # float weights are trainable; one-element floats (1/sqrt(d), epsilons) are constants
-        t = graph.tensor(init.name, dtype=dtype, shape=tuple(init.dims),
-                         kind="parameter" if dtype in FLOAT_DTYPES and numel > 1 else "constant")
+        t = _weight(graph, init.name, init.data_type, init.dims)
         value = _small_value(init)
         if value is not None:
             t.meta["value"] = value
@@ -221,12 +215,7 @@ def build_graph(model: onnx.ModelProto, name: str = "model", constant_weights: b
         if init.name in initializer_names:
             raise FuseError(f"initializer {init.name!r} is defined twice")
         initializer_names.add(init.name)
-        dtype = dtype_name(init.data_type)
-        numel = 1
-        for d in sparse.dims:
-            numel *= d
-        graph.tensor(init.name, dtype=dtype, shape=tuple(sparse.dims),
-                     kind="parameter" if dtype in FLOAT_DTYPES and numel > 1 else "constant")
+        _weight(graph, init.name, init.data_type, sparse.dims)
     for vi in g.input:
         if vi.name in initializer_names:
             continue  # IR < 4 lists initializers as inputs too
@@ -282,6 +271,17 @@ def build_graph(model: onnx.ModelProto, name: str = "model", constant_weights: b
     refine_kinds(graph)
     promote_constant_weights(graph, constant_weights)
     return graph
+
+
+def _weight(graph: Graph, name: str, data_type: int, dims) -> Tensor:
+    """An initializer's tensor: float weights are trainable; one-element floats (1/sqrt(d), epsilons)
+    are constants, as are integer tensors."""
+    dtype = dtype_name(data_type)
+    numel = 1
+    for d in dims:
+        numel *= d
+    return graph.tensor(name, dtype=dtype, shape=tuple(dims),
+                        kind="parameter" if dtype in FLOAT_DTYPES and numel > 1 else "constant")
 
 
 def _constant_values(nodes: list[Node]) -> None:

@@ -312,12 +312,7 @@ def _ancestors(model: onnx.ModelProto, need: set[str]) -> onnx.ModelProto:
     out = onnx.ModelProto()
     for fd, value in model.ListFields():
         if fd.name != "graph":
-            if fd.is_repeated:
-                getattr(out, fd.name).extend(value)
-            elif fd.message_type is not None:
-                getattr(out, fd.name).CopyFrom(value)
-            else:
-                setattr(out, fd.name, value)
+            set_field(out, fd, value)
     og = out.graph
     og.name = g.name
     og.node.extend(g.node[i] for i in sorted(keep))
@@ -325,6 +320,16 @@ def _ancestors(model: onnx.ModelProto, need: set[str]) -> onnx.ModelProto:
     og.initializer.extend(t for t in g.initializer if t.name in seen)
     og.output.extend(onnx.ValueInfoProto(name=n) for n in sorted(need) if n in producer)
     return out
+
+
+def set_field(msg, fd, value) -> None:
+    """Copy one field (``ListFields()``'s descriptor and value) into ``msg``: repeated, message or scalar."""
+    if fd.is_repeated:
+        getattr(msg, fd.name).extend(value)
+    elif fd.message_type is not None:
+        getattr(msg, fd.name).CopyFrom(value)
+    else:
+        setattr(msg, fd.name, value)
 
 
 def _open(shape: tuple | None) -> bool:

@@ -18,7 +18,9 @@ ADD = ("add", "sum", "bias_add")
 
 
 def _rms_parts(m: Match, ctx: Context) -> tuple[Tensor, float, Tensor | None] | None:
-    """(x, eps, gain) of an RMSNorm match normalizing x's last axis; None for any other shape of it."""
+    """(x, eps, gain) of a float32 RMSNorm match normalizing x's last axis; None for any other one."""
+    if _dtype(m) != "float32":
+        return None
     x = m.bound.get("x")
     mean = next((n for n in m.nodes if n.kind == "reduce_mean"), None)
     if x is None or mean is None or x.shape is None or not x.shape:
@@ -42,8 +44,6 @@ def _rms_parts(m: Match, ctx: Context) -> tuple[Tensor, float, Tensor | None] | 
 
 
 def rms_norm(m: Match, ctx: Context) -> Emission | None:
-    if _dtype(m) != "float32":
-        return None
     parts = _rms_parts(m, ctx)
     if parts is None:
         return None
@@ -58,8 +58,6 @@ def rms_norm(m: Match, ctx: Context) -> Emission | None:
 
 
 def skip_rms_norm(m: Match, ctx: Context) -> Emission | None:
-    if _dtype(m) != "float32":
-        return None
     parts = _rms_parts(m, ctx)
     if parts is None:
         return None

@@ -8,6 +8,7 @@ import numpy as np
 import onnx
 
 from ..load.onnx import SMALL_VALUE_ELEMENTS
+from ..load.onnx_sizes import set_field
 
 
 def copy_with_initializers(model: onnx.ModelProto,
@@ -19,23 +20,14 @@ def copy_with_initializers(model: onnx.ModelProto,
     for fd, value in model.ListFields():
         if fd.name == "graph":
             continue
-        _set(out, fd, value)
+        set_field(out, fd, value)
     for fd, value in model.graph.ListFields():
         if fd.name == "node" and node is not None:
             out.graph.node.extend(node(n) for n in value)
         elif fd.name != "initializer":
-            _set(out.graph, fd, value)
+            set_field(out.graph, fd, value)
     out.graph.initializer.extend(initializer(t) for t in model.graph.initializer)
     return out
-
-
-def _set(msg, fd, value) -> None:
-    if fd.is_repeated:
-        getattr(msg, fd.name).extend(value)
-    elif fd.message_type is not None:
-        getattr(msg, fd.name).CopyFrom(value)
-    else:
-        setattr(msg, fd.name, value)
 
 
 _DATA = ("raw_data", "float_data", "int32_data", "int64_data", "double_data", "uint64_data", "string_data")
