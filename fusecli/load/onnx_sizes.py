@@ -382,7 +382,7 @@ def _payload_left_out(t: onnx.TensorProto) -> bool:
         or t.string_data)
 
 
-def ort_symbolic_shapes(model: onnx.ModelProto) -> dict[str, Shape] | None:
+def ort_symbolic_shapes(model: onnx.ModelProto, passes: int = MAX_SYMBOLIC_PASSES) -> dict[str, Shape] | None:
     """onnxruntime's symbolic shape inference, keeping what it infers where it stops early (its public
     entry point raises then, and writes a file into the current folder); None when it fails."""
     try:
@@ -390,7 +390,7 @@ def ort_symbolic_shapes(model: onnx.ModelProto) -> dict[str, Shape] | None:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             sym = SymbolicShapeInference(2**31 - 1, True, False, 0)
             sym._preprocess(model)
-            for _ in range(MAX_SYMBOLIC_PASSES):
+            for _ in range(passes):
                 if not sym.run_:
                     break
                 sym._infer_impl()
