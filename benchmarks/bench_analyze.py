@@ -176,6 +176,7 @@ class Run:
     maxrss_kib: int
     ok: bool
     error: str = ""
+    cpu_seconds: float = 0.0  # the child's user + system time
 
 
 def run_once(cmd: list[str]) -> Run:
@@ -189,7 +190,8 @@ def run_once(cmd: list[str]) -> Run:
         err.seek(0)
         tail = err.read().decode(errors="replace").strip().splitlines()[-1:] or [""]
     return Run(seconds, usage.ru_maxrss, proc.returncode == 0,
-               "" if proc.returncode == 0 else f"exit {proc.returncode}: {tail[0][:200]}")
+               "" if proc.returncode == 0 else f"exit {proc.returncode}: {tail[0][:200]}",
+               usage.ru_utime + usage.ru_stime)
 
 
 @dataclass
@@ -203,6 +205,10 @@ class Sample:
     @property
     def seconds(self) -> float:
         return statistics.median(r.seconds for r in self.runs)
+
+    @property
+    def cpu_seconds(self) -> float:
+        return statistics.median(r.cpu_seconds for r in self.runs)
 
     @property
     def rss_mib(self) -> float:

@@ -311,6 +311,10 @@ def render(model: str, view: str, as_dot: bool, output: str | None, mode: str, f
 @_common_options
 @click.option("--no-verify", "no_verify", is_flag=True,
               help="Skip the onnxruntime comparison of original and rewritten outputs.")
+@click.option("--verify", "verify_scope", type=click.Choice(["auto", "regions", "model"]), default="auto",
+              show_default=True, help="What onnxruntime compares: each fused region against the nodes it "
+              "replaced, the whole model, or auto (regions; the whole model too when it is small or a "
+              "region cannot be cut out).")
 @click.option("--bench", is_flag=True, help="Time original and rewritten in onnxruntime (medians and "
               "spread); a measurable slowdown writes nothing and exits 1.")
 @click.option("--force", is_flag=True, help="With --bench: write the model even when it measures slower.")
@@ -319,7 +323,8 @@ def render(model: str, view: str, as_dot: bool, output: str | None, mode: str, f
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the summary.")
 def rewrite_command(model: str, output: str, target: str, mode: str, patterns: tuple[str, ...],
                     batch: int | None,
-                    dims: tuple[str, ...], signature: str | None, no_verify: bool, bench: bool,
+                    dims: tuple[str, ...], signature: str | None, no_verify: bool, verify_scope: str,
+                    bench: bool,
                     threads: int | None, force: bool, as_json: bool) -> None:
     """Rewrite MODEL's fusion matches as ONNX Runtime kernels, verify, and write OUT.onnx."""
     from .output import check_output
@@ -330,8 +335,8 @@ def rewrite_command(model: str, output: str, target: str, mode: str, patterns: t
 
     check_output(output, [model], ("onnx",), "-o")
     options = RewriteOptions(target=target, mode=mode, batch=batch, dims=_parse_dims(dims),
-                             patterns=patterns,
-                             verify=not no_verify, bench=bench, threads=threads, signature=signature,
+                             patterns=patterns, verify=not no_verify, verify_scope=verify_scope,
+                             bench=bench, threads=threads, signature=signature,
                              keep_weights=False, force=force)
     from . import progress
 

@@ -25,14 +25,21 @@ def to_json(r: RewriteResult) -> dict:
         "unchanged": r.unchanged,
         "verification": None if v is None else {
             "ok": v.ok,
-            "levels": {lvl: [{"output": c.name, "dtype": c.dtype, "relative_l2_error": c.error,
-                              "tolerance": c.tolerance} for c in cs] for lvl, cs in v.checks.items()}},
+            "levels": _levels(v.checks, "output"),
+            "regions": {"count": v.regions, "distinct": v.distinct, "not_cut": v.uncut,
+                        "levels": _levels(v.region_checks, "region")},
+            "model_skipped": v.model_skipped},
         "bench": [{"model": t.label, "median_ms": t.median_ms, "runs": t.runs,
                    "spread_ms": vars(Spread.of(t.times_ms)) if t.times_ms else None} for t in r.timings],
         "bench_verdicts": [{"original": c.original, "rewritten": c.rewritten, "speedup": c.ratio,
                             "verdict": c.verdict} for c in comparisons(r.timings)],
         "refused": r.refused,
     }
+
+
+def _levels(checks: dict, key: str) -> dict:
+    return {lvl: [{key: c.name, "dtype": c.dtype, "relative_l2_error": c.error, "tolerance": c.tolerance}
+                  for c in cs] for lvl, cs in checks.items()}
 
 
 def format_summary(r: RewriteResult) -> str:
@@ -58,11 +65,24 @@ def format_summary(r: RewriteResult) -> str:
         lines.append(f"weights written to {r.data_file}")
     v = r.verification
     if v is not None:
-        outs = len(next(iter(v.checks.values()), []))
-        errs = ", ".join(f"{v.worst(lvl):.2g} ({_LEVEL_NAMES.get(lvl, lvl)})" for lvl in v.checks)
         at = ", ".join(f"{k}={v}" for k, v in r.dims.items()) or "fixed sizes"
-        lines.append(f"verified with onnxruntime (CPU, {at}): {outs} output"
-                     f"{'s' if outs != 1 else ''}, largest relative L2 error {errs}")
+        lines.append(f"verified with onnxruntime (CPU, {at}):")
+        if v.region_checks:
+            errs = ", ".join(f"{v.worst(lvl, regions=True):.2g} ({_LEVEL_NAMES.get(lvl, lvl)})"
+                             for lvl in v.region_checks)
+            lines.append(f"  {v.regions} fused region{'s' if v.regions != 1 else ''} ({v.distinct} distinct) "
+                         f"against the nodes they replaced, largest relative L2 error {errs}")
+        if v.uncut:
+            lines.append(f"  {len(v.uncut)} region{'s' if len(v.uncut) != 1 else ''} not checked on "
+                         f"{'their' if len(v.uncut) != 1 else 'its'} own ({v.uncut[0]}"
+                         f"{', ...' if len(v.uncut) > 1 else ''}): the whole model is")
+        if v.checks:
+            outs = len(next(iter(v.checks.values()), []))
+            errs = ", ".join(f"{v.worst(lvl):.2g} ({_LEVEL_NAMES.get(lvl, lvl)})" for lvl in v.checks)
+            lines.append(f"  whole model: {outs} output{'s' if outs != 1 else ''}, largest relative L2 "
+                         f"error {errs}")
+        elif v.model_skipped:
+            lines.append(f"  whole model not run ({v.model_skipped})")
     elif r.unchanged and r.options.verify:
         lines.append("not verified: nothing was rewritten, the output's graph is the input's")
     else:

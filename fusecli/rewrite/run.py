@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -22,7 +23,8 @@ from .emit import Context
 from .fold_scales import fold_conv_scales
 from .plan import is_safe, plan
 from .proto import light_copy
-from .save import needs_external_data, write_model
+from .regions import Case, Cutter
+from .save import needs_external_data, payload_bytes, write_model
 from .shapes import refine_shapes
 from .source import load_weights, open_source, restore_weights
 from .splice import write_spliced
@@ -33,6 +35,10 @@ if TYPE_CHECKING:
 
 TARGETS = ("cpu", "cuda")
 MODES = ("inference", "training")
+SCOPES = ("auto", "regions", "model")
+# --verify auto runs the whole model too below these (onnxruntime's session set-up grows with both)
+AUTO_MODEL_NODES = 5_000
+AUTO_MODEL_WEIGHT_BYTES = 256 << 20
 _ELEM_TYPE = {dtype_name(v): v for v in onnx.TensorProto.DataType.values() if v}
 
 
@@ -44,6 +50,7 @@ class RewriteOptions:
     batch: int | None = None  # --batch: the model's batch dim (None: 1, with the analysis's warning)
     dims: dict[str, int] = field(default_factory=dict)
     verify: bool = True
+    verify_scope: str = "auto"  # "regions", "model", or "auto": regions, and the model when it is small
     bench: bool = False
     threads: int | None = None
     bench_runs: int = 50
@@ -113,8 +120,10 @@ def analyze_model(model: onnx.ModelProto, options: Options, known: dict[str, onn
 
 
 def rewrite_passes(model: onnx.ModelProto, first: Analysis, options: RewriteOptions,
-                   label: str, skipped: list[str] | None = None) -> tuple[list[Applied], int, int]:
-    """Plan and emit until a pass finds nothing more (BatchNorm folded in pass 1 makes Conv+Add+ReLU in 2)."""
+                   label: str, skipped: list[str] | None = None,
+                   regions: list[list[Case | str]] | None = None) -> tuple[list[Applied], int, int]:
+    """Plan and emit until a pass finds nothing more (BatchNorm folded in pass 1 makes Conv+Add+ReLU in 2);
+    with ``regions``, each pass's emissions are cut out there for verification before they are applied."""
     analysis, known = first, {}
     applied: list[Applied] = []
     folded: set[str] = set()
@@ -136,6 +145,14 @@ def rewrite_passes(model: onnx.ModelProto, first: Analysis, options: RewriteOpti
             break
         passes += 1
         stage(f"rewriting (pass {passes})")
+        if regions is not None:
+            cutter = Cutter(weights, analysis.graph, analysis.sizes, outputs)
+            cases = [cutter.cut(f"{e.pattern} -> {e.kernel}", [protos[n] for n in e.remove], e.nodes,
+                                e.initializers, e.remove) for e in emissions]
+            wiring = next((c for c in cases if isinstance(c, str) and c.startswith("wiring:")), None)
+            if wiring is not None:  # the rest of the graph would read a tensor nothing makes any more
+                raise FuseError(f"verification failed: {wiring.removeprefix('wiring: ')}; nothing written")
+            regions.append(cases)
         apply(model, emissions, protos)
         applied += [Applied(e.pattern, e.kernel, list(e.remove)) for e in emissions]
         analysis = analyze_model(model, first.options, known, label)
@@ -148,8 +165,9 @@ def rewrite(path: str, options: RewriteOptions | None = None, output: str | None
     Raises FuseError (nothing written) on bad input or when verification finds a mismatch.
     """
     options = options or RewriteOptions()
-    if options.target not in TARGETS or options.mode not in MODES:
-        raise FuseError(f"unknown target/mode {options.target}/{options.mode}")
+    if options.target not in TARGETS or options.mode not in MODES or options.verify_scope not in SCOPES:
+        raise FuseError(f"unknown target/mode/verification {options.target}/{options.mode}/"
+                        f"{options.verify_scope}")
     if output is not None:
         refuse_overwriting_input(output, [path])
     with scratch_dir("rewrite") as work:
@@ -167,7 +185,10 @@ def rewrite(path: str, options: RewriteOptions | None = None, output: str | None
             first = analyze_model(model, pipeline_options, {}, source.onnx_path)
         with gc_paused():  # passes build and drop whole analyses: no collector walks meanwhile
             skipped: list[str] = []
-            applied, passes, folded = rewrite_passes(model, first, options, source.onnx_path, skipped)
+            regions: list[list[Case | str]] | None = \
+                [] if options.verify and options.verify_scope != "model" else None
+            applied, passes, folded = rewrite_passes(model, first, options, source.onnx_path, skipped,
+                                                     regions)
             prune(model)
         applied = [Applied("conv_mul", "Conv(scale folded)", list(pair)) for pair in scales] + applied
         spliced = not needs_external_data(model)  # payloads copied file to file when written
@@ -186,25 +207,32 @@ def rewrite(path: str, options: RewriteOptions | None = None, output: str | None
             result.refused = (f"none of the {safe} {options.mode}-safe matches has a kernel on target "
                               f"{options.target} in tf2onnx's conversion; nothing written")
         if result.refused is None and ((options.verify and not result.unchanged) or options.bench):
-            from .verify import bench, verify  # onnxruntime, imported only when it runs
+            from .verify import bench  # onnxruntime, imported only when it runs
 
-            rewritten = _session_source(model, work, base_dir if spliced else None)
+            made: list[bytes | str] = []
+
+            def rewritten() -> bytes | str:  # written once, when a whole-model session needs it
+                if not made:
+                    made.append(_session_source(model, work, base_dir if spliced else None))
+                return made[0]
+
             if options.verify and not result.unchanged:
-                stage("verifying with onnxruntime")
-                result.verification = verify(source.onnx_path, rewritten, first.sizes.batch or 1,
-                                             dict(first.sizes))
+                result.verification = _verify(source.onnx_path, rewritten, model, first, options,
+                                              regions or [], bool(scales))
                 if not result.verification.ok:
                     level, c = result.verification.failures()[0]
-                    raise FuseError(f"verification failed: output {c.name!r} differs from the original "
+                    what = f"region {c.name}" if c in result.verification.region_checks.get(level, []) \
+                        else f"output {c.name!r}"
+                    raise FuseError(f"verification failed: {what} differs from the original "
                                     f"(relative L2 error {c.error:.3g} > {c.tolerance:g}, onnxruntime "
                                     f"{'ORT_DISABLE_ALL' if level == 'disabled' else 'default'} "
                                     "optimizations); nothing written")
             if options.bench:
                 stage(f"benchmarking ({options.bench_runs} runs of 4 sessions)")
                 result.timings = bench([("original", source.onnx_path, "disabled"),
-                                        ("rewritten", rewritten, "disabled"),
+                                        ("rewritten", rewritten(), "disabled"),
                                         ("original, ORT default opts", source.onnx_path, "default"),
-                                        ("rewritten, ORT default opts", rewritten, "default")],
+                                        ("rewritten, ORT default opts", rewritten(), "default")],
                                        first.sizes.batch or 1, dict(first.sizes), options.threads,
                                        runs=options.bench_runs)
                 slower = slowdown(result.timings)
@@ -220,6 +248,44 @@ def rewrite(path: str, options: RewriteOptions | None = None, output: str | None
             result.data_file = write_model(model, output, source.protected)
         if spliced and options.keep_weights:
             restore_weights(model, source.onnx_path)
+    return result
+
+
+def _verify(original: str, rewritten: Callable[[], bytes | str], model: onnx.ModelProto, first: Analysis,
+            options: RewriteOptions, regions: list[list[Case | str]], scales: bool) -> Verification:
+    """Regions against the nodes they replaced, and the whole model where asked, where it is small, or
+    where a region could not be cut out on its own."""
+    from .verify import Verification, verify, verify_regions
+
+    result = Verification()
+    uncut = [c for cases in regions for c in cases if isinstance(c, str)]
+    whole = options.verify_scope == "model"
+    if options.verify_scope != "model":
+        if uncut and options.verify_scope == "regions":
+            raise FuseError(f"cannot verify region by region: {uncut[0]} (--verify model runs the whole "
+                            "model)")
+        if scales and options.verify_scope == "regions":
+            raise FuseError("cannot verify region by region: Conv scales were folded before the passes "
+                            "(--verify model runs the whole model)")
+        stage("verifying fused regions with onnxruntime")
+        cases = [[c for c in cs if not isinstance(c, str)] for cs in regions]
+        try:
+            verify_regions(cases, model.opset_import, model.ir_version, result, seed=0)
+        except FuseError as e:
+            if options.verify_scope == "regions":
+                raise
+            uncut.append(str(e))
+        result.uncut = uncut
+        weights, nodes = payload_bytes(model), len(model.graph.node)
+        small = nodes <= AUTO_MODEL_NODES and weights <= AUTO_MODEL_WEIGHT_BYTES
+        whole = options.verify_scope == "auto" and (small or bool(uncut) or scales)
+        if not whole:
+            result.model_skipped = (f"{nodes:,} nodes, {weights / 2**20:,.0f} MiB of weights: "
+                                    "--verify model runs it")
+    if whole:
+        stage("verifying the whole model with onnxruntime")
+        model_check = verify(original, rewritten(), first.sizes.batch or 1, dict(first.sizes))
+        result.checks = model_check.checks
     return result
 
 

@@ -7,6 +7,7 @@ import os
 
 import onnx
 
+from ..load.onnx import tensors_of
 from ..output import atomic_write, refuse_overwriting_input
 from .proto import copy_with_initializers
 from .values import tensor_array
@@ -17,16 +18,22 @@ EXTERNAL_THRESHOLD = 1024  # tensors of at least this many bytes go to the data 
 
 def weight_bytes(model: onnx.ModelProto) -> int:
     """Bytes of all initializer data (raw or typed fields; external data counts its length)."""
-    total = 0
-    for t in model.graph.initializer:
-        if t.data_location == onnx.TensorProto.EXTERNAL:
-            total += int(next((e.value for e in t.external_data if e.key == "length"), 0) or 0)
-        elif t.raw_data:
-            total += len(t.raw_data)
-        else:  # the typed fields hold what is there (a tensor's dims may claim more)
-            total += 8 * max(len(t.float_data), len(t.int32_data), len(t.int64_data), len(t.double_data),
-                             len(t.uint64_data)) + sum(len(s) for s in t.string_data)
-    return total
+    return sum(tensor_bytes(t) for t in model.graph.initializer)
+
+
+def payload_bytes(model: onnx.ModelProto) -> int:
+    """Bytes of every tensor the model holds: initializers, Constant nodes, subgraphs, functions."""
+    return sum(tensor_bytes(t) for _, t in tensors_of(model))
+
+
+def tensor_bytes(t: onnx.TensorProto) -> int:
+    if t.data_location == onnx.TensorProto.EXTERNAL:
+        return int(next((e.value for e in t.external_data if e.key == "length"), 0) or 0)
+    if t.raw_data:
+        return len(t.raw_data)
+    # the typed fields hold what is there (a tensor's dims may claim more)
+    return 8 * max(len(t.float_data), len(t.int32_data), len(t.int64_data), len(t.double_data),
+                   len(t.uint64_data)) + sum(len(s) for s in t.string_data)
 
 
 def needs_external_data(model: onnx.ModelProto) -> bool:

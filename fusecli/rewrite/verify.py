@@ -14,6 +14,7 @@ import onnxruntime as ort
 from .. import budgets
 from ..dims import dim_value
 from ..errors import FuseError
+from .regions import Case
 
 Source = bytes | str  # a serialized model or a path (a path reads external data beside it)
 
@@ -43,19 +44,27 @@ class OutputCheck:
 
 @dataclass
 class Verification:
-    """Per optimization level ('disabled', 'default'), one check per output."""
+    """Per optimization level ('disabled', 'default'), one check per output: of the whole model
+    (``checks``) and of every distinct fused region against the nodes it replaced (``region_checks``)."""
 
     checks: dict[str, list[OutputCheck]] = field(default_factory=dict)
+    region_checks: dict[str, list[OutputCheck]] = field(default_factory=dict)
+    regions: int = 0  # fused regions checked (identical ones once: ``distinct``)
+    distinct: int = 0
+    model_skipped: str | None = None  # why the whole model was not run
+    uncut: list[str] = field(default_factory=list)  # regions not checked on their own, and why
 
     @property
     def ok(self) -> bool:
-        return all(c.ok for cs in self.checks.values() for c in cs)
+        return all(c.ok for cs in (*self.checks.values(), *self.region_checks.values()) for c in cs)
 
-    def worst(self, level: str) -> float:
-        return max((c.error for c in self.checks.get(level, [])), default=0.0)
+    def worst(self, level: str, regions: bool = False) -> float:
+        checks = (self.region_checks if regions else self.checks).get(level, [])
+        return max((c.error for c in checks), default=0.0)
 
     def failures(self) -> list[tuple[str, OutputCheck]]:
-        return [(lvl, c) for lvl, cs in self.checks.items() for c in cs if not c.ok]
+        return [(lvl, c) for checks in (self.region_checks, self.checks)
+                for lvl, cs in checks.items() for c in cs if not c.ok]
 
 
 def session_options(level: str = "disabled", threads: int | None = None,
@@ -161,6 +170,43 @@ def verify(original: Source, rewritten: Source, batch: int = 1, dims: Mapping[st
             checks.append(OutputCheck(name, dtype, err, tol))
         result.checks[level] = checks
     return result
+
+
+def verify_regions(passes: list[list[Case]], opsets, ir_version: int, result: Verification,
+                   seed: int = 0, levels: tuple[str, ...] = ("disabled", "default")) -> None:
+    """Each pass's distinct regions side by side in one pair of models, run at each level on the same
+    seeded inputs; every region output compared by relative L2 error (into ``result.region_checks``)."""
+    from .regions import merged_models, random_feeds
+
+    for cases in passes:
+        distinct: dict[str, Case] = {}
+        for case in cases:
+            if case.signature in distinct:
+                distinct[case.signature].copies += 1
+            else:
+                distinct[case.signature] = case
+        chosen = list(distinct.values())
+        result.regions += len(cases)
+        result.distinct += len(chosen)
+        if not chosen:
+            continue
+        before, after, origin = merged_models(chosen, opsets, ir_version)
+        feeds = random_feeds(chosen, seed)
+        for level in levels:
+            so = session_options(level)
+            ref = run(open_session(before.SerializeToString(), so, "regions' original"), feeds,
+                      "regions' original")
+            got = run(open_session(after.SerializeToString(), so, "regions' rewritten"), feeds,
+                      "regions' rewritten")
+            checks = result.region_checks.setdefault(level, [])
+            for name, value in ref.items():
+                k, output = origin[name]
+                case = chosen[k]
+                copies = f", {case.copies} identical regions" if case.copies > 1 else ""
+                dtype = str(value.dtype)
+                err = relative_error(value, got[name]) if name in got else float("inf")
+                checks.append(OutputCheck(f"{case.label} ({output!r}{copies})", dtype, err,
+                                          TOLERANCE.get(dtype, 0.0)))
 
 
 @dataclass
