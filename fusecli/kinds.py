@@ -39,6 +39,7 @@ ONNX_KINDS: dict[str, str] = {
     "Unsqueeze": "unsqueeze", "Flatten": "flatten", "Concat": "concat", "Split": "split",
     "Slice": "slice", "Gather": "gather", "Pad": "pad", "Expand": "expand", "Tile": "tile",
     "Identity": "identity", "Dropout": "dropout", "Cast": "cast", "Resize": "resize",
+    "CastLike": "cast",  # CastLike(x, like) = Cast(x, to=like's type): like's values are never read
     "Upsample": "resize", "DepthToSpace": "depth_to_space", "SpaceToDepth": "space_to_depth",
     # shapes, indices and constants
     "Shape": "shape", "Size": "size", "Constant": "constant", "ConstantOfShape": "constant_of_shape",
@@ -102,6 +103,16 @@ TF_KINDS: dict[str, str] = {
     "TruncatedNormal": "random", "StatelessRandomUniformV2": "random",
     "StatelessRandomNormalV2": "random",
 }
+
+
+# inputs an op reads for their element type only (CastLike's target): a constant through them stays one
+TYPE_ONLY_INPUTS = {"CastLike": frozenset({1})}
+
+
+def reads_type_only(node, t: Tensor) -> bool:
+    """``node`` reads ``t`` for its element type only (a fused kernel need not write it out for that)."""
+    positions = TYPE_ONLY_INPUTS.get(node.op_type)
+    return bool(positions) and all(k in positions for k, x in enumerate(node.inputs) if x is t)
 
 
 def is_channel_vector(bias: Tensor, x: Tensor, axis: int | None = None) -> bool:

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..ir import Graph, Node, Tensor
+from ..kinds import reads_type_only
 from ..liveness import Liveness
 from ..units import format_bytes
 from .frameworks import framework_notes, not_fusable_notes
@@ -62,7 +63,7 @@ def _outside_readers(m: Match, outputs: set[str],
     """The first interior tensor read outside the match (or a graph output), with those readers."""
     inside = {id(n) for n in m.nodes}
     for t in m.interior() if interior is None else interior:
-        others = [c for c in t.consumers if id(c) not in inside]
+        others = [c for c in t.consumers if id(c) not in inside and not reads_type_only(c, t)]
         if others or t.name in outputs:
             return t, others, t.name in outputs
     return None

@@ -285,8 +285,12 @@ def _weight(graph: Graph, name: str, data_type: int, dims) -> Tensor:
 
 
 def _constant_values(nodes: list[Node]) -> None:
-    """Constant nodes' small values (and shapes, where inference left them out) onto their outputs."""
+    """Constant nodes' small values (and shapes, where inference left them out) onto their outputs, and
+    through the value-preserving casts after them (onnxscript's ``CastLike(eps, x)``)."""
     for node in nodes:
+        if node.kind in ("cast", "identity"):
+            _cast_value(node)
+            continue
         if node.op_type != "Constant" or not isinstance(node.attrs.get("value"), onnx.TensorProto):
             continue  # value_float(s), value_int(s) and the like carry no tensor (ONNX infers their shape)
         value, proto = _small_value(node.attrs["value"]), node.attrs["value"]
@@ -298,6 +302,17 @@ def _constant_values(nodes: list[Node]) -> None:
             if t.shape is None:
                 t.shape = tuple(proto.dims)
                 t.dtype = dtype_name(proto.data_type)
+
+
+def _cast_value(node: Node) -> None:
+    """Cast / CastLike / Identity of a known small value: the value in the output's dtype."""
+    value, out = constant_value(node.input(0)), node.outputs[0] if node.outputs else None
+    if value is None or out is None:
+        return
+    try:
+        out.meta["value"] = np.asarray(value).astype(np.dtype(out.dtype))
+    except (TypeError, ValueError):
+        pass  # a dtype numpy has not (bfloat16, strings): the value stays unknown
 
 
 def _fill_missing_shapes(graph: Graph) -> None:

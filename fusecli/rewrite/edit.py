@@ -52,7 +52,7 @@ def apply(model: onnx.ModelProto, emissions: list[Emission], protos: dict[str, o
             nodes.extend(anchor[id(n)].nodes)
         if id(n) not in removed:
             nodes.append(n)
-    _replace(g.node, nodes)
+    _replace(g.node, topological(nodes))
     listed_inputs = model.ir_version < 4  # IR 3 lists every initializer as a graph input too
     for e in emissions:
         if as_constants:
@@ -64,6 +64,35 @@ def apply(model: onnx.ModelProto, emissions: list[Emission], protos: dict[str, o
     if any(n.domain == MS for e in emissions for n in e.nodes) and \
             not any(o.domain == MS for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(MS, 1))
+
+
+def topological(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
+    """``nodes`` in an order where each comes after the nodes making what it reads (subgraphs' outer
+    reads included), keeping the given order wherever it already is one (Kahn's algorithm, ties by
+    position): a fused node placed where its last replaced node was may be read by a node before it."""
+    import heapq
+
+    maker = {o: k for k, n in enumerate(nodes) for o in n.output if o}
+    waiting_on = [0] * len(nodes)
+    readers: dict[int, list[int]] = {}
+    for k, n in enumerate(nodes):
+        needs = {maker[i] for i in (*n.input, *_subgraph_names(n)) if i in maker and maker[i] != k}
+        waiting_on[k] = len(needs)
+        for m in needs:
+            readers.setdefault(m, []).append(k)
+    ready = [k for k, w in enumerate(waiting_on) if w == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        k = heapq.heappop(ready)
+        order.append(k)
+        for r in readers.get(k, ()):
+            waiting_on[r] -= 1
+            if waiting_on[r] == 0:
+                heapq.heappush(ready, r)
+    if len(order) < len(nodes):  # a cycle (a bad input): the given order stays, the checks say what is wrong
+        return nodes
+    return [nodes[k] for k in order]
 
 
 def _subgraph_names(node: onnx.NodeProto) -> set[str]:
@@ -105,6 +134,21 @@ def prune(model: onnx.ModelProto) -> int:
     if any(v.name not in made for v in g.value_info):
         _replace(g.value_info, [v for v in g.value_info if v.name in made])
     return dropped
+
+
+def undefined_read(model: onnx.ModelProto) -> str | None:
+    """The first node input that nothing before it defines (graph inputs, initializers, earlier nodes'
+    outputs), as a sentence; None when the graph is wired and in order. Linear in the graph."""
+    g = model.graph
+    defined = {v.name for v in g.input} | {t.name for t in g.initializer}
+    defined |= {t.values.name for t in g.sparse_initializer}
+    for n in g.node:
+        for i in n.input:
+            if i and i not in defined:
+                return f"node {n.name or n.op_type!r} reads {i!r}, which nothing before it makes"
+        defined.update(o for o in n.output if o)
+    missing = next((o.name for o in g.output if o.name not in defined), None)
+    return None if missing is None else f"graph output {missing!r} is made by no node"
 
 
 def _replace(field, items: list) -> None:

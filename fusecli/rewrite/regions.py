@@ -20,6 +20,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ..ir import Graph
+from ..kinds import reads_type_only
 from ..sizes import Sizes
 from .values import Weights
 
@@ -73,8 +74,8 @@ class Cutter:
         outputs = []  # what the rest of the model reads: the fused nodes must make each of them
         for name in sorted(made_before):
             t = self.graph.tensors.get(name)
-            if name in self.graph_outputs or (t is not None and any(c.name not in removed_ir
-                                                                    for c in t.consumers)):
+            if name in self.graph_outputs or (t is not None and any(
+                    c.name not in removed_ir and not reads_type_only(c, t) for c in t.consumers)):
                 if name not in made_after:
                     return f"wiring: {label} drops {name!r}, which other nodes read"
                 outputs.append(name)

@@ -17,8 +17,9 @@ from ..load.onnx import dtype_name, graph_of_model, opset_of
 from ..output import refuse_overwriting_input, scratch_dir
 from ..pipeline import Analysis, Options, analyze, analyze_graph
 from ..progress import stage
+from ..units import format_bytes
 from .benchverdict import slowdown
-from .edit import apply, protos_by_ir_name, prune
+from .edit import apply, protos_by_ir_name, prune, undefined_read
 from .emit import Context
 from .fold_scales import fold_conv_scales
 from .plan import is_safe, plan
@@ -135,7 +136,9 @@ def rewrite_passes(model: onnx.ModelProto, first: Analysis, options: RewriteOpti
         refine_shapes(model, analysis.graph)
         _value_infos(analysis.graph, known)
         protos = protos_by_ir_name(model, analysis.graph)
-        weights = Weights(model, os.path.dirname(os.path.abspath(label)))
+        tensors = analysis.graph.tensors
+        weights = Weights(model, os.path.dirname(os.path.abspath(label)),
+                          lambda name, tensors=tensors: tensors[name].dtype if name in tensors else None)
         ctx = Context(options.target, options.mode, opset_of(model), weights, Names(model), protos, outputs)
         emissions = plan(analysis.matches, ctx)
         if skipped is not None:
@@ -154,6 +157,7 @@ def rewrite_passes(model: onnx.ModelProto, first: Analysis, options: RewriteOpti
                 raise FuseError(f"verification failed: {wiring.removeprefix('wiring: ')}; nothing written")
             regions.append(cases)
         apply(model, emissions, protos)
+        prune(model)  # what only the replaced nodes read (a CastLike's target) goes before the next analysis
         applied += [Applied(e.pattern, e.kernel, list(e.remove)) for e in emissions]
         analysis = analyze_model(model, first.options, known, label)
     return applied, passes, len(folded)
@@ -190,6 +194,9 @@ def rewrite(path: str, options: RewriteOptions | None = None, output: str | None
             applied, passes, folded = rewrite_passes(model, first, options, source.onnx_path, skipped,
                                                      regions)
             prune(model)
+        problem = undefined_read(model) if applied or scales else None
+        if problem:  # a bug of fusecli's, not the user's: said as what is wrong with the result
+            raise FuseError(f"the rewritten graph is broken ({problem}); nothing written")
         applied = [Applied("conv_mul", "Conv(scale folded)", list(pair)) for pair in scales] + applied
         spliced = not needs_external_data(model)  # payloads copied file to file when written
         if not spliced:
@@ -279,8 +286,10 @@ def _verify(original: str, rewritten: Callable[[], bytes | str], model: onnx.Mod
         weights, nodes = payload_bytes(model), len(model.graph.node)
         small = nodes <= AUTO_MODEL_NODES and weights <= AUTO_MODEL_WEIGHT_BYTES
         whole = options.verify_scope == "auto" and (small or bool(uncut) or scales)
-        if not whole:
-            result.model_skipped = (f"{nodes:,} nodes, {weights / 2**20:,.0f} MiB of weights: "
+        if options.verify_scope == "regions":
+            result.model_skipped = "--verify regions"
+        elif not whole:
+            result.model_skipped = (f"{nodes:,} nodes, {format_bytes(weights)} of weights: "
                                     "--verify model runs it")
     if whole:
         stage("verifying the whole model with onnxruntime")

@@ -4,15 +4,24 @@ file itself) are read only for the tensors asked for."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
 from ..errors import FuseError
 from ..ir import unique_name
+from ..kinds import TYPE_ONLY_INPUTS
 
 _NOT_CONSTANT = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
                            "Multinomial", "Bernoulli"})
+
+
+def _value_inputs(node: onnx.NodeProto) -> list[str]:
+    """The inputs whose values the node reads (not CastLike's target, read for its type)."""
+    skip = TYPE_ONLY_INPUTS.get(node.op_type, ())
+    return [i for k, i in enumerate(node.input) if i and k not in skip]
 
 
 def tensor_array(t: onnx.TensorProto, base_dir: str = "") -> np.ndarray:
@@ -48,9 +57,11 @@ class Names:
 class Weights:
     """Numpy values of a model's tensors that do not depend on graph inputs (cached)."""
 
-    def __init__(self, model: onnx.ModelProto, base_dir: str = "") -> None:
+    def __init__(self, model: onnx.ModelProto, base_dir: str = "",
+                 dtype_of: Callable[[str], str | None] | None = None) -> None:
         g = model.graph
         self.model = model
+        self.dtype_of = dtype_of or (lambda name: None)  # a tensor's numpy dtype name (CastLike's target)
         self.base_dir = base_dir  # where external data lives
         self.initializers = {t.name: t for t in g.initializer}
         self.inputs = {v.name for v in g.input} - set(self.initializers)
@@ -79,14 +90,14 @@ class Weights:
                     known[t] = False
                 elif t not in visiting:
                     visiting.add(t)
-                    todo = [i for i in node.input if i and i not in known]
+                    todo = [i for i in _value_inputs(node) if i not in known]
                     if any(i in visiting for i in todo):
                         known[t] = False
                     else:
                         stack.extend(todo)
                         continue
                 else:
-                    known[t] = all(known.get(i, False) for i in node.input if i)
+                    known[t] = all(known.get(i, False) for i in _value_inputs(node))
             visiting.discard(t)
             stack.pop()
         return known[name]
@@ -103,6 +114,14 @@ class Weights:
         elif node is not None and node.op_type == "Constant" and len(node.attribute) == 1 \
                 and node.attribute[0].name == "value" and node.attribute[0].HasField("t"):
             value = tensor_array(node.attribute[0].t, self.base_dir)
+        elif node is not None and node.op_type == "CastLike":  # the target's values are never read
+            dtype, source = self.dtype_of(node.input[1]), self.value(node.input[0])
+            if dtype is None or source is None:
+                return None
+            try:
+                value = source.astype(np.dtype(dtype))
+            except TypeError:
+                return None
         else:
             value = self._evaluate(name)
             self.folded.add(name)
@@ -131,9 +150,12 @@ class Weights:
                 node = self.producer[t]
                 if all(id(node) != id(n) for n in nodes):
                     nodes.append(node)
-                    if node.op_type == "Constant" and any(
+                    if node.op_type == "CastLike" or node.op_type == "Constant" and any(
                             a.t.data_location == onnx.TensorProto.EXTERNAL for a in node.attribute):
-                        value = numpy_helper.from_array(self.value(t), t)  # its payload read here
+                        array = self.value(t)  # its payload read here; CastLike cast to its target's type
+                        if array is None:
+                            raise FuseError(f"cannot fold {t!r}: the type CastLike casts to is unknown")
+                        value = numpy_helper.from_array(array, t)
                         node = onnx.helper.make_node("Constant", [], [t], value=value)
                         nodes[-1] = node
                 stack.extend(node.input)
