@@ -277,7 +277,11 @@ def formula_lines(a: Analysis, width: int) -> list[str]:
 def dims_text(a: Analysis) -> str:
     """'batch=2, seq=128' (and dims sized only as numbers), or 'fixed sizes'."""
     parts = [f"{n}={a.sizes[n]}" for n in a.sizes.variables]
-    parts += [f"{n}={v} (resolved)" for n, v in a.sizes.opaque.items()]
+    opaque = a.sizes.opaque
+    if len(opaque) <= 3:
+        parts += [f"{n}={v} (resolved)" for n, v in opaque.items()]
+    else:  # a list of dozens of numbers says nothing here: the JSON's resolved_dims has each
+        parts.append(f"{len(opaque)} inner dims only sized as numbers (--json: resolved_dims)")
     return ", ".join(parts) or "fixed sizes"
 
 

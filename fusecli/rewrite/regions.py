@@ -19,6 +19,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from .. import budgets
 from ..ir import Graph
 from ..kinds import reads_type_only
 from ..sizes import Sizes
@@ -161,6 +162,12 @@ class Cutter:
             dtype = np.dtype(t.dtype)
         except TypeError:
             return f"input {name!r} has type {t.dtype}, which numpy has not"
+        numel = 1
+        for d in shape:
+            if d < 0:
+                return f"input {name!r} has a negative dim {shape}"
+            numel *= d
+        budgets.check("FEED_ELEMENTS", numel, f"verification input {name!r} of shape {list(shape)}")
         inputs[name] = DataInput(name, dtype, shape)
         return None
 
