@@ -97,6 +97,9 @@ def _mono_mul(a: Monomial, b: Monomial) -> Monomial:
     return tuple(sorted(exps.items()))
 
 
+_CONSTANT_NAMES = frozenset({"None", "True", "False"})  # names Python parses as constants, not variables
+
+
 class DimParseError(ValueError):
     """The expression is not an integer polynomial over names (floor, Max, division...)."""
 
@@ -104,6 +107,8 @@ class DimParseError(ValueError):
 @cache
 def parse_dim(text: str) -> Poly:
     """'2*seq', 'seq + 1', 'batch*heads', 'seq**2' -> Poly; DimParseError for anything else."""
+    if text.isascii() and text.isidentifier() and text not in _CONSTANT_NAMES:
+        return Poly.var(text)  # what the parser makes of a plain name, without running it
     try:
         tree = ast.parse(text.strip().replace("^", "**"), mode="eval")  # seq^2 as fusecli prints it
     except (SyntaxError, ValueError):

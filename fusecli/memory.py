@@ -21,6 +21,7 @@ from .liveness import Liveness
 from .sizes import tensor_formula, total_formula
 
 TOTALS = ("saved_bytes", "saved_activation_bytes", "peak_bytes")
+PARETO_BLOCK = 64  # rows compared at once: big enough to amortise numpy's calls, small enough for block^2
 
 
 def memory_formulas(live: Liveness, joint: Graph) -> dict[str, str]:
@@ -65,22 +66,41 @@ def peak_formula(live: Liveness, joint: Graph) -> str:
     for m, c in resident.terms.items():
         base[index[m]] += c
     rows = np.cumsum(delta, axis=0)[1:steps + 1] + base  # liveness's timeline, one polynomial per step
-    front = _pareto_front(np.unique(rows, axis=0)) if steps else [base + delta[0]]
+    front = _pareto_front(_distinct(rows)) if steps else [base + delta[0]]
     polys = [Poly({monomials[i]: int(c) for i, c in enumerate(r) if c}) for r in front]
     polys.sort(key=str)
     text = str(polys[0]) if len(polys) == 1 else "max(" + ", ".join(str(p) for p in polys) + ")"
     return text + _unknown_note(missing)
 
 
+def _distinct(rows: np.ndarray) -> np.ndarray:
+    """The distinct rows, sorted (np.unique(axis=0)'s answer, without the numpy.ma import it costs)."""
+    return np.array(sorted(set(map(tuple, rows.tolist()))), dtype=np.int64).reshape(-1, rows.shape[1])
+
+
 def _pareto_front(rows: np.ndarray) -> list[np.ndarray]:
-    """Rows no other row bounds coefficient by coefficient (sorted by total so dominators come first)."""
+    """Rows (distinct) no other row bounds coefficient by coefficient, in order of decreasing total. A
+    row that bounds another has the larger total, so rows are taken in that order, a block at a time:
+    a block's rows are checked against the front so far, then against each other, all vectorised."""
     order = np.argsort(-rows.sum(axis=1), kind="stable")
-    front: list[np.ndarray] = []
-    for i in order:
-        r = rows[i]
-        if not any(np.all(f >= r) for f in front):
-            front.append(r)
-    return front
+    rows = rows[order]
+    front = rows[:0]
+    for start in range(0, len(rows), PARETO_BLOCK):
+        b = rows[start:start + PARETO_BLOCK]
+        if len(front):
+            b = b[~_bounded_by(b, front)]
+        if len(b) > 1:
+            b = b[~_bounded_by(b, b)]
+        front = np.concatenate([front, b])
+    return list(front)
+
+
+def _bounded_by(rows: np.ndarray, others: np.ndarray) -> np.ndarray:
+    """For each row, whether another row of ``others`` is >= it in every coefficient."""
+    ge = (others[None, :, :] >= rows[:, None, :]).all(axis=2)
+    if others is rows:
+        np.fill_diagonal(ge, False)
+    return ge.any(axis=1)
 
 
 def evaluate_formula(text: str, values: Mapping[str, int]) -> int | None:

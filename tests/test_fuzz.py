@@ -126,9 +126,17 @@ def test_mutated_model_files_never_crash_or_hang(name, edits, tmp_path_factory):
             assert str(e) and "\n" not in str(e).strip()
 
 
-@pytest.mark.parametrize("case", ["dup_node_names", "unknown_domain"])
+@pytest.mark.parametrize("case", ["dup_node_names", "unknown_domain", "op_type_not_utf8"])
 def test_regressions_from_fuzzing(case, save_model):
-    if case == "dup_node_names":  # node names are not unique in ONNX: suffixes keep them apart
+    if case == "op_type_not_utf8":  # protobuf hands such a string back as bytes: refused in one line
+        path = save_model(make_model([helper.make_node("Relu", ["x"], ["y"])], [vi("x", 2)], [vi("y", 2)]))
+        with open(path, "rb") as f:
+            data = f.read()
+        with open(path, "wb") as f:
+            f.write(data.replace(b"Relu", b"R\xefLu"))
+        with pytest.raises(FuseError, match="op type .* is not valid UTF-8"):
+            analyze(path, Options())
+    elif case == "dup_node_names":  # node names are not unique in ONNX: suffixes keep them apart
         nodes = [helper.make_node("Relu", ["x"], ["a"], "same"),
                  helper.make_node("Relu", ["a"], ["y"], "same")]
         a = analyze(save_model(make_model(nodes, [vi("x", 2)], [vi("y", 2)])), Options())

@@ -48,6 +48,11 @@ class Op:
         wraps), else None."""
         return tuple(_producer_kinds(a) for a in self.args)
 
+    @cached_property
+    def root_test(self) -> tuple:
+        """What ``_root_may_match`` reads of the form: forms that share it get the same answer."""
+        return self.arg_kinds, len(self.args), self.more, self.commutative
+
 
 def _producer_kinds(a: Op | Var) -> frozenset[str] | None:
     if not isinstance(a, Op) or a.name is not None:
@@ -249,12 +254,18 @@ def find_matches(graph: Graph, patterns, phase: str = "forward") -> list[Match]:
         if not candidates or node.meta.get("constant"):  # no form matches at a constant node
             continue
         inputs = [t for t in node.inputs if t is not None]
+        may: dict[tuple, bool] = {}  # _root_may_match's answer per root_test (many forms share one)
         for p in candidates:
             anchor = getattr(p, "anchor", None)
             if anchor is not None and not anchor(node):
                 continue  # the pattern's own cheap test of the root (attention: P from a softmax)
             for form in p.forms:
-                if key not in form.kinds or not _root_may_match(form, inputs):
+                if key not in form.kinds:
+                    continue
+                ok = may.get(form.root_test)
+                if ok is None:
+                    ok = may[form.root_test] = _root_may_match(form, inputs)
+                if not ok:
                     continue  # match_at would say no: skip its set-up
                 m = match_at(form, node)
                 if m is None:

@@ -194,7 +194,7 @@ def build_graph(model: onnx.ModelProto, name: str = "model", constant_weights: b
     initializer_names = set()
 
     def make(name: str, kind: str) -> Tensor:
-        vi = infos.get(name)
+        vi = infos.get(_text(name, "tensor name"))
         if vi is not None and vi.type.HasField("tensor_type"):
             return graph.tensor(name, dtype=dtype_name(vi.type.tensor_type.elem_type),
                                 shape=dims_of(vi), kind=kind)
@@ -204,7 +204,7 @@ def build_graph(model: onnx.ModelProto, name: str = "model", constant_weights: b
         if init.name in initializer_names:
             raise FuseError(f"initializer {init.name!r} is defined twice")
         initializer_names.add(init.name)
-        t = _weight(graph, init.name, init.data_type, init.dims)
+        t = _weight(graph, _text(init.name, "initializer name"), init.data_type, init.dims)
         value = _small_value(init)
         if value is not None:
             t.meta["value"] = value
@@ -235,7 +235,7 @@ def build_graph(model: onnx.ModelProto, name: str = "model", constant_weights: b
             if out:
                 make(out, "activation")
     for index, node_proto in enumerate(protos):
-        op_type = node_proto.op_type
+        op_type = _text(node_proto.op_type, "op type")
         inputs: list[Tensor | None] = []
         for name in node_proto.input:
             t = tensors.get(name) if name else None
@@ -243,7 +243,7 @@ def build_graph(model: onnx.ModelProto, name: str = "model", constant_weights: b
                 raise FuseError(f"node {node_proto.name or op_type!r} reads {name!r}, "
                                 "which no node, input or initializer defines")
             inputs.append(t)
-        domain = node_proto.domain
+        domain = _text(node_proto.domain, "domain")
         if domain in ("", "ai.onnx"):
             kind = ONNX_KINDS.get(op_type, "unknown")
         elif domain in _MS_DOMAINS:
@@ -253,7 +253,7 @@ def build_graph(model: onnx.ModelProto, name: str = "model", constant_weights: b
         attrs = _attrs(node_proto)
         if "<subgraph>" in attrs.values():
             kind = "unknown"
-        node = Node(name=graph.unique_node_name(node_proto.name or f"{op_type}_{index}"),
+        node = Node(name=graph.unique_node_name(_text(node_proto.name, "node name") or f"{op_type}_{index}"),
                     op_type=op_type, kind=kind, inputs=inputs,
                     outputs=[tensors[n] if n else None for n in node_proto.output],
                     attrs=attrs, domain=domain)
@@ -271,6 +271,13 @@ def build_graph(model: onnx.ModelProto, name: str = "model", constant_weights: b
     refine_kinds(graph)
     promote_constant_weights(graph, constant_weights)
     return graph
+
+
+def _text(value, what: str) -> str:
+    """A string field as protobuf hands it back: bytes when they are not UTF-8, refused here."""
+    if isinstance(value, bytes):
+        raise FuseError(f"{what} {value!r} is not valid UTF-8")
+    return value
 
 
 def _weight(graph: Graph, name: str, data_type: int, dims) -> Tensor:

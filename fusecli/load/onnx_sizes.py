@@ -48,8 +48,8 @@ def resolve_sizes(graph: Graph, values: Mapping[str, int], variables: tuple[str,
     if not pending:
         return {}
     runner = _Runner(model, omitted, variables)
-    # 1. symbolic, unbound
-    symbolic = runner.ort(None, need=pending) or {}
+    # 1. symbolic, unbound (a model without input dims has nothing to be symbolic in: numbers at once)
+    symbolic = (runner.ort(None, need=pending) or {}) if variables else {}
     for name in list(pending):
         s = _usable(symbolic.get(name), variables, graph.tensors[name].shape)
         if s is not None:
@@ -88,7 +88,9 @@ def resolve_sizes(graph: Graph, values: Mapping[str, int], variables: tuple[str,
     for name, axis in positions:
         t = graph.tensors[name]
         expr = fitted.get((name, axis))
-        if expr is None:
+        if expr is None and not variables:  # fixed sizes: the number is the dim
+            expr = at_user[name][axis]
+        elif expr is None:
             d = t.shape[axis]
             key = d if isinstance(d, str) else (name, axis)
             expr = symbol_of.get(key)

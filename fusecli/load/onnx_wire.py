@@ -26,7 +26,7 @@ class WireError(ValueError):
     """The bytes are not a well-formed protobuf message."""
 
 
-WINDOW = 1 << 18  # bytes read at a time; payloads that are skipped are never read
+WINDOW = 1 << 14  # bytes read at a time (a tensor's header, a run of nodes); skipped payloads are never read
 
 
 class _Source:
