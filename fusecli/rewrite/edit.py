@@ -95,6 +95,28 @@ def topological(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
     return [nodes[k] for k in order]
 
 
+def cast_likes_to_casts(model: onnx.ModelProto, elem_type_of) -> int:
+    """A CastLike whose target a rewrite removed (it read the target's type only, so the match did not
+    have to keep it) becomes the Cast to that type: ``CastLike(x, like) = Cast(x, to=type(like))``.
+    ``elem_type_of(name)`` is the removed tensor's ONNX element type. Returns how many were changed."""
+    g = model.graph
+    made = {v.name for v in g.input} | {t.name for t in g.initializer}
+    made |= {o for n in g.node for o in n.output if o}
+    changed = 0
+    for n in g.node:
+        if n.op_type != "CastLike" or n.domain not in ("", "ai.onnx") or len(n.input) != 2 \
+                or n.input[1] in made:
+            continue
+        to = elem_type_of(n.input[1])
+        if to is None:
+            continue  # left dangling: the rewrite's own check names it
+        n.op_type = "Cast"
+        del n.input[1]
+        n.attribute.append(helper.make_attribute("to", to))
+        changed += 1
+    return changed
+
+
 def _subgraph_names(node: onnx.NodeProto) -> set[str]:
     """Every name read inside a node's subgraphs (If, Loop, Scan): they may come from the outer graph."""
     names: set[str] = set()

@@ -19,7 +19,7 @@ from ..pipeline import Analysis, Options, analyze, analyze_graph
 from ..progress import stage
 from ..units import format_bytes
 from .benchverdict import slowdown
-from .edit import apply, protos_by_ir_name, prune, undefined_read
+from .edit import apply, cast_likes_to_casts, protos_by_ir_name, prune, undefined_read
 from .emit import Context
 from .fold_scales import fold_conv_scales
 from .plan import is_safe, plan
@@ -157,7 +157,9 @@ def rewrite_passes(model: onnx.ModelProto, first: Analysis, options: RewriteOpti
                 raise FuseError(f"verification failed: {wiring.removeprefix('wiring: ')}; nothing written")
             regions.append(cases)
         apply(model, emissions, protos)
-        prune(model)  # what only the replaced nodes read (a CastLike's target) goes before the next analysis
+        cast_likes_to_casts(model, lambda name, tensors=tensors: _ELEM_TYPE.get(tensors[name].dtype)
+                            if name in tensors else None)
+        prune(model)  # what only the replaced nodes read goes before the next analysis
         applied += [Applied(e.pattern, e.kernel, list(e.remove)) for e in emissions]
         analysis = analyze_model(model, first.options, known, label)
     return applied, passes, len(folded)

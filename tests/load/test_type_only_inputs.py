@@ -51,3 +51,20 @@ def test_it_rewrites_to_simplified_layer_normalization_and_verifies(save_model):
     assert [a.kernel for a in r.applied] == ["SimplifiedLayerNormalization"]
     assert r.ops_after == {"SimplifiedLayerNormalization": 1}  # the CastLike went with what it fed
     assert r.verification.ok and r.verification.regions == 1 and r.verification.checks
+
+
+def test_a_castlike_whose_target_is_fused_away_becomes_a_cast(save_model):
+    """onnxscript's SmolLM-2: the gain is CastLike(g, normed) and normed is inside the match; the fused
+    kernel does not make it, so the CastLike becomes Cast(g, to=float) and the model stays wired."""
+    model = _rms_norm_with_castlike()
+    nodes = list(model.graph.node)
+    gain = nodes.pop()  # Mul(g, normed) -> y
+    nodes += [helper.make_node("Cast", ["normed"], ["normed_f"], "to_copy", to=1),
+              helper.make_node("CastLike", ["g", "normed_f"], ["g_cast"], "gain_cast"),
+              helper.make_node("Mul", ["g_cast", "normed_f"], ["y"], gain.name)]
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    r = rewrite(save_model(model), RewriteOptions(batch=2))
+    assert [a.kernel for a in r.applied] == ["SimplifiedLayerNormalization"]
+    assert r.ops_after == {"Cast": 1, "SimplifiedLayerNormalization": 1}
+    assert r.verification.ok and r.verification.checks and r.verification.regions == 1
