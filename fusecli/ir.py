@@ -12,9 +12,12 @@ import heapq
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from .dims import dim_value
 from .errors import FuseError
+
+T = TypeVar("T")
 
 TENSOR_KINDS = ("input", "parameter", "constant", "activation")
 PHASES = ("forward", "backward")
@@ -135,6 +138,11 @@ class Node:
 
     def output(self, i: int) -> Tensor | None:
         return self.outputs[i] if i < len(self.outputs) else None
+
+
+def distinct(items: Iterable[T]) -> list[T]:
+    """``items`` without repeats of the same object, first occurrences in their order."""
+    return list({id(x): x for x in items}.values())
 
 
 def unique_name(base: str, taken) -> str:
@@ -310,27 +318,34 @@ def topological_order(nodes: list[Node]) -> list[Node]:
     index = {id(n): i for i, n in enumerate(nodes)}
     if len(index) == len(nodes) and _in_order(nodes, index):
         return list(nodes)  # what Kahn's algorithm below returns for nodes already in order
-    indegree = [0] * len(nodes)
-    users: list[list[int]] = [[] for _ in nodes]
-    for i, n in enumerate(nodes):
-        preds = {index[id(t.producer)] for t in n.inputs
-                 if t is not None and t.producer is not None and id(t.producer) in index}
-        indegree[i] = len(preds)
-        for p in preds:
+    preds = [{index[id(t.producer)] for t in n.inputs
+              if t is not None and t.producer is not None and id(t.producer) in index} for n in nodes]
+    order = kahn_order(preds)
+    if len(order) != len(nodes):
+        placed = set(order)
+        stuck = next(n.name for i, n in enumerate(nodes) if i not in placed)
+        raise GraphError(f"the graph has a cycle (through node {stuck!r})")
+    return [nodes[i] for i in order]
+
+
+def kahn_order(preds: list[set[int]]) -> list[int]:
+    """Indices 0..n-1, each after its predecessors ``preds[i]``, ties by index so that an order which
+    already is one is kept (Kahn's algorithm with a heap). On a cycle, shorter: what it placed."""
+    indegree = [len(p) for p in preds]
+    users: list[list[int]] = [[] for _ in preds]
+    for i, ps in enumerate(preds):
+        for p in ps:
             users[p].append(i)
     ready = [i for i, d in enumerate(indegree) if d == 0]
     heapq.heapify(ready)
     order = []
     while ready:
         i = heapq.heappop(ready)
-        order.append(nodes[i])
+        order.append(i)
         for u in users[i]:
             indegree[u] -= 1
             if indegree[u] == 0:
                 heapq.heappush(ready, u)
-    if len(order) != len(nodes):
-        stuck = next(nodes[i].name for i, d in enumerate(indegree) if d > 0)
-        raise GraphError(f"the graph has a cycle (through node {stuck!r})")
     return order
 
 

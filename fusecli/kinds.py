@@ -7,7 +7,9 @@ An op type missing from its map gets kind ``unknown`` and is reported as unsuppo
 
 from __future__ import annotations
 
-from .ir import Tensor
+from collections.abc import Sequence
+
+from .ir import T, Tensor
 
 # Ops that compute nothing differentiable from float activations: shapes, indices, constants.
 SHAPE_KINDS = frozenset({"shape", "constant", "constant_of_shape", "range", "size", "nonzero",
@@ -107,6 +109,12 @@ TF_KINDS: dict[str, str] = {
 
 # inputs an op reads for their element type only (CastLike's target): a constant through them stays one
 TYPE_ONLY_INPUTS = {"CastLike": frozenset({1})}
+
+
+def value_inputs(op_type: str, inputs: Sequence[T]) -> list[T]:
+    """The inputs whose values an op reads (all but TYPE_ONLY_INPUTS' positions)."""
+    skip = TYPE_ONLY_INPUTS.get(op_type, ())
+    return [x for k, x in enumerate(inputs) if k not in skip]
 
 
 def reads_type_only(node, t: Tensor) -> bool:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from .ir import Graph, Node, Tensor
+from .ir import Graph, Node, Tensor, distinct
 
 
 @dataclass
@@ -133,10 +133,10 @@ def analyze_liveness(joint: Graph, sizes: Mapping[str, int] | None = None,
 
     saved = []
     for name, nodes in readers.items():
-        saved.append(Saved(joint.tensors[name], _unique(nodes), "value", nbytes[name]))
+        saved.append(Saved(joint.tensors[name], distinct(nodes), "value", nbytes[name]))
     for name, nodes in shape_readers.items():
         if name not in readers:
-            saved.append(Saved(joint.tensors[name], _unique(nodes), "shape", nbytes[name]))
+            saved.append(Saved(joint.tensors[name], distinct(nodes), "shape", nbytes[name]))
     saved.sort(key=lambda s: (s.bytes is None, -(s.bytes or 0), s.tensor.name))
 
     delta = [0] * (len(schedule) + 2)
@@ -157,12 +157,3 @@ def analyze_liveness(joint: Graph, sizes: Mapping[str, int] | None = None,
                     {s.tensor.name: s for s in saved}, unknown, at_peak, lifetimes)
 
 
-def _unique(nodes: list[Node]) -> list[Node]:
-    if len(nodes) == 1:
-        return list(nodes)
-    seen, out = set(), []
-    for n in nodes:
-        if id(n) not in seen:
-            seen.add(id(n))
-            out.append(n)
-    return out

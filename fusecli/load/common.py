@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..ir import Graph, Node, Tensor
-from ..kinds import TYPE_ONLY_INPUTS, is_channel_vector
+from ..kinds import is_channel_vector, value_inputs
 
 
 def mark_constant_subgraphs(graph: Graph, sources: tuple[str, ...] = (),
@@ -15,8 +15,7 @@ def mark_constant_subgraphs(graph: Graph, sources: tuple[str, ...] = (),
     constants. Returns the marked nodes."""
     marked = []
     for node in graph.nodes:
-        type_only = TYPE_ONLY_INPUTS.get(node.op_type, ())
-        ins = [t for k, t in enumerate(node.inputs) if t is not None and k not in type_only]
+        ins = [t for t in value_inputs(node.op_type, node.inputs) if t is not None]
         if node.op_type not in sources and (not ins or node.kind == "random"):
             continue
         if any(t.kind in ("input", "activation") for t in ins):

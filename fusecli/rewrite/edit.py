@@ -5,7 +5,7 @@ from __future__ import annotations
 import onnx
 from onnx import helper
 
-from ..ir import Graph
+from ..ir import Graph, kahn_order
 from .emit import MS, Emission
 from .proto import is_big_constant
 
@@ -70,26 +70,9 @@ def topological(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
     """``nodes`` in an order where each comes after the nodes making what it reads (subgraphs' outer
     reads included), keeping the given order wherever it already is one (Kahn's algorithm, ties by
     position): a fused node placed where its last replaced node was may be read by a node before it."""
-    import heapq
-
     maker = {o: k for k, n in enumerate(nodes) for o in n.output if o}
-    waiting_on = [0] * len(nodes)
-    readers: dict[int, list[int]] = {}
-    for k, n in enumerate(nodes):
-        needs = {maker[i] for i in (*n.input, *_subgraph_names(n)) if i in maker and maker[i] != k}
-        waiting_on[k] = len(needs)
-        for m in needs:
-            readers.setdefault(m, []).append(k)
-    ready = [k for k, w in enumerate(waiting_on) if w == 0]
-    heapq.heapify(ready)
-    order = []
-    while ready:
-        k = heapq.heappop(ready)
-        order.append(k)
-        for r in readers.get(k, ()):
-            waiting_on[r] -= 1
-            if waiting_on[r] == 0:
-                heapq.heappush(ready, r)
+    order = kahn_order([{maker[i] for i in (*n.input, *_subgraph_names(n)) if i in maker and maker[i] != k}
+                        for k, n in enumerate(nodes)])
     if len(order) < len(nodes):  # a cycle (a bad input): the given order stays, the checks say what is wrong
         return nodes
     return [nodes[k] for k in order]

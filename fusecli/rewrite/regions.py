@@ -20,7 +20,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from .. import budgets
-from ..ir import Graph
+from ..ir import Graph, distinct
 from ..kinds import reads_type_only
 from ..sizes import Sizes
 from .values import Weights
@@ -122,7 +122,7 @@ class Cutter:
                     return f"{label}: {problem}"
         if not outputs:
             return f"{label}: nothing outside reads it"
-        pulled = [_copy(n) for n in sorted(_dedupe(pulled), key=self._position)]
+        pulled = [_copy(n) for n in sorted(distinct(pulled), key=self._position)]
         bridge = [_copy(n) for n in sorted(bridge, key=self._position)]
         removed = sorted(removed, key=self._position)
         case = Case(label, pulled + bridge + [_copy(n) for n in removed], pulled + [_copy(n) for n in added],
@@ -147,7 +147,7 @@ class Cutter:
                 if i and i not in seen and i not in reads_after and not self._free(i):
                     seen.add(i)
                     stack.append(i)
-        return _dedupe(nodes)
+        return distinct(nodes)
 
     def _free(self, name: str) -> bool:
         """A constant, or computed from shapes only: its value comes with the region."""
@@ -209,15 +209,6 @@ class Cutter:
 
 def _reads(nodes: Iterable[onnx.NodeProto]) -> set[str]:
     return {i for n in nodes for i in n.input if i}
-
-
-def _dedupe(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
-    seen, out = set(), []
-    for n in nodes:
-        if id(n) not in seen:
-            seen.add(id(n))
-            out.append(n)
-    return out
 
 
 def _copy(node: onnx.NodeProto) -> onnx.NodeProto:
@@ -294,7 +285,7 @@ def merged_models(cases: Sequence[Case], opset_imports: Sequence[onnx.OperatorSe
     models = []
     for part in ("before", "after"):
         nodes, inits, ins, outs = graphs[part]
-        g = helper.make_graph(nodes, f"regions_{part}", _unique(ins), outs, inits)
+        g = helper.make_graph(nodes, f"regions_{part}", ins, outs, inits)  # names unique: one prefix a case
         models.append(helper.make_model(g, opset_imports=list(opset_imports), ir_version=ir_version))
     return models[0], models[1], origin
 
@@ -303,15 +294,6 @@ def _rename(field, prefix: str) -> None:
     names = [f"{prefix}{x}" if x else "" for x in field]
     del field[:]
     field.extend(names)
-
-
-def _unique(values: list[onnx.ValueInfoProto]) -> list[onnx.ValueInfoProto]:
-    seen, out = set(), []
-    for v in values:
-        if v.name not in seen:
-            seen.add(v.name)
-            out.append(v)
-    return out
 
 
 def random_feeds(cases: Sequence[Case], seed: int = 0) -> dict[str, np.ndarray]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from collections import Counter
 from collections.abc import Callable
@@ -137,8 +138,11 @@ def rewrite_passes(model: onnx.ModelProto, first: Analysis, options: RewriteOpti
         _value_infos(analysis.graph, known)
         protos = protos_by_ir_name(model, analysis.graph)
         tensors = analysis.graph.tensors
-        weights = Weights(model, os.path.dirname(os.path.abspath(label)),
-                          lambda name, tensors=tensors: tensors[name].dtype if name in tensors else None)
+
+        def dtype_of(name: str, tensors=tensors) -> str | None:  # this pass's tensors (before apply)
+            return tensors[name].dtype if name in tensors else None
+
+        weights = Weights(model, os.path.dirname(os.path.abspath(label)), dtype_of)
         ctx = Context(options.target, options.mode, opset_of(model), weights, Names(model), protos, outputs)
         emissions = plan(analysis.matches, ctx)
         if skipped is not None:
@@ -157,8 +161,7 @@ def rewrite_passes(model: onnx.ModelProto, first: Analysis, options: RewriteOpti
                 raise FuseError(f"verification failed: {wiring.removeprefix('wiring: ')}; nothing written")
             regions.append(cases)
         apply(model, emissions, protos)
-        cast_likes_to_casts(model, lambda name, tensors=tensors: _ELEM_TYPE.get(tensors[name].dtype)
-                            if name in tensors else None)
+        cast_likes_to_casts(model, lambda name: _ELEM_TYPE.get(dtype_of(name)))
         prune(model)  # what only the replaced nodes read goes before the next analysis
         applied += [Applied(e.pattern, e.kernel, list(e.remove)) for e in emissions]
         analysis = analyze_model(model, first.options, known, label)
@@ -218,12 +221,8 @@ def rewrite(path: str, options: RewriteOptions | None = None, output: str | None
         if result.refused is None and ((options.verify and not result.unchanged) or options.bench):
             from .verify import bench  # onnxruntime, imported only when it runs
 
-            made: list[bytes | str] = []
-
-            def rewritten() -> bytes | str:  # written once, when a whole-model session needs it
-                if not made:
-                    made.append(_session_source(model, work, base_dir if spliced else None))
-                return made[0]
+            # written once, when a whole-model session needs it
+            rewritten = functools.cache(lambda: _session_source(model, work, base_dir if spliced else None))
 
             if options.verify and not result.unchanged:
                 result.verification = _verify(source.onnx_path, rewritten, model, first, options,
@@ -266,33 +265,31 @@ def _verify(original: str, rewritten: Callable[[], bytes | str], model: onnx.Mod
     where a region could not be cut out on its own."""
     from .verify import Verification, verify, verify_regions
 
-    result = Verification()
-    uncut = [c for cases in regions for c in cases if isinstance(c, str)]
-    whole = options.verify_scope == "model"
-    if options.verify_scope != "model":
-        if uncut and options.verify_scope == "regions":
-            raise FuseError(f"cannot verify region by region: {uncut[0]} (--verify model runs the whole "
-                            "model)")
-        if scales and options.verify_scope == "regions":
-            raise FuseError("cannot verify region by region: Conv scales were folded before the passes "
-                            "(--verify model runs the whole model)")
+    result, scope = Verification(), options.verify_scope
+    whole = scope == "model"
+    if scope != "model":
+        uncut = [c for cases in regions for c in cases if isinstance(c, str)]
+        if scope == "regions" and (uncut or scales):
+            why = uncut[0] if uncut else "Conv scales were folded before the passes"
+            raise FuseError(f"cannot verify region by region: {why} (--verify model runs the whole model)")
         stage("verifying fused regions with onnxruntime")
         cases = [[c for c in cs if not isinstance(c, str)] for cs in regions]
         try:
             verify_regions(cases, model.opset_import, model.ir_version, result, seed=0)
         except FuseError as e:
-            if options.verify_scope == "regions":
+            if scope == "regions":
                 raise
             uncut.append(str(e))
         result.uncut = uncut
-        weights, nodes = payload_bytes(model), len(model.graph.node)
-        small = nodes <= AUTO_MODEL_NODES and weights <= AUTO_MODEL_WEIGHT_BYTES
-        whole = options.verify_scope == "auto" and (small or bool(uncut) or scales)
-        if options.verify_scope == "regions":
+        if scope == "regions":
             result.model_skipped = "--verify regions"
-        elif not whole:
-            result.model_skipped = (f"{nodes:,} nodes, {format_bytes(weights)} of weights: "
-                                    "--verify model runs it")
+        else:  # auto
+            weights, nodes = payload_bytes(model), len(model.graph.node)
+            small = nodes <= AUTO_MODEL_NODES and weights <= AUTO_MODEL_WEIGHT_BYTES
+            whole = small or bool(uncut) or scales
+            if not whole:
+                result.model_skipped = (f"{nodes:,} nodes, {format_bytes(weights)} of weights: "
+                                        "--verify model runs it")
     if whole:
         stage("verifying the whole model with onnxruntime")
         model_check = verify(original, rewritten(), first.sizes.batch or 1, dict(first.sizes))

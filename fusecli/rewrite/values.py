@@ -12,7 +12,7 @@ from onnx import numpy_helper
 
 from ..errors import FuseError
 from ..ir import unique_name
-from ..kinds import TYPE_ONLY_INPUTS
+from ..kinds import value_inputs
 
 _NOT_CONSTANT = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
                            "Multinomial", "Bernoulli"})
@@ -20,8 +20,7 @@ _NOT_CONSTANT = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", 
 
 def _value_inputs(node: onnx.NodeProto) -> list[str]:
     """The inputs whose values the node reads (not CastLike's target, read for its type)."""
-    skip = TYPE_ONLY_INPUTS.get(node.op_type, ())
-    return [i for k, i in enumerate(node.input) if i and k not in skip]
+    return [i for i in value_inputs(node.op_type, node.input) if i]
 
 
 def tensor_array(t: onnx.TensorProto, base_dir: str = "") -> np.ndarray:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -14,7 +14,7 @@ import onnxruntime as ort
 from .. import budgets
 from ..dims import dim_value
 from ..errors import FuseError
-from .regions import Case
+from .regions import Case, merged_models, random_feeds
 
 Source = bytes | str  # a serialized model or a path (a path reads external data beside it)
 
@@ -162,22 +162,25 @@ def verify(original: Source, rewritten: Source, batch: int = 1, dims: Mapping[st
         new_sess = open_session(rewritten, so, "rewritten")
         feeds = feeds or make_feeds(ref_sess, batch, dims, seed)
         ref, got = run(ref_sess, feeds, "original"), run(new_sess, feeds, "rewritten")
-        checks = []
-        for name, value in ref.items():
-            dtype = str(value.dtype)
-            tol = TOLERANCE.get(dtype, 0.0)
-            err = relative_error(value, got[name]) if name in got else float("inf")
-            checks.append(OutputCheck(name, dtype, err, tol))
-        result.checks[level] = checks
+        result.checks[level] = compare(ref, got)
     return result
+
+
+def compare(ref: dict[str, np.ndarray], got: dict[str, np.ndarray],
+            label: Callable[[str], str] = str) -> list[OutputCheck]:
+    """One check per output of ``ref``: its relative L2 error in ``got`` against its dtype's tolerance."""
+    checks = []
+    for name, value in ref.items():
+        dtype = str(value.dtype)
+        err = relative_error(value, got[name]) if name in got else float("inf")
+        checks.append(OutputCheck(label(name), dtype, err, TOLERANCE.get(dtype, 0.0)))
+    return checks
 
 
 def verify_regions(passes: list[list[Case]], opsets, ir_version: int, result: Verification,
                    seed: int = 0, levels: tuple[str, ...] = ("disabled", "default")) -> None:
     """Each pass's distinct regions side by side in one pair of models, run at each level on the same
     seeded inputs; every region output compared by relative L2 error (into ``result.region_checks``)."""
-    from .regions import merged_models, random_feeds
-
     for cases in passes:
         distinct: dict[str, Case] = {}
         for case in cases:
@@ -192,21 +195,20 @@ def verify_regions(passes: list[list[Case]], opsets, ir_version: int, result: Ve
             continue
         before, after, origin = merged_models(chosen, opsets, ir_version)
         feeds = random_feeds(chosen, seed)
+        labels = {name: _region_label(chosen[k], output) for name, (k, output) in origin.items()}
         for level in levels:
             so = session_options(level)
             ref = run(open_session(before.SerializeToString(), so, "regions' original"), feeds,
                       "regions' original")
             got = run(open_session(after.SerializeToString(), so, "regions' rewritten"), feeds,
                       "regions' rewritten")
-            checks = result.region_checks.setdefault(level, [])
-            for name, value in ref.items():
-                k, output = origin[name]
-                case = chosen[k]
-                copies = f", {case.copies} identical regions" if case.copies > 1 else ""
-                dtype = str(value.dtype)
-                err = relative_error(value, got[name]) if name in got else float("inf")
-                checks.append(OutputCheck(f"{case.label} ({output!r}{copies})", dtype, err,
-                                          TOLERANCE.get(dtype, 0.0)))
+            result.region_checks.setdefault(level, []).extend(compare(ref, got, labels.__getitem__))
+
+
+def _region_label(case: Case, output: str) -> str:
+    """'attention -> MultiHeadAttention ('y', 12 identical regions)'."""
+    copies = f", {case.copies} identical regions" if case.copies > 1 else ""
+    return f"{case.label} ({output!r}{copies})"
 
 
 @dataclass
