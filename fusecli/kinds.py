@@ -47,7 +47,8 @@ ONNX_KINDS: dict[str, str] = {
     "Shape": "shape", "Size": "size", "Constant": "constant", "ConstantOfShape": "constant_of_shape",
     "Range": "range", "NonZero": "nonzero", "ArgMax": "argmax", "ArgMin": "argmax",
     "Equal": "compare", "Less": "compare", "Greater": "compare", "LessOrEqual": "compare",
-    "GreaterOrEqual": "compare", "Not": "logical", "And": "logical", "Or": "logical",
+    "GreaterOrEqual": "compare", "IsNaN": "compare", "IsInf": "compare", "Not": "logical",
+    "And": "logical", "Or": "logical",
     "Xor": "logical", "RandomNormal": "random", "RandomUniform": "random",
     "RandomNormalLike": "random", "RandomUniformLike": "random", "EyeLike": "eye",
 }
