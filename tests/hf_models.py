@@ -18,6 +18,12 @@ TEXT = ("bert", "distilbert", "gpt2", "llama", "mistral", "qwen2", "t5_encoder")
 VISION = ("vit", "clip_vision", "convnext", "swin", "segformer", "mobilevit")
 AUDIO = ("whisper_encoder",)
 ALL = TEXT + VISION + AUDIO
+# architectures built with their default attention only (the attention tests): encoders, decoders with and
+# without grouped-query attention, ALiBi (BLOOM), soft-capping (Gemma2), cross-attention (BART), a
+# relative-position bias (BEiT)
+MORE_TEXT = ("roberta", "opt", "gpt_neox", "gemma2", "bloom", "bart")
+MORE_VISION = ("beit",)
+ATTENTION = ("eager", "default")  # default: whatever transformers picks (sdpa where the model supports it)
 IMAGE_SIZE = 32
 WHISPER_MELS, WHISPER_FRAMES = 16, 64  # 2 * max_source_positions frames
 
@@ -29,9 +35,9 @@ class Spec:
 
 
 def spec(name: str) -> Spec:
-    if name in ("bert", "distilbert"):
+    if name in ("bert", "distilbert", "roberta", "opt"):
         return Spec(("input_ids", "attention_mask"), True)
-    if name in TEXT:
+    if name in TEXT or name in MORE_TEXT:
         return Spec(("input_ids",), True)
     if name in AUDIO:
         return Spec(("input_features",), False)
@@ -54,6 +60,26 @@ def _config(name: str):
         cls = {"llama": tr.LlamaConfig, "mistral": tr.MistralConfig, "qwen2": tr.Qwen2Config}[name]
         return cls(vocab_size=100, max_position_embeddings=256, num_key_value_heads=1, head_dim=32,
                    **small)  # grouped-query attention: 2 query heads share one K/V head
+    if name == "roberta":
+        return tr.RobertaConfig(vocab_size=100, max_position_embeddings=260, pad_token_id=1, **small)
+    if name == "opt":
+        return tr.OPTConfig(vocab_size=100, hidden_size=64, num_hidden_layers=2, ffn_dim=128,
+                            num_attention_heads=2, max_position_embeddings=256, word_embed_proj_dim=64,
+                            pad_token_id=1, bos_token_id=0, eos_token_id=0)
+    if name == "gpt_neox":
+        return tr.GPTNeoXConfig(vocab_size=100, max_position_embeddings=256, rotary_pct=0.5, **small)
+    if name == "gemma2":  # soft-capped attention logits (tanh(s / 50) * 50), tanh-GELU MLP
+        return tr.Gemma2Config(vocab_size=100, max_position_embeddings=256, num_key_value_heads=1,
+                               head_dim=32, sliding_window=8, **small)
+    if name == "bloom":  # ALiBi position bias
+        return tr.BloomConfig(vocab_size=100, hidden_size=64, n_layer=2, n_head=2)
+    if name == "bart":  # encoder-decoder: the decoder's cross-attention reads the encoder's output
+        return tr.BartConfig(vocab_size=100, d_model=64, encoder_layers=2, decoder_layers=2,
+                             encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=128,
+                             decoder_ffn_dim=128, max_position_embeddings=256, pad_token_id=1,
+                             bos_token_id=0, eos_token_id=2, decoder_start_token_id=2)
+    if name == "beit":  # relative-position bias added to the scores
+        return tr.BeitConfig(image_size=IMAGE_SIZE, patch_size=8, use_relative_position_bias=True, **small)
     if name == "t5_encoder":
         return tr.T5Config(vocab_size=100, d_model=64, d_kv=32, d_ff=128, num_layers=2, num_heads=2)
     if name == "vit":
@@ -82,23 +108,26 @@ def _config(name: str):
     raise KeyError(name)
 
 
-def build(name: str, seed: int = 0):
-    """The model in eval() mode with eager (matmul/softmax) attention and non-trivial random weights,
-    wrapped so that forward() takes the spec's inputs positionally and returns plain tensors."""
+def build(name: str, seed: int = 0, attn: str = "eager"):
+    """The model in eval() mode with non-trivial random weights, wrapped so that forward() takes the spec's
+    inputs positionally and returns plain tensors. ``attn``: "eager" (matmul/softmax attention) or
+    "default" (what `transformers` picks when the user says nothing: sdpa where the model supports it)."""
     import torch
     import transformers as tr
 
     torch.manual_seed(seed)
     config = _config(name)
-    config._attn_implementation = "eager"
+    kw = {"attn_implementation": "eager"} if attn == "eager" else {}
+    if attn == "eager":
+        config._attn_implementation = "eager"
     if name == "t5_encoder":
-        inner = tr.T5EncoderModel(config)
+        inner = tr.T5EncoderModel._from_config(config, **kw)
     elif name == "whisper_encoder":
-        inner = tr.WhisperModel(config).get_encoder()
+        inner = tr.WhisperModel._from_config(config, **kw).get_encoder()
     elif name == "clip_vision":
-        inner = tr.CLIPVisionModel(config)
+        inner = tr.CLIPVisionModel._from_config(config, **kw)
     else:
-        inner = tr.AutoModel.from_config(config, attn_implementation="eager")
+        inner = tr.AutoModel.from_config(config, **kw)
     with torch.no_grad():  # fresh zeros/ones (biases, norm gains) would hide swapped operands
         for pname, p in inner.named_parameters():
             if p.dim() == 1 and ("norm" in pname.lower() or "ln" in pname.lower()) and "weight" in pname:
@@ -135,13 +164,18 @@ def example_inputs(name: str, batch: int = 2, seq: int = 16, seed: int = 0):
     return (torch.randn(batch, 3, IMAGE_SIZE, IMAGE_SIZE, generator=g),)
 
 
+def attention_of(name: str, attn: str = "default") -> str:
+    """The attention implementation `build(name, attn=attn)` runs ("sdpa", "eager", ...)."""
+    return build(name, attn=attn).inner.config._attn_implementation
+
+
 def export(name: str, path: str, exporter: str = "torchscript", dynamic: bool = True,
-           batch: int = 2, seq: int = 16, opset: int = 17) -> str:
+           batch: int = 2, seq: int = 16, opset: int = 17, attn: str = "eager") -> str:
     """Write the ONNX export of `name` to `path` and return it. Dynamic dims are named `batch` and
     `seq` (text models) as users name them in `dynamic_axes`."""
     import torch
 
-    model, args, s = build(name), example_inputs(name, batch, seq), spec(name)
+    model, args, s = build(name, attn=attn), example_inputs(name, batch, seq), spec(name)
     axes = {0: "batch", 1: "seq"} if s.seq_axis else {0: "batch"}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -164,12 +198,13 @@ def export(name: str, path: str, exporter: str = "torchscript", dynamic: bool = 
     return path
 
 
-def pytorch_saved(name: str, batch: int = 2, seq: int = 16) -> list[tuple[tuple[int, ...], str, int]]:
+def pytorch_saved(name: str, batch: int = 2, seq: int = 16,
+                  attn: str = "eager") -> list[tuple[tuple[int, ...], str, int]]:
     """What PyTorch's autograd saves for backward of `sum(output)`, one entry per distinct storage that is
     neither a parameter nor a model input: (shape, dtype, storage bytes)."""
     import torch
 
-    model, args = build(name), example_inputs(name, batch, seq)
+    model, args = build(name, attn=attn), example_inputs(name, batch, seq)
     skip = {p.untyped_storage().data_ptr() for p in model.parameters()}
     skip |= {b.untyped_storage().data_ptr() for b in model.buffers()}
     skip |= {a.untyped_storage().data_ptr() for a in args}
@@ -188,5 +223,5 @@ def pytorch_saved(name: str, batch: int = 2, seq: int = 16) -> list[tuple[tuple[
     return list(seen.values())
 
 
-def pytorch_saved_bytes(name: str, batch: int = 2, seq: int = 16) -> int:
-    return sum(b for _, _, b in pytorch_saved(name, batch, seq))
+def pytorch_saved_bytes(name: str, batch: int = 2, seq: int = 16, attn: str = "eager") -> int:
+    return sum(b for _, _, b in pytorch_saved(name, batch, seq, attn))

@@ -259,6 +259,12 @@ def find_matches(graph: Graph, patterns, phase: str = "forward") -> list[Match]:
             anchor = getattr(p, "anchor", None)
             if anchor is not None and not anchor(node):
                 continue  # the pattern's own cheap test of the root (attention: P from a softmax)
+            finder = getattr(p, "find", None)
+            if finder is not None:  # a pattern read by its form, not by trees (attention)
+                got = finder(node)
+                if got is not None and (p.require is None or p.require(got[1], got[2])):
+                    found.append(Match(p, dataflow_order(got[0]), got[1], got[2]))
+                continue
             for form in p.forms:
                 if key not in form.kinds:
                     continue
@@ -279,12 +285,12 @@ def find_matches(graph: Graph, patterns, phase: str = "forward") -> list[Match]:
                                                                             for n in nodes):
                         nodes.insert(0, t.producer)
                         t = t.producer.inputs[0] if is_noop(t.producer) else None
-                found.append(Match(p, _dataflow_order(nodes), roles, bound))
+                found.append(Match(p, dataflow_order(nodes), roles, bound))
                 break
     return found
 
 
-def _dataflow_order(nodes: list[Node]) -> list[Node]:
+def dataflow_order(nodes: list[Node]) -> list[Node]:
     """Nodes of one match in topological order, the root last."""
     root = nodes[-1] if nodes else None
     ids = {id(n) for n in nodes}

@@ -10,13 +10,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..ir import Tensor
+from .attention import attention_match
 from .forms import (
-    ATTENTION,
     HARD_SWISH,
     RMS_NORM,
     ROTARY,
     SILU,
-    attention_anchor,
     gate_acts,
     is_activation,
     is_param,
@@ -38,10 +37,12 @@ class Pattern:
     require: Callable | None = None  # (roles, bound) -> bool
     side_outputs: tuple[str, ...] = ()  # bound tensors the kernel writes out as extra outputs
     anchor: Callable | None = None  # (root node) -> bool: a cheap test before any form is tried
+    find: Callable | None = None  # (root node) -> (nodes, roles, bound) | None: read by form, not trees
+    roots: frozenset[str] = frozenset()  # the root kinds of a ``find`` pattern
 
     @property
     def root(self) -> Op:
-        return Op(frozenset().union(*(f.kinds for f in self.forms)))
+        return Op(frozenset().union(self.roots, *(f.kinds for f in self.forms)))
 
 
 # -- tensor checks ----------------------------------------------------------------------------------
@@ -220,9 +221,10 @@ CATALOGUE: tuple[Pattern, ...] = (
     Pattern("layer_norm", LAYER_NORM, "LayerNormalization",
             "y = (x - mean) / sqrt(var + eps) * gamma + beta", fused_kind="layer_norm"),
     # transformer-era patterns (fusion/forms.py holds the exporters' spellings)
-    Pattern("attention", ATTENTION, "Attention / MultiHeadAttention; FlashAttention in training",
-            "y = softmax(q k^T s + mask) v: backward reads P (b h s^2); FlashAttention keeps the softmax "
-            "row statistics (b h s) and recomputes P", anchor=attention_anchor),
+    Pattern("attention", (), "Attention / MultiHeadAttention; FlashAttention in training",
+            "y = softmax(q k^T s + bias) v, read by its form (fusion/attention.py): eager backward reads P "
+            "(b h s^2); FlashAttention keeps the softmax row statistics (b h s) and recomputes P",
+            find=attention_match, roots=frozenset({"matmul", "einsum"})),
     Pattern("rotary", ROTARY, "RotaryEmbedding", "y = x cos + rotate_half(x) sin: backward rotates dy back",
             fused_kind="rotary"),
     Pattern("skip_rms_norm", RMS_NORM, "SkipSimplifiedLayerNormalization",

@@ -107,12 +107,12 @@ def _broadcast(x: Tensor, y: Tensor | None) -> bool:
     return xs is None or xs != ys or None in xs
 
 
-def regions_of(graph: Graph, profile: Profile) -> list[Region]:
+def regions_of(graph: Graph, profile: Profile, rg: set[str] = frozenset()) -> list[Region]:
     """The profile's composite regions of ``graph``: TensorFlow's custom gradients, PyTorch's composites."""
     regions = custom_gradient_regions(graph) if profile.custom_gradients else []
     if profile.composites:
         taken = {id(n) for r in regions for n in r.nodes}
-        regions += [r for r in find_regions(graph, profile.composites)
+        regions += [r for r in find_regions(graph, profile.composites, rg)
                     if not any(id(n) in taken for n in r.nodes)]
     return regions
 
@@ -130,8 +130,9 @@ def build_backward(forward: Graph, wrt_inputs: bool = False, profile: Profile = 
     joint.meta["wrt_inputs"] = wrt_inputs
     joint.meta["autodiff"] = profile.name
     rg = requires_grad(joint, wrt_inputs, profile)
-    regions = regions_of(joint, profile)
+    regions = regions_of(joint, profile, rg)
     joint.meta["composites"] = {r.root.name: r.name for r in regions}
+    joint.meta["attention_kernels"] = {r.root.name: r.kernel for r in regions if r.kernel is not None}
     region_of = {id(r.root): r for r in regions}
     interior = {id(n) for r in regions for n in r.nodes[:-1]}
     b = _Builder(joint)
@@ -206,6 +207,12 @@ def _composite(b: _Builder, region: Region, dys: list[Tensor], rg: set[str], pro
         dys = dys + [b.node(t.name, "ZerosLike", [t], [t])[0] for t in region.passthrough if t.is_float]
     reads = list({id(t): t for t in map(profile.storage_of, region.reads)
                   if t.producer is None or t.producer.phase == "forward"}.values())
+    for name, dtype, shape in region.new:  # made by the framework's kernel, not in the export (logsumexp)
+        t = b.joint.tensor(name, dtype=dtype, shape=shape, kind="activation")
+        if t.producer is None:
+            t.producer = region.root
+            region.root.outputs.append(t)
+        reads.append(t)
     grads = b.node(region.root.name, region.op, [*dys, *reads], targets, forward=region.root)
     grads[0].producer.meta["composite"] = region.name
     for t, g in zip(targets, grads, strict=True):

@@ -27,7 +27,9 @@ from dataclasses import dataclass, field
 from ..fusion.match import Op, Var, match_at, op
 from ..fusion.patterns import ADD, LAYER_NORM, scalar
 from ..ir import Graph, Node, Tensor
+from . import sdpa
 
+SHAPE_READERS = frozenset({"shape", "size"})  # read only a tensor's shape: no gradient flows through them
 Reads = Callable[[dict[str, Node], dict[str, Tensor], Node], list[Tensor]]
 
 
@@ -38,8 +40,10 @@ class Composite:
     name: str
     forms: tuple[Op, ...]
     op: str  # the backward node's op type (PyTorch's autograd node name)
-    reads: Reads  # (roles, bound, root) -> the tensors its derivative formula saves
+    reads: Reads | None  # (roles, bound, root) -> the tensors its derivative formula saves
     doc: str
+    find: Callable | None = None  # (root, requires-grad names, memo) -> (form, kernel choice) | None
+    roots: frozenset[str] = frozenset()  # root kinds of a ``find`` composite
 
 
 @dataclass
@@ -52,6 +56,8 @@ class Region:
     inputs: list[Tensor]
     reads: list[Tensor]
     passthrough: list[Tensor] = field(default_factory=list)  # custom gradient: IdentityN's copies of inputs
+    new: list[tuple[str, str, tuple | None]] = field(default_factory=list)  # saved tensors the export lacks
+    kernel: dict | None = None  # sdpa: the kernel PyTorch runs and why
 
     @property
     def root(self) -> Node:
@@ -130,26 +136,6 @@ def _softmax_trees(log: bool) -> tuple[Op, ...]:
 SOFTMAX, LOG_SOFTMAX = _softmax_trees(False), _softmax_trees(True)
 
 
-def _sdpa_trees() -> tuple[Op, ...]:
-    """F.scaled_dot_product_attention's math path as the exporters write it: q and k^T each scaled by
-    sqrt(scale) (dynamo transposes k between two reshapes), softmax (after an additive mask, if any),
-    times v."""
-    k_t = (op("transpose", Var("k"), more=True),
-           op("reshape", op("transpose", op("reshape", Var("k"), more=True), more=True), more=True))
-    trees = []
-    for kt in k_t:
-        for masked in (True, False):
-            scores = op("matmul", op("mul", Var("q"), Var(), commutative=True),
-                        op("mul", kt, Var(), commutative=True))
-            if masked:
-                scores = op(ADD, scores, Var(), commutative=True)
-            trees.append(op("matmul", op("softmax", scores, more=True), Var("v")))
-    return tuple(trees)
-
-
-SDPA = _sdpa_trees()
-
-
 # F.layer_norm below opset 17: (x - mean(x)) / sqrt(mean((x - mean)^2) + eps) * w + b, fusion's trees
 # (LAYER_NORM's first four; the others are TensorFlow's moments form)
 LAYER_NORM_TORCH = LAYER_NORM[:4]
@@ -180,22 +166,35 @@ PYTORCH_COMPOSITES: tuple[Composite, ...] = (
     Composite("softmax", SOFTMAX, "SoftmaxBackward0", _y, "_softmax_backward_data(grad, result): saves y"),
     Composite("log_softmax", LOG_SOFTMAX, "LogSoftmaxBackward0", _y,
               "_log_softmax_backward_data(grad, result): saves y"),
-    Composite("sdpa", SDPA, "ScaledDotProductFlashAttentionForCpuBackward0",
-              lambda roles, bound, root: [bound["q"], bound["k"], bound["v"], root.outputs[0]],
-              "_scaled_dot_product_flash_attention_for_cpu: saves q, k, v, out (and logsumexp)"),
+    Composite("sdpa", (), sdpa.FLASH_OP, None,
+              "F.scaled_dot_product_attention read by its form (fusion.attention); what it saves depends on "
+              "the kernel PyTorch picks (grad/sdpa.py)", find=sdpa.sdpa_region,
+              roots=frozenset({"matmul", "einsum"})),
 )
 
 
-def _region(composite: Composite, node: Node) -> Region | None:
+def _found(composite: Composite, node: Node, rg: set[str], memo: dict):
+    """Each reading of ``composite`` at ``node``: (nodes, reads, op, new tensors, kernel)."""
+    if composite.find is not None:
+        got = composite.find(node, rg, memo)
+        if got is not None:
+            form, choice = got
+            op = sdpa.FLASH_OP if choice.kernel == "flash" else sdpa.MATH_OP
+            yield form.nodes, choice.reads, op, choice.new, choice.to_json()
+        return
     for form in composite.forms:
         found = match_at(form, node)
-        if found is None:
-            continue
-        nodes, roles, bound = found
+        if found is not None:
+            nodes, roles, bound = found
+            yield nodes, composite.reads(roles, bound, node), composite.op, [], None
+
+
+def _region(composite: Composite, node: Node, rg: set[str], memo: dict) -> Region | None:
+    for nodes, reads, backward_op, new, kernel in _found(composite, node, rg, memo):
         inside = {id(n) for n in nodes}
-        if any(c is None or id(c) not in inside for n in nodes[:-1] for t in n.outputs if t is not None
-               for c in t.consumers):
-            continue  # an interior tensor read outside: gradients flow through it, no single node
+        if any(c is None or (id(c) not in inside and c.kind not in SHAPE_READERS) for n in nodes[:-1]
+               for t in n.outputs if t is not None for c in t.consumers):
+            continue  # an interior value read outside: gradients flow through it, no single node
         made = {id(t) for n in nodes for t in n.outputs if t is not None}
         inputs, seen = [], set()
         for n in nodes:
@@ -203,23 +202,25 @@ def _region(composite: Composite, node: Node) -> Region | None:
                 if t is not None and id(t) not in made and id(t) not in seen:
                     seen.add(id(t))
                     inputs.append(t)
-        reads = composite.reads(roles, bound, node)
-        return Region(composite.name, composite.op, nodes, inputs, [t for t in reads if t is not None])
+        return Region(composite.name, backward_op, nodes, inputs, [t for t in reads if t is not None],
+                      new=new, kernel=kernel)
     return None
 
 
-def find_regions(graph: Graph, composites: tuple[Composite, ...]) -> list[Region]:
-    """Every composite region of the forward graph, none overlapping (the first root in order wins)."""
+def find_regions(graph: Graph, composites: tuple[Composite, ...], rg: set[str] = frozenset()) -> list[Region]:
+    """Every composite region of the forward graph, none overlapping (the first root in order wins);
+    ``rg``: names of the tensors that need a gradient (which decides PyTorch's attention kernel)."""
     by_kind: dict[str, list[Composite]] = {}
     for c in composites:
-        for kind in frozenset().union(*(f.kinds for f in c.forms)):
+        for kind in frozenset().union(c.roots, *(f.kinds for f in c.forms)):
             by_kind.setdefault(kind, []).append(c)
+    memo: dict = {}
     regions, claimed = [], set()
     for node in reversed(graph.forward_nodes()):  # outermost roots first
         if id(node) in claimed or node.meta.get("constant"):
             continue
         for c in by_kind.get(node.kind, ()):
-            r = _region(c, node)
+            r = _region(c, node, rg, memo)
             if r is not None and not any(id(n) in claimed for n in r.nodes):
                 claimed.update(id(n) for n in r.nodes)
                 regions.append(r)

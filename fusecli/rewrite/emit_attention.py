@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..fusion.match import Match
+from ..fusion.attention import LAYOUT, AttentionForm, read_attention
+from ..fusion.match import Match, is_noop
 from ..ir import Node, Tensor
-from .emit import MS, Context, Emission, _attr, _dtype, _new_init, _node, _other
+from .emit import MS, Context, Emission, _attr, _dtype, _new_init, _node
 
 ADD = ("add", "sum", "bias_add")
 
@@ -25,14 +26,52 @@ def _scalar(ctx: Context, t: Tensor) -> float | None:
 
 
 def _scale(m: Match, ctx: Context) -> float | None:
-    node = m.roles.get("scale")
-    if node is None:
-        return 1.0
-    qk = m.roles["qk"].outputs[0]
-    c = _scalar(ctx, _other(node, qk) if node.kind == "mul" else node.inputs[1])
-    if c is None or c == 0:
+    """The product of the constant scales on q, k^T and q k^T (sdpa scales q and k^T by sqrt(s) each)."""
+    scale = 1.0
+    for role in ("scale", "q_scale", "k_scale"):
+        node = m.roles.get(role)
+        if node is None:
+            continue
+        c = next((v for v in (_scalar(ctx, t) for t in node.inputs if t is not None) if v is not None), None)
+        if c is None or c == 0 or (node.kind == "div" and _scalar(ctx, node.inputs[1]) is None):
+            return None
+        scale *= c if node.kind == "mul" else 1.0 / c
+    return scale
+
+
+def _mha_form(m: Match) -> AttentionForm | None:
+    """The attention's form when MultiHeadAttention runs it as written: at most a mask and a position bias,
+    one scale and that on q k^T itself, no soft-cap (MultiHeadAttention has none), no layout op between the
+    scores and the softmax, K transposed by one Transpose."""
+    form = read_attention(m.roles["pv"])
+    if not isinstance(form, AttentionForm) or form.softcap is not None or "k_transpose_3d" in m.roles:
         return None
-    return c if node.kind == "mul" else 1.0 / c
+    qk, scale = m.roles["qk"], m.roles.get("scale")
+    scales = sum(r in m.roles for r in ("scale", "q_scale", "k_scale"))
+    on_product = scale is None or any(t is qk.outputs[0] for t in scale.inputs)
+    if len(form.scales) != scales or not on_product:
+        return None
+    if any(n.kind in LAYOUT and not is_noop(n) and _between_scores(n, m) for n in m.nodes):
+        return None
+    terms, wheres = len(form.terms), len(form.bool_masks)
+    return form if (wheres == 0 and terms <= 2) or (wheres == 1 and terms == 0) else None
+
+
+def _between_scores(node: Node, m: Match) -> bool:
+    """A node on the path from q k^T to the softmax (not on the q, k or v side)."""
+    inside = {id(n) for n in m.nodes}
+    t, qk = m.roles["softmax"].inputs[0], m.roles["qk"]
+    for _ in range(64):
+        p = t.producer
+        if p is None or p is qk or id(p) not in inside:
+            return False
+        if p is node:
+            return True
+        t = next((x for x in p.inputs if x is not None and x.producer is not None
+                  and id(x.producer) in inside), None)
+        if t is None:
+            return False
+    return False
 
 
 def _perm(ctx: Context, node: Node) -> list[int] | None:
@@ -107,6 +146,8 @@ def attention(m: Match, ctx: Context) -> Emission | None:
     r = m.roles
     qk, pv, softmax = r["qk"], r["pv"], r["softmax"]
     if _dtype(m) != "float32" or qk.kind != "matmul" or pv.kind != "matmul" or ctx.opset < 13:
+        return None
+    if _mha_form(m) is None:
         return None
     q = m.bound["q"]
     kt = r.get("k_transpose")

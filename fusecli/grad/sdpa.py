@@ -1,0 +1,102 @@
+"""PyTorch's F.scaled_dot_product_attention as autograd runs it: which kernel, and what it saves.
+
+An export of a model with `transformers`' default (sdpa) attention holds the math the kernel computes,
+spelled out op by op; autograd saves what the kernel PyTorch picked saves (aten's ``sdp_utils_cpp``, the
+CPU selection, checked against PyTorch in tests/grad/test_sdpa.py):
+
+- the fused CPU kernel (``_scaled_dot_product_flash_attention_for_cpu``) saves q, k, v, the output, one
+  float32 logsumexp per query row, and the mask as a float tensor (a bool mask is converted per call);
+- it falls back to the math kernel when the mask needs a gradient (BEiT's relative-position bias), the mask
+  is 3-D, q, k or v is not 4-D, or v's head size differs from q's; the math kernel saves q and k^T each
+  scaled by sqrt(s), the probabilities P and v.
+
+`transformers` habits, which decide what reaches the kernel: a mask that depends on no input value (the
+causal mask the export spells out) is passed as ``is_causal=True`` and no mask; with no mask, grouped-query
+K and V go in unrepeated (``enable_gqa``), so the repeat the export shows is not made.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..fusion.attention import AttentionForm, depends_on_input, read_attention, scalar_value
+from ..ir import Node, Tensor
+
+FLASH_OP = "ScaledDotProductFlashAttentionForCpuBackward0"
+MATH_OP = "ScaledDotProductAttentionMathBackward"
+
+
+@dataclass
+class KernelChoice:
+    """The kernel PyTorch runs for one sdpa call, why, and what its backward reads."""
+
+    kernel: str  # "flash" | "math"
+    reason: str
+    reads: list[Tensor]
+    new: list[tuple[str, str, tuple | None]]  # tensors the kernel makes that the export has no name for
+
+    def to_json(self) -> dict:
+        return {"kernel": self.kernel, "reason": self.reason}
+
+
+def converted_bool(t: Tensor) -> bool:
+    """A float mask that is a bool one converted, Where(m, 0, -inf): the exporters' spelling of the
+    conversion sdpa makes inside every call (dynamo may write it once for all layers)."""
+    p = t.producer
+    return p is not None and p.kind == "where" and len(p.inputs) == 3 and p.inputs[0] is not None \
+        and p.inputs[0].dtype == "bool" and all(scalar_value(x) is not None for x in p.inputs[1:])
+
+
+def _needs_grad(t: Tensor, rg: set[str]) -> bool:
+    return t.name in rg
+
+
+def choose(form: AttentionForm, rg: set[str], memo: dict[int, bool]) -> KernelChoice:
+    """The CPU kernel for ``form`` (an sdpa spelling), as sdp_utils_cpp and transformers decide it."""
+    pv = form.roles["pv"]
+    out = pv.outputs[0]
+    masks = [*form.terms, *form.bool_masks]
+    data_masks = [m for m in masks if depends_on_input(m, memo)]
+    why_math = None
+    grad_terms = [m for m in form.terms if _needs_grad(m, rg)]
+    if grad_terms:
+        why_math = f"the mask {grad_terms[0].name} needs a gradient (a learned bias)"
+    elif any(m.shape is not None and len(m.shape) not in (2, 4) for m in data_masks):
+        why_math = "the mask is not 2-D or 4-D"
+    elif any(t.shape is None or len(t.shape) != 4 for t in (form.q, form.k, form.v)):
+        why_math = "q, k or v is not 4-D"
+    elif form.v.shape[-1] != form.q.shape[-1]:
+        why_math = "v's head size differs from q's"
+    elif form.softcap is not None:
+        why_math = "soft-capped scores: sdpa has no soft-cap"
+    if why_math is not None:
+        qk, sm = form.roles["qk"], form.roles["softmax"]
+        reads = [qk.inputs[0], qk.inputs[1], sm.outputs[0], pv.inputs[1]]
+        return KernelChoice("math", f"math kernel: {why_math}; it saves P", reads, [])
+    grouped = form.k_kv is not None and form.v_kv is not None and not data_masks
+    k, v = (form.k_kv, form.v_kv) if grouped else (form.k, form.v)
+    reads = [form.q, k, v, out]
+    new = [(f"{pv.name}.logsumexp", "float32",
+            None if form.q.shape is None else tuple(form.q.shape[:-1]))]
+    notes = []
+    if masks and not data_masks:
+        notes.append("its mask depends on no input: transformers passes is_causal instead")
+    if grouped:
+        notes.append("K and V enter unrepeated (enable_gqa)")
+    for m in data_masks:
+        if m.is_float and not converted_bool(m):
+            reads.append(m)  # the model's own float mask: one storage, however many layers read it
+        else:  # a bool mask becomes a float one per call, which the kernel saves
+            new.append((f"{pv.name}.{m.name}.float", form.q.dtype, m.shape))
+    reason = "flash kernel for CPU: saves q, k, v, the output and the row logsumexp"
+    if data_masks:
+        reason += " and the mask"
+    return KernelChoice("flash", "; ".join([reason, *notes]), reads, new)
+
+
+def sdpa_region(node: Node, rg: set[str], memo: dict[int, bool]):
+    """The sdpa call whose P @ V is ``node``: (form, kernel choice), or None when it is not one."""
+    form = read_attention(node)
+    if not isinstance(form, AttentionForm) or not form.sdpa:
+        return None
+    return form, choose(form, rg, memo)
