@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from . import progress
-from .fusion import find_fusions
+from .fusion import find_fusions, select_patterns
+from .fusion.attention import NearMiss, near_misses
 from .fusion.match import Match
 from .grad.backward import build_backward
 from .grad.profiles import OPS, Profile, choose_profile
@@ -44,6 +45,7 @@ class Analysis:
     unknown_sizes: dict[str, int] = field(default_factory=dict)  # op type -> forward tensors of unknown size
     profile: Profile | None = None  # the autodiff profile the backward was built with
     profile_reason: str = ""  # why that profile
+    near_misses: list[NearMiss] = field(default_factory=list)  # attention-shaped regions not matched
 
     def unsupported(self) -> dict[str, int]:
         """Op types (domain-qualified when not ONNX's) with no gradient rule, and their counts."""
@@ -91,11 +93,16 @@ def analyze_graph(path: str, graph: Graph, options: Options) -> Analysis:
     liveness = analyze_liveness(joint, sizes, keeps_for_shape=profile.keeps_for_shape)
     progress.stage("fusion")
     matches = find_fusions(graph, joint, liveness, sizes, options.patterns)
+    misses = []
+    if any(p.name == "attention" for p in select_patterns(options.patterns)):
+        found = {id(m.roles["softmax"]) for m in matches if m.pattern.name == "attention"}
+        misses = near_misses(graph, found)
     warnings = [*graph.meta.get("warnings", []), *warnings]
     no_params = None if options.wrt_inputs else no_parameter_warning(graph)
     if no_params:
         warnings.append(no_params)
-    return Analysis(path, graph, options, joint, liveness, matches, warnings, sizes, unknown, profile, reason)
+    return Analysis(path, graph, options, joint, liveness, matches, warnings, sizes, unknown, profile, reason,
+                    misses)
 
 
 def analyze(path: str, options: Options | None = None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from . import __version__
+from .fusion.attention import AttentionForm, read_attention
 from .fusion.match import Match
 from .fusion.recompute import saved_if_recomputed
 from .ir import gc_paused
@@ -39,7 +40,8 @@ def _document(a: Analysis) -> dict:
                    "incomplete": live.incomplete(),
                    "unknown_tensors": sum(a.unknown_sizes.values()),
                    "saved_bytes_if_recomputed": saved_if_recomputed(a.matches, live)},
-        "patterns": [pattern_entry(m) for m in a.matches],
+        "patterns": [pattern_entry(m, a.joint.meta.get("attention_kernels", {})) for m in a.matches],
+        "near_misses": [n.to_json() for n in a.near_misses],
         "unsupported": [{"op": op, "count": c}
                         for op, c in sorted(a.unsupported().items(), key=lambda kv: (-kv[1], kv[0]))],
     }
@@ -53,15 +55,41 @@ def saved_entry(s: Saved) -> dict:
             "needed_by": [n.name for n in s.needed_by], "reads": s.reads}
 
 
-def pattern_entry(m: Match) -> dict:
+def pattern_entry(m: Match, kernels: dict | None = None) -> dict:
+    """One match; an attention also says how its framework runs it (``attention``: the kernel PyTorch
+    picks for an sdpa export and why, "eager" for softmax(q k^T) v written out, "unknown" otherwise)."""
     v = m.verdict
-    return {"pattern": m.pattern.name, "nodes": [n.name for n in m.nodes],
+    extra = {}
+    if m.pattern.name == "attention":
+        extra["attention"] = attention_entry(m, kernels or {})
+    return {"pattern": m.pattern.name, "nodes": [n.name for n in m.nodes], **extra,
             "inference_safe": v.inference_safe, "training_safe": v.training_safe,
             "blocking": [{"tensor": b.tensor.name, "needed_by": b.needed_by, "bytes": b.bytes}
                          for b in v.blocking],
             "reason": v.reason, "phase": m.pattern.phase, "kernel": m.pattern.kernel,
             "traffic_bytes": v.traffic_bytes, "frameworks": v.frameworks,
             "verdict": v.state, "recompute": v.recompute.to_json() if v.recompute else None}
+
+
+def attention_entry(m: Match, kernels: dict) -> dict:
+    """How an attention match runs in its framework, and what its form holds."""
+    form = read_attention(m.roles["pv"])
+    entry = {"spelling": "unknown", "kernel": None, "reason": ""}
+    if isinstance(form, AttentionForm):
+        entry.update({"spelling": "sdpa" if form.sdpa else "eager", "additive_terms": len(form.terms),
+                      "bool_masks": len(form.bool_masks), "softcap": form.softcap,
+                      "grouped_query": form.k_kv is not None, "kv_cache": form.kv_cache,
+                      "nan_guard": form.guard})
+    chosen = kernels.get(m.roles["pv"].name)
+    if chosen is not None:
+        entry.update(chosen)
+    elif entry["spelling"] == "eager":
+        entry.update({"kernel": "eager", "reason": "softmax(q k^T) v written out: each op saves what its "
+                      "own backward reads (P among them)"})
+    elif entry["spelling"] == "sdpa":
+        entry.update({"kernel": "unknown", "reason": "an sdpa spelling, but no PyTorch kernel was modelled "
+                      "(another autodiff profile, or a region read outside)"})
+    return entry
 
 
 def pattern_summary(a: Analysis) -> list[dict]:

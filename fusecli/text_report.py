@@ -414,6 +414,19 @@ def not_fused_lines(a: Analysis, namer: Namer, width: int) -> list[str]:
     return lines
 
 
+def near_miss_lines(a: Analysis, namer: Namer, width: int) -> list[str]:
+    """Attention-shaped regions that are no attention match, grouped by what broke the form."""
+    if not a.near_misses:
+        return []
+    groups: dict[str, list] = {}
+    for nm in a.near_misses:
+        groups.setdefault(reason_key(nm.reason), []).append(nm)
+    lines = ["", f"attention not found ({len(a.near_misses)} near misses: softmax between two matmuls)"]
+    for ms in sorted(groups.values(), key=len, reverse=True):
+        lines += _limited(wrap(f"x{len(ms)}: {namer.text(ms[0].reason, 40)}", width, "  "), 3, width)
+    return lines
+
+
 def unsupported_lines(a: Analysis, width: int) -> list[str]:
     unsupported = a.unsupported()
     if not unsupported:
@@ -437,7 +450,7 @@ def report_lines(a: Analysis, options: TextOptions | None = None) -> list[str]:
     lines += saved_lines(a, namer, width, o.verbose or o.all_saved, o.top)
     lines += matches_lines(a, namer, width, o.verbose, style)
     lines += not_fused_lines(a, namer, width) if a.matches else []
-    return lines + unsupported_lines(a, width)
+    return lines + near_miss_lines(a, namer, width) + unsupported_lines(a, width)
 
 
 def print_text_report(a: Analysis, options: TextOptions | None = None, echo=None) -> None:

@@ -51,8 +51,9 @@ def save_model(tmp_path):
 
 @pytest.fixture(scope="session")
 def hf_onnx(tmp_path_factory):
-    """``hf_onnx(name, exporter="torchscript", dynamic=True, batch=2, seq=16)``: the path of a small
-    `transformers` model's ONNX export (tests/hf_models.py), made once per test session."""
+    """``hf_onnx(name, exporter="torchscript", dynamic=True, batch=2, seq=16, attn="eager")``: the path of a
+    small `transformers` model's ONNX export (tests/hf_models.py), made once per test session; ``attn``
+    "default" is the attention `transformers` picks when the user says nothing (sdpa)."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from tests import hf_models
@@ -61,13 +62,14 @@ def hf_onnx(tmp_path_factory):
     made: dict[tuple, str] = {}
 
     def get(name: str, exporter: str = "torchscript", dynamic: bool = True, batch: int = 2,
-            seq: int = 16) -> str:
+            seq: int = 16, attn: str = "eager") -> str:
         key = (name, exporter, dynamic) + (() if dynamic else (batch, seq))
+        key += () if attn == "eager" else (attn,)
         if key not in made:
             if exporter == "dynamo":
                 pytest.importorskip("onnxscript")
             path = folder / ("_".join(map(str, key)) + ".onnx")
-            made[key] = hf_models.export(name, str(path), exporter, dynamic, batch, seq)
+            made[key] = hf_models.export(name, str(path), exporter, dynamic, batch, seq, attn=attn)
         return made[key]
 
     return get

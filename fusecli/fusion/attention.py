@@ -31,6 +31,7 @@ MATMULS = frozenset({"matmul", "einsum"})
 ADDS = frozenset({"add", "sum", "bias_add"})
 # layout ops that keep every value of the scores (exporters put them between terms: BLOOM's Reshape)
 LAYOUT = frozenset({"reshape", "expand", "squeeze", "unsqueeze", "identity", "cast", "flatten"})
+PROB_LAYOUT = frozenset({"reshape", "squeeze", "unsqueeze", "flatten"})  # P viewed for a batched matmul
 _MAX_STEPS = 64  # a score chain longer than this is no attention the exporters write
 
 
@@ -175,7 +176,7 @@ def _probs(pv: Node, w: _Walk) -> tuple[Node | None, bool]:
             w.take(p, "guard")
             w.take(p.inputs[0].producer, "isnan")
             guard, t = True, x
-        elif p.kind == "dropout" or is_noop(p):
+        elif p.kind == "dropout" or is_noop(p) or p.kind in PROB_LAYOUT:
             w.take(p, "dropout" if p.kind == "dropout" else None)
             t = p.inputs[0]
         else:

@@ -60,17 +60,19 @@ def side_outputs(m: Match) -> set[int]:
 
 def _outside_readers(m: Match, outputs: set[str],
                      interior: list[Tensor] | None = None) -> tuple[Tensor, list[Node], bool] | None:
-    """The first interior tensor read outside the match (or a graph output), with those readers."""
+    """The first interior tensor read outside the match (or a graph output), with those readers; a read
+    of its shape alone (dynamo's Shape of repeated keys) needs no value written out."""
     inside = {id(n) for n in m.nodes}
     for t in m.interior() if interior is None else interior:
-        others = [c for c in t.consumers if id(c) not in inside and not reads_type_only(c, t)]
+        others = [c for c in t.consumers if id(c) not in inside and not reads_type_only(c, t)
+                  and c.kind not in ("shape", "size")]
         if others or t.name in outputs:
             return t, others, t.name in outputs
     return None
 
 
 def _dtype_clash(m: Match) -> str | None:
-    dtypes = {t.dtype for n in m.nodes for t in n.outputs[:1] if t is not None}
+    dtypes = {t.dtype for n in m.nodes for t in n.outputs[:1] if t is not None and t.dtype != "bool"}
     return None if len(dtypes) <= 1 else ", ".join(sorted(dtypes))
 
 

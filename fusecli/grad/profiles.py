@@ -53,7 +53,10 @@ class Profile:
         while self.views and t.producer is not None and t.producer.kind in self.views \
                 and t.producer.inputs and t.producer.inputs[0] is not None \
                 and t.producer.inputs[0].dtype == t.dtype and t.producer.outputs[0] is t:
-            t = t.producer.inputs[0]
+            x = t.producer.inputs[0]
+            if x.producer is not None and x.producer.kind == "expand" and t.producer.kind != "expand":
+                break  # reshaping a broadcast view copies (repeat_kv's K and V): its own storage
+            t = x
         return t
 
 

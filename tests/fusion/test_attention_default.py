@@ -1,0 +1,165 @@
+"""Attention as users export it: `transformers` models with their DEFAULT attention (sdpa where the model
+supports it), both torch exporters, dynamic batch and sequence.
+
+Per export: one ``attention`` match per attention block (cross-attention included), the kernel fusecli
+assumes PyTorch runs (flash, math, or eager where the model has no sdpa), no near miss, no op unsupported
+because of attention, and saved activation bytes within 10% of what PyTorch's autograd saves for the same
+model at batch 2 and seq 32 and 256 (``saved_tensors_hooks``, tests/hf_models.py).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+from onnx import TensorProto, helper
+
+from fusecli.pipeline import Options, analyze
+from fusecli.report import to_json
+from tests import hf_models
+from tests.conftest import make_model, vi
+
+BATCH = 2
+SEQS = (32, 256)
+# name -> (attention blocks, the kernel PyTorch runs by default)
+MODELS = {
+    "bert": (2, "flash"), "roberta": (2, "flash"), "distilbert": (2, "flash"), "opt": (2, "flash"),
+    "gpt2": (2, "flash"), "gpt_neox": (2, "flash"), "llama": (2, "flash"), "bart": (6, "flash"),
+    "t5_encoder": (2, "flash"), "vit": (2, "flash"), "whisper_encoder": (2, "flash"),
+    "beit": (2, "math"),  # its relative-position bias needs a gradient: the math kernel
+    "gemma2": (2, "eager"),  # soft-capped: transformers runs it eager
+    "bloom": (2, "eager"),  # ALiBi: eager only
+}
+# torch.onnx cannot export these (said by the exporter itself)
+NO_EXPORT = {
+    ("llama", "torchscript"): "TorchScript: conversion of scaled_dot_product_attention with enable_gqa",
+    ("beit", "dynamo"): "dynamo: the relative-position bias fails to decompose",
+    ("t5_encoder", "dynamo"): "dynamo: T5's position bias fails to decompose",
+}
+KNOWN = {  # (model, exporter) -> why the bytes cannot match yet
+    **{("bloom", e): "BLOOM's GELU is a custom autograd function that keeps x; its tanh spelling is kept op "
+       "by op (the long-tail issue)" for e in ("torchscript", "dynamo")},
+}
+
+
+def _cases():
+    for name in MODELS:
+        for exporter in ("torchscript", "dynamo"):
+            if (name, exporter) not in NO_EXPORT:
+                yield pytest.param(name, exporter, id=f"{name}-{exporter}")
+
+
+@functools.cache
+def _pytorch_bytes(name: str, seq: int) -> int:
+    return hf_models.pytorch_saved_bytes(name, BATCH, seq, attn="default")
+
+
+def _dims(name: str, seq: int) -> dict[str, int]:
+    return {"seq": seq} if hf_models.spec(name).seq_axis else {}
+
+
+@pytest.mark.parametrize(("name", "exporter"), list(_cases()))
+def test_default_attention_found_with_the_kernel_pytorch_runs(hf_onnx, name, exporter):
+    blocks, kernel = MODELS[name]
+    assert hf_models.attention_of(name) == ("eager" if kernel == "eager" else "sdpa")
+    a = analyze(hf_onnx(name, exporter, attn="default"), Options(batch=BATCH, dims=_dims(name, 32)))
+    doc = to_json(a)
+    found = [p for p in doc["patterns"] if p["pattern"] == "attention"]
+    assert len(found) == blocks, [n["reason"] for n in doc["near_misses"]]
+    assert {p["attention"]["kernel"] for p in found} == {kernel}, found[0]["attention"]
+    assert doc["near_misses"] == []
+    assert not {"IsNaN", "Where", "Softmax"} & {u["op"] for u in doc["unsupported"]}
+    want = {"flash": "training-safe", "math": "training-safe if recomputed",
+            "eager": "training-safe if recomputed"}[kernel]
+    assert {p["verdict"] for p in found} == {want}
+
+
+@pytest.mark.parametrize("seq", SEQS)
+@pytest.mark.parametrize(("name", "exporter"), list(_cases()))
+def test_default_attention_saved_bytes_match_pytorch(hf_onnx, name, exporter, seq):
+    if not hf_models.spec(name).seq_axis and seq != SEQS[0]:
+        pytest.skip("fixed-size input: one length")
+    if (name, exporter) in KNOWN:
+        pytest.xfail(KNOWN[name, exporter])
+    a = analyze(hf_onnx(name, exporter, attn="default"), Options(batch=BATCH, dims=_dims(name, seq)))
+    sizes = [s.bytes for s in a.liveness.saved if s.tensor.kind == "activation"]
+    assert None not in sizes
+    ratio = sum(sizes) / _pytorch_bytes(name, seq)
+    assert ratio == pytest.approx(1, rel=0.10), (ratio, a.joint.meta["attention_kernels"])
+
+
+def _attention_graph(between: str | None):
+    """softmax(q k^T * 0.125 [op]) v with an extra elementwise op between the scores and the softmax."""
+    nodes = [helper.make_node("Transpose", ["k"], ["kt"], "kt", perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["q", "kt"], ["s"], "qk"),
+             helper.make_node("Mul", ["s", "c"], ["ss"], "scale")]
+    last = "ss"
+    if between:
+        nodes.append(helper.make_node(between, [last], ["odd"], "odd"))
+        last = "odd"
+    nodes += [helper.make_node("Softmax", [last], ["p"], "softmax", axis=-1),
+              helper.make_node("MatMul", ["p", "v"], ["y"], "pv")]
+    c = helper.make_tensor("c", TensorProto.FLOAT, [], [0.125])
+    x = [vi(n, 2, 2, 8, 16) for n in "qkv"]
+    return make_model(nodes, x, [vi("y", 2, 2, 8, 16, dtype=TensorProto.FLOAT)], [c])
+
+
+def test_a_broken_form_is_a_near_miss_naming_the_op(save_model):
+    a = analyze(save_model(_attention_graph("Abs")), Options(wrt_inputs=True))
+    assert not [m for m in a.matches if m.pattern.name == "attention"]
+    (miss,) = a.near_misses
+    assert miss.node.name == "odd" and "Abs" in miss.reason
+    assert to_json(a)["near_misses"][0]["op"] == "Abs"
+    a = analyze(save_model(_attention_graph(None)), Options(wrt_inputs=True))
+    assert [m.pattern.name for m in a.matches].count("attention") == 1 and not a.near_misses
+
+
+def test_kv_cache_and_grouped_query_attention_read(tmp_path):
+    """Past keys and values joined by Concat before the product, K/V repeated per query head (repeat_kv),
+    a causal mask: one attention, kv_cache and grouped_query said, bytes as PyTorch's own."""
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+
+    class Cached(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            g = torch.Generator().manual_seed(0)
+            self.wq = torch.nn.Parameter(torch.randn(32, 64, generator=g) / 6)  # 4 query heads
+            self.wk = torch.nn.Parameter(torch.randn(32, 32, generator=g) / 6)  # 2 key/value heads
+            self.wv = torch.nn.Parameter(torch.randn(32, 32, generator=g) / 6)
+
+        def forward(self, x, past_k, past_v):
+            b, s, _ = x.shape
+            q = (x @ self.wq).view(b, s, 4, 16).transpose(1, 2)
+            k = torch.cat([past_k, (x @ self.wk).view(b, s, 2, 16).transpose(1, 2)], dim=2)
+            v = torch.cat([past_v, (x @ self.wv).view(b, s, 2, 16).transpose(1, 2)], dim=2)
+            k = k[:, :, None].expand(b, 2, 2, k.shape[2], 16).reshape(b, 4, k.shape[2], 16)  # repeat_kv
+            v = v[:, :, None].expand(b, 2, 2, v.shape[2], 16).reshape(b, 4, v.shape[2], 16)
+            mask = torch.rand(b, 1, s, k.shape[2]) > -1.0  # all true, from a value: a data mask
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask & (x.sum() > -1e9))
+
+    model = Cached().eval()
+    args = (torch.randn(2, 8, 32), torch.randn(2, 2, 4, 16), torch.randn(2, 2, 4, 16))
+    path = str(tmp_path / "cached.onnx")
+    torch.onnx.export(model, args, path, dynamo=False, input_names=["x", "past_k", "past_v"],
+                      dynamic_axes={"x": {0: "batch", 1: "seq"}, "past_k": {0: "batch", 2: "past"},
+                                    "past_v": {0: "batch", 2: "past"}})
+    a = analyze(path, Options(batch=2, dims={"seq": 8, "past": 4}))
+    (m,) = [m for m in a.matches if m.pattern.name == "attention"]
+    entry = next(p for p in to_json(a)["patterns"] if p["pattern"] == "attention")["attention"]
+    assert entry["kv_cache"] and entry["grouped_query"] and entry["kernel"] == "flash", entry
+
+    skip = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    skip |= {t.untyped_storage().data_ptr() for t in args}
+    seen = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        if st.data_ptr() not in skip and st.nbytes():
+            seen[st.data_ptr()] = st.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(*args).sum().backward()
+    ours = sum(s.bytes for s in a.liveness.saved if s.tensor.kind == "activation")
+    assert ours == pytest.approx(sum(seen.values()), rel=0.10)
