@@ -56,8 +56,10 @@ class AttentionForm:
 
     @property
     def sdpa(self) -> bool:
-        """Written by torch's scaled_dot_product_attention: the NaN guard, or q and k^T scaled alike."""
-        return self.guard or ("q_scale" in self.roles and "k_scale" in self.roles)
+        """Written by torch's scaled_dot_product_attention: the NaN guard, q and k^T scaled alike, K^T as
+        dynamo's decomposition writes it (Reshape-Transpose-Reshape), or P @ V named after the aten op."""
+        return self.guard or ("q_scale" in self.roles and "k_scale" in self.roles) \
+            or "k_transpose_3d" in self.roles or "scaled_dot_product_attention" in self.roles["pv"].name
 
     @property
     def scale(self) -> float:
