@@ -56,6 +56,8 @@ def unsound(model: onnx.ModelProto, emissions: list[Emission], protos: dict[str,
     old = list(model.graph.node)  # hold the wrappers: ids stay theirs
     while kept:
         nodes, owner = splice(old, kept, protos, as_constants)
+        if _in_order(model, nodes, kept, as_constants):
+            break  # every read made before it: acyclic and wired (the common case, one linear pass)
         found = _undefined(model, nodes, owner, kept, protos, as_constants) or \
             _cycle(nodes, owner, reads, [{i for name in e.remove for i in reads(protos[name])} for e in kept])
         if found is None:
@@ -65,12 +67,29 @@ def unsound(model: onnx.ModelProto, emissions: list[Emission], protos: dict[str,
     return kept, broken
 
 
-def _undefined(model, nodes, owner, emissions, protos, as_constants) -> tuple[int, str] | None:
+def _defined(model: onnx.ModelProto, emissions: list[Emission], as_constants: bool) -> set[str]:
     g = model.graph
     defined = {v.name for v in g.input} | {t.name for t in g.initializer}
-    defined |= {t.values.name for t in g.sparse_initializer} | {o for n in nodes for o in n.output if o}
+    defined |= {t.values.name for t in g.sparse_initializer}
     if not as_constants:
         defined |= {t.name for e in emissions for t in e.initializers}
+    return defined
+
+
+def _in_order(model, nodes, emissions, as_constants) -> bool:
+    """Whether each node reads only what comes before it, and every graph output is made (no subgraphs)."""
+    defined = _defined(model, emissions, as_constants)
+    for n in nodes:
+        if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in n.attribute) or \
+                any(i and i not in defined for i in n.input):
+            return False
+        defined.update(n.output)
+    return all(o.name in defined for o in model.graph.output)
+
+
+def _undefined(model, nodes, owner, emissions, protos, as_constants) -> tuple[int, str] | None:
+    g = model.graph
+    defined = _defined(model, emissions, as_constants) | {o for n in nodes for o in n.output if o}
     removed_by = {o: k for k, e in enumerate(emissions) for name in e.remove
                   for o in protos[name].output if o}
     for n in nodes:
