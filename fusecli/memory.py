@@ -22,6 +22,7 @@ from .sizes import tensor_formula, total_formula
 
 TOTALS = ("saved_bytes", "saved_activation_bytes", "peak_bytes")
 PARETO_BLOCK = 64  # rows compared at once: big enough to amortise numpy's calls, small enough for block^2
+INT64_SAFE = 1 << 62  # a bound on every partial sum below it: int64 arithmetic, else exact Python ints
 
 
 def memory_formulas(live: Liveness, joint: Graph) -> dict[str, str]:
@@ -57,12 +58,16 @@ def peak_formula(live: Liveness, joint: Graph) -> str:
     monomials = sorted({m for _, _, f in changes for m in f.terms} | set(resident.terms))
     index = {m: i for i, m in enumerate(monomials)}
     steps = len(live.schedule)
-    delta = np.zeros((steps + 2, len(monomials)), dtype=np.int64)
+    # every step total, row sum and difference is at most the sum of all |coefficients|
+    bound = sum(abs(c) for _, _, f in changes for c in f.terms.values()) + \
+        sum(abs(c) for c in resident.terms.values())
+    dtype = np.int64 if bound < INT64_SAFE else object
+    delta = np.zeros((steps + 2, len(monomials)), dtype=dtype)
     for born, last, f in changes:
         for m, c in f.terms.items():
             delta[born + 1, index[m]] += c
             delta[last + 2, index[m]] -= c
-    base = np.zeros(len(monomials), dtype=np.int64)
+    base = np.zeros(len(monomials), dtype=dtype)
     for m, c in resident.terms.items():
         base[index[m]] += c
     rows = np.cumsum(delta, axis=0)[1:steps + 1] + base  # liveness's timeline, one polynomial per step
@@ -75,7 +80,7 @@ def peak_formula(live: Liveness, joint: Graph) -> str:
 
 def _distinct(rows: np.ndarray) -> np.ndarray:
     """The distinct rows, sorted (np.unique(axis=0)'s answer, without the numpy.ma import it costs)."""
-    return np.array(sorted(set(map(tuple, rows.tolist()))), dtype=np.int64).reshape(-1, rows.shape[1])
+    return np.array(sorted(set(map(tuple, rows.tolist()))), dtype=rows.dtype).reshape(-1, rows.shape[1])
 
 
 def _pareto_front(rows: np.ndarray) -> list[np.ndarray]:

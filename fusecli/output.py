@@ -146,7 +146,7 @@ def _inside(child: str, folder: str) -> bool:
 def _same(a: str, b: str) -> bool:
     try:
         return os.path.samefile(a, b)
-    except OSError:
+    except (OSError, ValueError):  # ValueError: a NUL byte in a name the model holds (the loader refuses it)
         return False
 
 

@@ -142,11 +142,12 @@ def short_initializer(folder: str) -> str:
     return save(model(nodes, [vi("x", 1, 4, 6, 6)], [vi("y", 1, 4, 6, 6)], [w, *stats]), folder)
 
 
-def huge_dims(folder: str) -> str:
-    """A graph input with a 2^62 dim: verification must not try to allocate its feed."""
+def huge_dims(folder: str, n: int | str = 2**62) -> str:
+    """A graph input with a 2^62 dim (or a named dim ``n``): verification must not try to allocate its
+    feed, and memory totals past int64 must stay exact."""
     w = numpy_helper.from_array(np.ones((4, 4, 1, 1), np.float32), "w")
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"], "conv"), helper.make_node("Relu", ["c"], ["y"], "r")]
-    return save(model(nodes, [vi("x", 2**62, 4, 1, 1)], [vi("y", 2**62, 4, 1, 1)], [w]), folder)
+    return save(model(nodes, [vi("x", n, 4, 1, 1)], [vi("y", n, 4, 1, 1)], [w]), folder)
 
 
 def _conv_relu(x: str = "x") -> tuple[list, list]:

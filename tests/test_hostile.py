@@ -208,3 +208,41 @@ def test_tiny_files_claiming_huge_tensors(build, tmp_path):
     assert result[0] == 0 or len(result[2].strip().splitlines()) == 1
     assert "without data propagation (raise FUSECLI_MAX_SHAPE_VALUE_ELEMENTS" in result[2]  # said, not silent
     assert_within_budget(result)
+
+
+# --- issue 31: internal errors of the past ---------------------------------------------------------------
+@pytest.mark.parametrize("where", ["other folder", "model's folder"])
+@pytest.mark.parametrize("exists", [True, False])
+def test_nul_location_rewrite_is_one_error_line(where, exists, tmp_path):
+    """An existing output once met the NUL byte first (os.path.samefile's ValueError, an internal error)."""
+    path = H.nul_in_location(str(tmp_path / "case"))
+    folder = tmp_path / "out" if where == "other folder" else tmp_path / "case"
+    folder.mkdir(exist_ok=True)
+    out = folder / "o.onnx"
+    if exists:
+        out.write_bytes(b"before")
+    result = run_cli("rewrite", path, "-o", str(out), "--no-verify")
+    assert_one_error(result, r"initializer 'w' holds a NUL byte; refused")
+    assert (out.read_bytes() == b"before") if exists else not out.exists()
+    assert sorted(os.listdir(folder)) == sorted(["o.onnx"] * exists + (["model.onnx"] if folder.name == "case"
+                                                                       else []))
+
+
+def test_memory_past_int64_is_exact(tmp_path):
+    """A 2^62 dim makes byte totals past int64 (the peak's numpy front once overflowed): the totals are the
+    symbolic model's formulas evaluated at that dim, exactly."""
+    import json
+
+    from fusecli.memory import evaluate_formula, memory_formulas
+    from fusecli.pipeline import Options, analyze
+
+    result = run_cli("analyze", "--json", H.huge_dims(str(tmp_path / "huge")))
+    assert result[0] == 0, result[2]
+    memory = json.loads(result[1])["memory"]
+    a = analyze(H.huge_dims(str(tmp_path / "named"), "N"), Options())
+    formulas = memory_formulas(a.liveness, a.joint)
+    assert "N" in formulas["peak_bytes"]
+    for key in ("saved_bytes", "peak_bytes"):
+        assert memory[key] == evaluate_formula(formulas[key], {"N": 2**62}) > 2**64, key
+        assert memory["formula"][key] == str(memory[key])
+    assert_within_budget(result)

@@ -35,3 +35,15 @@ def test_distinct_rows_are_numpys_unique_rows():
     for _ in range(50):
         rows = rng.integers(-3, 4, size=(int(rng.integers(1, 60)), int(rng.integers(1, 5))))
         assert np.array_equal(_distinct(rows), np.unique(rows, axis=0))
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_the_front_is_exact_past_int64(seed):
+    """Python-int rows (object dtype, what peak_formula uses past int64) give the same front, exactly: a
+    unit of 2^70 plus small offsets, which float rounding or int64 would merge or wrap."""
+    rng = np.random.default_rng(seed)
+    small = _distinct(rng.integers(-4, 5, size=(int(rng.integers(1, 3 * PARETO_BLOCK)), 3)))
+    big = np.array([[int(c) * 2**70 + int(c) for c in r] for r in small.tolist()], dtype=object)
+    got = {tuple(r.tolist()) for r in _pareto_front(_distinct(big))}
+    want = {tuple(int(c) * 2**70 + int(c) for c in r) for r in brute_front(small)}
+    assert got == want

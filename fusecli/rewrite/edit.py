@@ -8,6 +8,7 @@ from onnx import helper
 from ..ir import Graph, kahn_order
 from .emit import MS, Emission
 from .proto import is_big_constant
+from .sound import predecessors, splice, unsound
 
 
 def protos_by_ir_name(model: onnx.ModelProto, graph: Graph) -> dict[str, onnx.NodeProto]:
@@ -35,23 +36,7 @@ def apply(model: onnx.ModelProto, emissions: list[Emission], protos: dict[str, o
     weights are stored as the model stores its own (initializers, or Constant nodes before the nodes)."""
     g = model.graph
     as_constants = weights_in_constants(model)
-    old = list(g.node)  # hold the wrappers: ids below stay theirs
-    order = {id(n): i for i, n in enumerate(old)}
-    anchor: dict[int, Emission] = {}
-    removed: set[int] = set()
-    for e in emissions:
-        ps = [protos[name] for name in e.remove]
-        anchor[id(max(ps, key=lambda p: order[id(p)]))] = e
-        removed.update(id(p) for p in ps)
-    nodes: list[onnx.NodeProto] = []
-    for n in old:
-        if id(n) in anchor:
-            if as_constants:
-                nodes.extend(helper.make_node("Constant", [], [t.name], name=t.name, value=t)
-                             for t in anchor[id(n)].initializers)
-            nodes.extend(anchor[id(n)].nodes)
-        if id(n) not in removed:
-            nodes.append(n)
+    nodes, _ = splice(list(g.node), emissions, protos, as_constants)
     _replace(g.node, topological(nodes))
     listed_inputs = model.ir_version < 4  # IR 3 lists every initializer as a graph input too
     for e in emissions:
@@ -70,29 +55,37 @@ def topological(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
     """``nodes`` in an order where each comes after the nodes making what it reads (subgraphs' outer
     reads included), keeping the given order wherever it already is one (Kahn's algorithm, ties by
     position): a fused node placed where its last replaced node was may be read by a node before it."""
-    maker = {o: k for k, n in enumerate(nodes) for o in n.output if o}
-    order = kahn_order([{maker[i] for i in (*n.input, *_subgraph_names(n)) if i in maker and maker[i] != k}
-                        for k, n in enumerate(nodes)])
+    order = kahn_order([set(p) for p in predecessors(nodes, reads)])
     if len(order) < len(nodes):  # a cycle (a bad input): the given order stays, the checks say what is wrong
         return nodes
     return [nodes[k] for k in order]
 
 
-def cast_likes_to_casts(model: onnx.ModelProto, elem_type_of) -> int:
-    """A CastLike whose target a rewrite removed (it read the target's type only, so the match did not
-    have to keep it) becomes the Cast to that type: ``CastLike(x, like) = Cast(x, to=type(like))``.
-    ``elem_type_of(name)`` is the removed tensor's ONNX element type. Returns how many were changed."""
-    g = model.graph
-    made = {v.name for v in g.input} | {t.name for t in g.initializer}
-    made |= {o for n in g.node for o in n.output if o}
+def sound_emissions(model: onnx.ModelProto, emissions: list[Emission], protos: dict[str, onnx.NodeProto]
+                    ) -> tuple[list[Emission], list[tuple[Emission, str]]]:
+    """The emissions that leave the graph acyclic and wired, and those left out with why (``sound``)."""
+    return unsound(model, emissions, protos, weights_in_constants(model), reads)
+
+
+def reads(node: onnx.NodeProto) -> tuple[str, ...]:
+    """The names a node reads: its inputs and, for If/Loop/Scan, what its subgraphs read."""
+    return (*node.input, *_subgraph_names(node))
+
+
+def cast_likes_to_casts(model: onnx.ModelProto, elem_type_of, targets: set[str]) -> int:
+    """A CastLike that reads only the type of a tensor a fused region makes or removes (``targets``)
+    becomes the Cast to that type, ``CastLike(x, like) = Cast(x, to=type(like))``: once removed, the
+    tensor is made by no node; made by the fused node, a CastLike feeding that node would be a cycle
+    (Whisper's LayerNorm weights, ``CastLike(w, residual sum)``). CastLikes of the regions themselves
+    are left alone. ``elem_type_of(name)`` is the tensor's ONNX element type. Returns how many changed."""
     changed = 0
-    for n in g.node:
+    for n in model.graph.node:
         if n.op_type != "CastLike" or n.domain not in ("", "ai.onnx") or len(n.input) != 2 \
-                or n.input[1] in made:
+                or n.input[1] not in targets or any(o in targets for o in n.output):
             continue
         to = elem_type_of(n.input[1])
         if to is None:
-            continue  # left dangling: the rewrite's own check names it
+            continue  # left as it is: the checks of the emissions say what breaks
         n.op_type = "Cast"
         del n.input[1]
         n.attribute.append(helper.make_attribute("to", to))

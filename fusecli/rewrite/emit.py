@@ -53,6 +53,7 @@ class Emission:
     remove: list[str]
     nodes: list[onnx.NodeProto]
     initializers: list[onnx.TensorProto] = field(default_factory=list)
+    at: str = ""  # the match's root node (set by plan), for the messages
 
 
 def emit(m: Match, ctx: Context) -> Emission | None:

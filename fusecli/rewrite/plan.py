@@ -36,6 +36,7 @@ def plan(matches: list[Match], ctx: Context) -> list[Emission]:
             continue
         if e is None or any(name in ctx.claimed for name in e.remove):
             continue
+        e.at = m.root.name
         ctx.claimed.update(e.remove)
         ctx.claimed.update(n.name for n in m.nodes)
         chosen.append(e)

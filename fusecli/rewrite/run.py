@@ -20,7 +20,7 @@ from ..pipeline import Analysis, Options, analyze, analyze_graph
 from ..progress import stage
 from ..units import format_bytes
 from .benchverdict import slowdown
-from .edit import apply, cast_likes_to_casts, protos_by_ir_name, prune, undefined_read
+from .edit import apply, cast_likes_to_casts, protos_by_ir_name, prune, sound_emissions, undefined_read
 from .emit import Context
 from .fold_scales import fold_conv_scales
 from .plan import is_safe, plan
@@ -145,8 +145,14 @@ def rewrite_passes(model: onnx.ModelProto, first: Analysis, options: RewriteOpti
         weights = Weights(model, os.path.dirname(os.path.abspath(label)), dtype_of)
         ctx = Context(options.target, options.mode, opset_of(model), weights, Names(model), protos, outputs)
         emissions = plan(analysis.matches, ctx)
+        made = {o for e in emissions for name in e.remove for o in protos[name].output if o}
+        cast_likes_to_casts(model, lambda name: _ELEM_TYPE.get(dtype_of(name)), made)
+        emissions, broken = sound_emissions(model, emissions, protos)
         if skipped is not None:
-            skipped += ctx.skipped
+            said = {s.partition(":")[0] for s in skipped}  # a later pass meets the same regions again
+            skipped += [s for s in ctx.skipped if s not in skipped]
+            skipped += [f"{e.pattern} at {e.at}: {why}" for e, why in broken
+                        if f"{e.pattern} at {e.at}" not in said]
         folded |= weights.folded
         if not emissions:
             break
@@ -161,10 +167,13 @@ def rewrite_passes(model: onnx.ModelProto, first: Analysis, options: RewriteOpti
                 raise FuseError(f"verification failed: {wiring.removeprefix('wiring: ')}; nothing written")
             regions.append(cases)
         apply(model, emissions, protos)
-        cast_likes_to_casts(model, lambda name: _ELEM_TYPE.get(dtype_of(name)))
         prune(model)  # what only the replaced nodes read goes before the next analysis
         applied += [Applied(e.pattern, e.kernel, list(e.remove)) for e in emissions]
-        analysis = analyze_model(model, first.options, known, label)
+        try:
+            analysis = analyze_model(model, first.options, known, label)
+        except FuseError as e:  # the input was read whole before: what breaks now is the rewrite's
+            raise FuseError(f"rewrite pass {passes} left a graph fusecli cannot read ({e}): a fusecli bug; "
+                            "nothing written") from None
     return applied, passes, len(folded)
 
 

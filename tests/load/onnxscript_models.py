@@ -27,14 +27,15 @@ def paths(name: str, folder: Path) -> tuple[Path, Path]:
     return folder / f"{name}.constants.onnx", folder / f"{name}.initializers.onnx"
 
 
-def save(name: str, folder: Path) -> tuple[Path, Path]:
-    """Build the model (seeded) and write both files, unless they are there already."""
+def save(name: str, folder: Path, lifted: bool = True) -> tuple[Path, Path]:
+    """Build the model (seeded) and write both files (``lifted=False``: the Constant-node one only),
+    unless they are there already."""
     import numpy as np
     import onnx_ir as ir
     from onnx_ir.passes.common import LiftConstantsToInitializersPass
 
     constants, initializers = paths(name, folder)
-    if constants.exists() and initializers.exists():
+    if constants.exists() and (initializers.exists() or not lifted):
         return constants, initializers
     folder.mkdir(parents=True, exist_ok=True)
     np.random.seed(0)  # the builders draw their weights from numpy's global generator
@@ -42,7 +43,7 @@ def save(name: str, folder: Path) -> tuple[Path, Path]:
     proto = module.make_model_with_random_weights()
     model = ir.serde.deserialize_model(proto)
     del proto
-    for target, lift in ((constants, False), (initializers, True)):
+    for target, lift in ((constants, False), (initializers, True))[:2 if lifted else 1]:
         if lift:
             LiftConstantsToInitializersPass(size_limit=16)(model)
         tmp = target.with_suffix(".tmp")

@@ -68,3 +68,30 @@ def test_a_castlike_whose_target_is_fused_away_becomes_a_cast(save_model):
     assert [a.kernel for a in r.applied] == ["SimplifiedLayerNormalization"]
     assert r.ops_after == {"Cast": 1, "SimplifiedLayerNormalization": 1}
     assert r.verification.ok and r.verification.checks and r.verification.regions == 1
+
+
+def _skip_layer_norm_with_castlike_weights():
+    """Whisper's spelling: s = x + skip; LayerNorm(s, CastLike(g, s), CastLike(b, s)); s read again."""
+    def const(name, value):
+        return helper.make_node("Constant", [], [name], name, value=numpy_helper.from_array(value, name))
+
+    rng = np.random.default_rng(0)
+    nodes = [const("g", (1 + 0.1 * rng.standard_normal(64)).astype(np.float32)),
+             const("b", (0.1 * rng.standard_normal(64)).astype(np.float32)),
+             helper.make_node("Add", ["x", "skip"], ["s"], "residual"),
+             helper.make_node("CastLike", ["g", "s"], ["g_cast"], "g_castlike"),
+             helper.make_node("CastLike", ["b", "s"], ["b_cast"], "b_castlike"),
+             helper.make_node("LayerNormalization", ["s", "g_cast", "b_cast"], ["n"], "ln", axis=-1),
+             helper.make_node("Add", ["s", "n"], ["y"], "next_residual")]
+    return make_model(nodes, [vi("x", "batch", 8, 64), vi("skip", "batch", 8, 64)], [vi("y", "batch", 8, 64)],
+                      opset=18)
+
+
+def test_a_castlike_of_what_the_fused_node_makes_becomes_a_cast(save_model):
+    """The fused node makes s again (its 4th output) and reads the weights: CastLike(g, s) kept would
+    be a cycle (Whisper's 'the graph has a cycle'); it becomes Cast(g, to=float) and the region fuses."""
+    r = rewrite(save_model(_skip_layer_norm_with_castlike_weights()), RewriteOptions(batch=2))
+    assert [a.kernel for a in r.applied] == ["SkipLayerNormalization"]
+    assert not [w for w in r.warnings if w.startswith("not rewritten")], r.warnings
+    assert r.ops_after == {"Constant": 2, "Cast": 2, "com.microsoft.SkipLayerNormalization": 1, "Add": 1}
+    assert r.verification.ok and r.verification.regions == 1 and r.verification.checks

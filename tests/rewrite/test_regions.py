@@ -1,5 +1,6 @@
 """Region-by-region verification: each fused region run in onnxruntime against the nodes it replaced,
-identical regions once, shape-computed inputs recomputed, a wrong kernel or a dropped output caught."""
+identical regions once, shape-computed inputs recomputed, a wrong kernel caught; an emission that drops
+an output or makes a cycle left out, the rest rewritten."""
 
 from __future__ import annotations
 
@@ -69,13 +70,21 @@ def test_a_wrong_kernel_fails_region_verification(save_model, monkeypatch):
         rewrite(save_model(_distinct_conv_chain(3)), RewriteOptions(batch=2, verify_scope="regions"))
 
 
-def test_a_dropped_output_fails_before_anything_runs(save_model, monkeypatch):
+def test_a_dropped_output_leaves_that_region_unfused(save_model, monkeypatch):
+    """An emission that would leave 'r0' made by no node is fusecli's fault: its region stays as it was,
+    said in a warning, and the rest is rewritten and verified."""
     def rename(e):
-        e.nodes[-1].output[0] = e.nodes[-1].output[0] + "_elsewhere"
+        if e.nodes[-1].output[0] == "r0":
+            e.nodes[-1].output[0] = "r0_elsewhere"
 
     _sabotaged(monkeypatch, "conv_bias_act", rename)
-    with pytest.raises(FuseError, match=r"failed: conv_bias_act -> FusedConv\(Relu\) drops 'r0'"):
-        rewrite(save_model(_distinct_conv_chain(2)), RewriteOptions(batch=2))
+    r = rewrite(save_model(_distinct_conv_chain(2)), RewriteOptions(batch=2))
+    assert [a.nodes for a in r.applied] == [["conv1", "relu1"]]
+    assert [w for w in r.warnings if w.startswith("not rewritten")] == [
+        "not rewritten: conv_bias_act at relu0: node 'conv1' reads 'r0', which the fused nodes no longer "
+        "make"]
+    assert [n.op_type for n in r.model.graph.node] == ["Conv", "Relu", "FusedConv"]
+    assert r.verification.ok and r.verification.regions == 1
 
 
 def test_auto_leaves_out_the_whole_model_when_it_is_big(save_model, monkeypatch):
@@ -122,3 +131,20 @@ def test_attention_that_reads_v_before_its_transpose(save_model, monkeypatch):
     monkeypatch.setattr(Cutter, "_bridge", lambda self, only_before, reads_after: [])
     with pytest.raises(FuseError, match="verification failed: region attention -> MultiHeadAttention"):
         rewrite(path, RewriteOptions(verify_scope="regions"))
+
+
+def test_a_cycle_leaves_that_region_unfused(save_model, monkeypatch):
+    """A fused node that reads what is made from its own output (here relu0's FusedConv reading r2) would
+    make a cycle: that region stays as it was, said in a warning, and the rest is rewritten and verified."""
+    def loop_back(e):
+        if e.nodes[-1].output[0] == "r0":
+            e.nodes[-1].input.extend(["", "r2"])  # FusedConv's Z: X, W, B, Z
+
+    _sabotaged(monkeypatch, "conv_bias_act", loop_back)
+    r = rewrite(save_model(_distinct_conv_chain(3)), RewriteOptions(batch=2))
+    assert [a.nodes for a in r.applied] == [["conv1", "relu1"], ["conv2", "relu2"]]
+    (warning,) = [w for w in r.warnings if w.startswith("not rewritten")]
+    assert warning.startswith("not rewritten: conv_bias_act at relu0: the fused node would read 'r2', made "
+                              "from its own output (a cycle"), warning
+    assert [n.op_type for n in r.model.graph.node] == ["Conv", "Relu", "FusedConv", "FusedConv"]
+    assert r.verification.ok and r.verification.regions == 2
