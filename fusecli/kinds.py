@@ -7,9 +7,9 @@ An op type missing from its map gets kind ``unknown`` and is reported as unsuppo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from .ir import T, Tensor
+from .ir import Graph, Node, T, Tensor
 
 # Ops that compute nothing differentiable from float activations: shapes, indices, constants.
 SHAPE_KINDS = frozenset({"shape", "constant", "constant_of_shape", "range", "size", "nonzero",
@@ -155,3 +155,44 @@ def is_channel_vector(bias: Tensor, x: Tensor, axis: int | None = None) -> bool:
         return False
     x_axis, b, d = sized[0]
     return (axis is None or x_axis == axis) and (d == b or not isinstance(d, int))
+
+
+def reads_values(t: Tensor | None) -> bool:
+    """``t`` is computed from the values of the graph inputs (not only from their shapes, parameters and
+    constants): a TopK's k so computed cannot be known before the model runs."""
+    stack, seen = [t], set()
+    while stack:
+        u = stack.pop()
+        if u is None or id(u) in seen or u.kind in ("parameter", "constant"):
+            continue
+        seen.add(id(u))
+        node = u.producer
+        if node is None:
+            return True  # a graph input's values
+        if node.kind in ("shape", "size"):
+            continue  # reads the shape only
+        if node.kind in DATA_DEPENDENT_KINDS:
+            return True
+        stack.extend(value_inputs(node.op_type, node.inputs))
+    return False
+
+
+def data_dependent(node: Node) -> bool:
+    """The size of ``node``'s output depends on its inputs' values (DATA_DEPENDENT_KINDS, or a TopK
+    whose k is computed from values)."""
+    return node.kind in DATA_DEPENDENT_KINDS or (node.kind == "top_k" and reads_values(node.input(1)))
+
+
+def data_dependent_origins(graph: Graph, unsized: Callable[[Tensor], bool]) -> dict[str, Node]:
+    """Tensor name -> the data-dependent node its size (or, for integer tensors, its values) comes
+    from; a tensor is reached through inputs that are ``unsized`` or integer (shapes, indices)."""
+    origin: dict[str, Node] = {}
+    for node in graph.nodes:  # topological order: one pass carries it downstream
+        if data_dependent(node):
+            source = node
+        else:
+            source = next((origin[t.name] for t in node.inputs if t is not None and t.name in origin
+                           and (not t.is_float or unsized(t))), None)
+        if source is not None:
+            origin.update((t.name, source) for t in node.outputs if t is not None)
+    return origin
