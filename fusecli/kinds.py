@@ -7,13 +7,18 @@ An op type missing from its map gets kind ``unknown`` and is reported as unsuppo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from .ir import T, Tensor
+from .ir import Graph, Node, T, Tensor
 
 # Ops that compute nothing differentiable from float activations: shapes, indices, constants.
 SHAPE_KINDS = frozenset({"shape", "constant", "constant_of_shape", "range", "size", "nonzero",
-                         "random", "argmax", "compare", "logical", "eye"})
+                         "random", "argmax", "compare", "logical", "eye", "one_hot"})
+
+# Kinds whose output size depends on the values of their inputs, not only on their shapes: no --dim
+# sizes them or what follows them (NonZero and TensorFlow's one-input Where list where a mask holds;
+# Compress keeps where it holds). TopK is one too when its k is computed from values (kinds.data_dependent).
+DATA_DEPENDENT_KINDS = frozenset({"nonzero", "compress"})
 
 ONNX_KINDS: dict[str, str] = {
     # convolution, matmul, normalisation
@@ -25,17 +30,22 @@ ONNX_KINDS: dict[str, str] = {
     "Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Sum": "sum", "Neg": "neg",
     "Reciprocal": "reciprocal", "Abs": "abs", "Sqrt": "sqrt", "Pow": "pow", "Exp": "exp",
     "Log": "log", "Erf": "erf", "Max": "maximum", "Min": "minimum", "Mean": "mean",
-    "Where": "where", "Sin": "sin", "Cos": "cos",
+    "Where": "where", "Sin": "sin", "Cos": "cos", "Tan": "tan", "Asin": "asin", "Acos": "acos",
+    "Atan": "atan", "Sinh": "sinh", "Cosh": "cosh", "Asinh": "asinh", "Acosh": "acosh", "Atanh": "atanh",
+    "Mod": "mod", "Einsum": "einsum", "CumSum": "cumsum",
+    "Sign": "step", "Ceil": "step", "Floor": "step", "Round": "step", "Hardmax": "step",
     # activations
     "Relu": "relu", "Clip": "clip", "LeakyRelu": "leaky_relu", "Elu": "elu", "Selu": "selu",
     "Sigmoid": "sigmoid", "HardSigmoid": "hard_sigmoid", "HardSwish": "hard_swish",
     "Tanh": "tanh", "Gelu": "gelu", "Softplus": "softplus", "PRelu": "prelu",
-    "Softmax": "softmax", "LogSoftmax": "log_softmax",
+    "Softmax": "softmax", "LogSoftmax": "log_softmax", "Softsign": "softsign", "Celu": "celu",
+    "Mish": "mish", "ThresholdedRelu": "thresholded_relu", "Shrink": "shrink",
     # pooling and reductions
     "MaxPool": "max_pool", "AveragePool": "avg_pool", "GlobalAveragePool": "global_avg_pool",
     "GlobalMaxPool": "global_max_pool", "ReduceMean": "reduce_mean", "ReduceSum": "reduce_sum",
     "ReduceMax": "reduce_max", "ReduceMin": "reduce_min", "ReduceProd": "reduce_prod",
     "ReduceL2": "reduce_l2", "ReduceSumSquare": "reduce_sum_square",
+    "ReduceLogSumExp": "reduce_log_sum_exp", "TopK": "top_k",
     # data movement
     "Reshape": "reshape", "Transpose": "transpose", "Squeeze": "squeeze",
     "Unsqueeze": "unsqueeze", "Flatten": "flatten", "Concat": "concat", "Split": "split",
@@ -43,14 +53,19 @@ ONNX_KINDS: dict[str, str] = {
     "Identity": "identity", "Dropout": "dropout", "Cast": "cast", "Resize": "resize",
     "CastLike": "cast",  # CastLike(x, like) = Cast(x, to=like's type): like's values are never read
     "Upsample": "resize", "DepthToSpace": "depth_to_space", "SpaceToDepth": "space_to_depth",
+    "GatherElements": "gather_elements", "GatherND": "gather_nd", "ScatterND": "scatter_nd",
+    "ScatterElements": "scatter_elements", "Scatter": "scatter_elements", "Trilu": "trilu",
+    "Compress": "compress", "GridSample": "grid_sample",
     # shapes, indices and constants
     "Shape": "shape", "Size": "size", "Constant": "constant", "ConstantOfShape": "constant_of_shape",
     "Range": "range", "NonZero": "nonzero", "ArgMax": "argmax", "ArgMin": "argmax",
     "Equal": "compare", "Less": "compare", "Greater": "compare", "LessOrEqual": "compare",
     "GreaterOrEqual": "compare", "IsNaN": "compare", "IsInf": "compare", "Not": "logical",
     "And": "logical", "Or": "logical",
-    "Xor": "logical", "RandomNormal": "random", "RandomUniform": "random",
-    "RandomNormalLike": "random", "RandomUniformLike": "random", "EyeLike": "eye",
+    "Xor": "logical", "BitShift": "logical", "BitwiseAnd": "logical", "BitwiseOr": "logical",
+    "BitwiseXor": "logical", "BitwiseNot": "logical", "RandomNormal": "random", "RandomUniform": "random",
+    "RandomNormalLike": "random", "RandomUniformLike": "random", "Bernoulli": "random",
+    "Multinomial": "random", "EyeLike": "eye", "OneHot": "one_hot",
 }
 
 # com.microsoft contrib ops that exported and optimised models contain.
@@ -79,14 +94,16 @@ TF_KINDS: dict[str, str] = {
     "Pow": "pow", "Exp": "exp", "Log": "log", "Erf": "erf", "Erfc": "erfc", "Sin": "sin",
     "Cos": "cos", "Maximum": "maximum", "Minimum": "minimum", "Select": "where", "SelectV2": "where",
     "Floor": "step", "Ceil": "step", "Round": "step", "Sign": "step", "FloorDiv": "step",
+    "Tan": "tan", "Asin": "asin", "Acos": "acos", "Atan": "atan", "Sinh": "sinh", "Cosh": "cosh",
+    "Asinh": "asinh", "Acosh": "acosh", "Atanh": "atanh", "FloorMod": "mod", "Cumsum": "cumsum",
     # activations
     "Relu": "relu", "Relu6": "relu6", "LeakyRelu": "leaky_relu", "Elu": "elu", "Selu": "selu",
     "Sigmoid": "sigmoid", "Tanh": "tanh", "Softplus": "softplus", "Softmax": "softmax",
-    "LogSoftmax": "log_softmax",
+    "LogSoftmax": "log_softmax", "Softsign": "softsign",
     # pooling and reductions
     "MaxPool": "max_pool", "MaxPoolV2": "max_pool", "MaxPool3D": "max_pool", "AvgPool": "avg_pool",
     "AvgPool3D": "avg_pool", "Mean": "reduce_mean", "Sum": "reduce_sum", "Max": "reduce_max",
-    "Min": "reduce_min", "Prod": "reduce_prod",
+    "Min": "reduce_min", "Prod": "reduce_prod", "TopKV2": "top_k",
     # data movement
     "Reshape": "reshape", "Transpose": "transpose", "Squeeze": "squeeze", "ExpandDims": "unsqueeze",
     "ConcatV2": "concat", "Pack": "pack", "Unpack": "unpack", "Split": "split", "SplitV": "split",
@@ -95,14 +112,18 @@ TF_KINDS: dict[str, str] = {
     "Identity": "identity", "IdentityN": "identity", "Snapshot": "identity", "EnsureShape": "identity",
     "CheckNumerics": "identity", "StopGradient": "stop_gradient", "PreventGradient": "stop_gradient",
     "Cast": "cast", "ResizeBilinear": "resize", "ResizeNearestNeighbor": "resize",
-    "DepthToSpace": "depth_to_space", "SpaceToDepth": "space_to_depth",
+    "DepthToSpace": "depth_to_space", "SpaceToDepth": "space_to_depth", "GatherNd": "gather_nd",
+    "TensorScatterUpdate": "scatter_nd", "TensorScatterAdd": "scatter_nd", "MatrixBandPart": "trilu",
     # shapes, indices and constants
     "Shape": "shape", "ShapeN": "shape", "Rank": "shape", "Size": "size", "Const": "constant",
     "Fill": "constant_of_shape", "ZerosLike": "constant_of_shape", "OnesLike": "constant_of_shape",
     "Range": "range", "Where": "nonzero", "ArgMax": "argmax", "ArgMin": "argmax",
     "Equal": "compare", "NotEqual": "compare", "Less": "compare", "LessEqual": "compare",
     "Greater": "compare", "GreaterEqual": "compare", "LogicalNot": "logical", "LogicalAnd": "logical",
-    "LogicalOr": "logical", "RandomUniform": "random", "RandomStandardNormal": "random",
+    "LogicalOr": "logical", "IsNan": "compare", "IsInf": "compare", "IsFinite": "compare",
+    "LeftShift": "logical", "RightShift": "logical", "BitwiseAnd": "logical", "BitwiseOr": "logical",
+    "BitwiseXor": "logical", "Invert": "logical", "OneHot": "one_hot", "RandomUniform": "random",
+    "RandomStandardNormal": "random",
     "TruncatedNormal": "random", "StatelessRandomUniformV2": "random",
     "StatelessRandomNormalV2": "random",
 }
@@ -134,3 +155,44 @@ def is_channel_vector(bias: Tensor, x: Tensor, axis: int | None = None) -> bool:
         return False
     x_axis, b, d = sized[0]
     return (axis is None or x_axis == axis) and (d == b or not isinstance(d, int))
+
+
+def reads_values(t: Tensor | None) -> bool:
+    """``t`` is computed from the values of the graph inputs (not only from their shapes, parameters and
+    constants): a TopK's k so computed cannot be known before the model runs."""
+    stack, seen = [t], set()
+    while stack:
+        u = stack.pop()
+        if u is None or id(u) in seen or u.kind in ("parameter", "constant"):
+            continue
+        seen.add(id(u))
+        node = u.producer
+        if node is None:
+            return True  # a graph input's values
+        if node.kind in ("shape", "size"):
+            continue  # reads the shape only
+        if node.kind in DATA_DEPENDENT_KINDS:
+            return True
+        stack.extend(value_inputs(node.op_type, node.inputs))
+    return False
+
+
+def data_dependent(node: Node) -> bool:
+    """The size of ``node``'s output depends on its inputs' values (DATA_DEPENDENT_KINDS, or a TopK
+    whose k is computed from values)."""
+    return node.kind in DATA_DEPENDENT_KINDS or (node.kind == "top_k" and reads_values(node.input(1)))
+
+
+def data_dependent_origins(graph: Graph, unsized: Callable[[Tensor], bool]) -> dict[str, Node]:
+    """Tensor name -> the data-dependent node its size (or, for integer tensors, its values) comes
+    from; a tensor is reached through inputs that are ``unsized`` or integer (shapes, indices)."""
+    origin: dict[str, Node] = {}
+    for node in graph.nodes:  # topological order: one pass carries it downstream
+        if data_dependent(node):
+            source = node
+        else:
+            source = next((origin[t.name] for t in node.inputs if t is not None and t.name in origin
+                           and (not t.is_float or unsized(t))), None)
+        if source is not None:
+            origin.update((t.name, source) for t in node.outputs if t is not None)
+    return origin

@@ -10,7 +10,8 @@ from .fusion.attention import NearMiss, near_misses
 from .fusion.match import Match
 from .grad.backward import build_backward
 from .grad.profiles import OPS, Profile, choose_profile
-from .ir import Graph, gc_paused
+from .ir import Graph, Node, gc_paused
+from .kinds import data_dependent_origins
 from .liveness import Liveness, analyze_liveness
 from .load import load_model, resolve_sizes
 from .load.constant_weights import no_parameter_warning
@@ -68,17 +69,40 @@ def size_graph(graph: Graph, options: Options) -> tuple[Sizes, list[str], dict[s
     if opaque:
         sizes = Sizes({**sizes, **opaque}, sizes.variables, sizes.batch, opaque)
     unknown: dict[str, int] = {}
+    open_: dict[str, int] = {}  # op type -> tensors a --dim could size
+    dependent: dict[str, int] = {}  # op type -> tensors whose size depends on values
+    origins: dict[str, Node] = {}  # node name -> the data-dependent node, for those
+    after = None
     for t in graph.tensors.values():
         if t.nbytes(sizes) is None:
             op = t.producer.op_type if t.producer is not None else t.kind
             unknown[op] = unknown.get(op, 0) + 1
-    if unknown:
-        n = sum(unknown.values())
-        ops = ", ".join(f"{op} x{c}" for op, c in sorted(unknown.items(), key=lambda kv: (-kv[1], kv[0])))
-        what = f"{n} tensors with unknown dims ({ops}) are" if n > 1 else \
-            f"1 tensor with unknown dims ({ops}) is"
-        warnings.append(f"{what} not counted in the byte totals; set --dim NAME=VALUE for the model's dims")
+            if after is None:
+                after = data_dependent_origins(graph, lambda u: u.nbytes(sizes) is None)
+            source = after.get(t.name)
+            counts = open_ if source is None else dependent
+            counts[op] = counts.get(op, 0) + 1
+            if source is not None:
+                origins.setdefault(source.name, source)
+    if dependent:
+        where = ", ".join(f"{n.op_type} at node {n.name!r}" for n in list(origins.values())[:3])
+        more = f" and {len(origins) - 3} more" if len(origins) > 3 else ""
+        warnings.append(f"{_tensors(dependent)} a data-dependent size (after {where}{more}): not counted in "
+                        "the byte totals; no --dim can size them")
+    if open_:
+        warnings.append(f"{_tensors(open_, 'with unknown dims')} not counted in the byte totals; set "
+                        "--dim NAME=VALUE for the model's dims")
     return sizes, warnings, unknown
+
+
+def _tensors(counts: dict[str, int], what: str | None = None) -> str:
+    """'3 tensors with unknown dims (Cast x1, ...) are' (``what``), else '3 tensors (...) have'."""
+    n = sum(counts.values())
+    ops = ", ".join(f"{op} x{c}" for op, c in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+    noun = "tensors" if n > 1 else "tensor"
+    if what is None:
+        return f"{n} {noun} ({ops}) {'have' if n > 1 else 'has'}"
+    return f"{n} {noun} {what} ({ops}) {'are' if n > 1 else 'is'}"
 
 
 def analyze_graph(path: str, graph: Graph, options: Options) -> Analysis:

@@ -80,6 +80,10 @@ def _pytorch() -> Profile:
             "selu": {0: G("EluBackward", "x0")},  # selu is an elu: saves self
             "max_pool": {0: G("MaxPoolWithIndicesBackward", "x0", "y0")},  # x and the indices (as y)
             "global_max_pool": {0: G("MaxPoolWithIndicesBackward", "x0", "y0")},
+            "gather_elements": {0: G("GatherBackward", "x0", "x1")},  # saves self and index
+            "tan": {0: G("TanBackward", "y0")},  # grad * (1 + result^2)
+            "asinh": {0: G("AsinhBackward", "x0")},  # grad * rsqrt(self^2 + 1)
+            "acosh": {0: G("AcoshBackward", "x0")},  # grad * rsqrt(self^2 - 1)
         },
         composites=PYTORCH_COMPOSITES,
         # reshape/view/permute/squeeze return views, and .to(its own dtype) returns the tensor itself

@@ -65,8 +65,19 @@ RULES: dict[str, dict[int | str, Grad]] = {
     "exp": {0: G("ExpGrad", "y0")},  # y dy
     "log": {0: G("LogGrad", "x0")},  # dy / x
     "erf": {0: G("ErfGrad", "x0")},  # 2/sqrt(pi) exp(-x^2) dy
-    "sin": {0: G("SinGrad", "x0")},
-    "cos": {0: G("CosGrad", "x0")},
+    "sin": {0: G("SinGrad", "x0")},  # cos(x) dy
+    "cos": {0: G("CosGrad", "x0")},  # -sin(x) dy
+    "tan": {0: G("TanGrad", "x0")},  # TF: dy / cos(x)^2 (PyTorch's (1 + y^2) dy reads y)
+    "asin": {0: G("AsinGrad", "x0")},  # dy / sqrt(1 - x^2)
+    "acos": {0: G("AcosGrad", "x0")},  # -dy / sqrt(1 - x^2)
+    "atan": {0: G("AtanGrad", "x0")},  # dy / (1 + x^2)
+    "sinh": {0: G("SinhGrad", "x0")},  # cosh(x) dy
+    "cosh": {0: G("CoshGrad", "x0")},  # sinh(x) dy
+    "asinh": {0: G("AsinhGrad", "y0")},  # TF: dy / cosh(y) (PyTorch's dy / sqrt(x^2 + 1) reads x)
+    "acosh": {0: G("AcoshGrad", "y0")},  # TF: dy / sinh(y) (PyTorch's dy / sqrt(x^2 - 1) reads x)
+    "atanh": {0: G("AtanhGrad", "x0")},  # dy / (1 - x^2)
+    "mod": {0: _sum_to_shape(0), 1: G("ModGradB", "x0", "x1", "x1.shape")},  # da = dy, db = -floor(a/b) dy
+    "cumsum": {0: G("CumSumGrad")},  # reverse cumulative sum of dy along the (constant) axis
     "maximum": {0: G("MaximumGrad", "x0", "x1"), 1: G("MaximumGrad", "x0", "x1")},
     "minimum": {0: G("MinimumGrad", "x0", "x1"), 1: G("MinimumGrad", "x0", "x1")},
     "mean": {"*": G("MeanGrad")},
@@ -88,6 +99,11 @@ RULES: dict[str, dict[int | str, Grad]] = {
     "softmax": {0: G("SoftmaxGrad", "y0")},  # y (dy - sum(dy y))
     "log_softmax": {0: G("LogSoftmaxGrad", "y0")},  # dy - exp(y) sum(dy)
     "bias_gelu": {0: G("BiasGeluGrad", "x0", "x1"), 1: G("BiasGeluGrad", "x0", "x1")},
+    "softsign": {0: G("SoftsignGrad", "x0")},  # dy / (1 + |x|)^2
+    "celu": {0: G("CeluGrad", "x0")},  # dy where x > 0, else exp(x / alpha) dy
+    "mish": {0: G("MishGrad", "x0")},  # d(x tanh(softplus(x))) from x
+    "thresholded_relu": {0: G("ThresholdedReluGrad", "x0")},  # dy where x > alpha
+    "shrink": {0: G("ShrinkGrad", "x0")},  # dy where |x| > lambd
     # normalisation: BatchNorm's backward reads x, gamma and the statistics         [seed post 2]
     "batch_norm": {0: G("BatchNormGrad", "x0", "x1", "stats"), 1: G("BatchNormGrad", "x0", "x1", "stats"),
                    2: G("BatchNormGrad", "x0", "x1", "stats")},
@@ -110,6 +126,8 @@ RULES: dict[str, dict[int | str, Grad]] = {
     "reduce_prod": {0: G("ReduceProdGrad", "x0", "y0")},
     "reduce_l2": {0: G("ReduceL2Grad", "x0", "y0")},
     "reduce_sum_square": {0: G("ReduceSumSquareGrad", "x0")},
+    "reduce_log_sum_exp": {0: G("ReduceLogSumExpGrad", "x0", "y0")},  # exp(x - y) dy
+    "top_k": {0: G("TopKGrad", "y1", "x0.shape")},  # scatter dy into zeros(shape(x)) at the indices y1
     # data movement: gradients move dy back, reading shapes or indices only
     "reshape": {0: G("ReshapeGrad", "x0.shape")},  # TF: a -1 wildcard where one dim is unknown
     "flatten": {0: _SHAPE0},
@@ -125,23 +143,33 @@ RULES: dict[str, dict[int | str, Grad]] = {
     "split": {0: G("ConcatGrad")},
     "slice": {0: G("SliceGrad", "x0.shape")},
     "gather": {0: G("GatherGrad", "x1", "x0.shape")},
+    "gather_elements": {0: G("GatherElementsGrad", "x1", "x0.shape")},  # scatter-add dy into zeros(shape(x))
+    "gather_nd": {0: G("GatherNDGrad", "x1", "x0.shape")},  # scatter_nd(index, dy, shape(x))
+    "scatter_nd": {0: G("ScatterNDGrad", "x1"), 2: G("GatherND", "x1")},  # dx: dy, 0 at index; du: dy[index]
+    "scatter_elements": {0: G("ScatterElementsGrad", "x1"), 2: G("GatherElements", "x1")},  # along an axis
+    "compress": {0: G("CompressGrad", "x1", "x0.shape")},  # scatter dy back where the condition holds
+    "trilu": {0: G("Trilu")},  # the same triangle of dy
+    "grid_sample": {0: G("GridSampleGrad", "x0", "x1"),  # dx: dy by the grid's weights; dgrid: from x
+                    1: G("GridSampleGrad", "x0", "x1")},
     "pad": {0: G("PadGrad", "x0.shape")},  # slice dy back to shape(x)
     "identity": {0: G(None)},
     "cast": {0: G("Cast")},
     "dropout": {0: G("DropoutGrad", "y1")},  # dy * mask / (1 - p)
     # TensorFlow kinds (TF_KINDS) that the ONNX vocabulary lacks, read as TensorFlow's gradient functions do
     "conv_backprop_input": {1: G("Conv2DBackpropFilter", "x2", "x1.shape"), 2: G("Conv2D", "x1")},  # TF
-    "einsum": {0: G("EinsumGrad", "x1", "x0.shape"), 1: G("EinsumGrad", "x0", "x1.shape")},  # TF Einsum
+    # einsum: each operand's gradient is an einsum of dy with the other operands (TF's Einsum has two)
+    "einsum": {0: G("EinsumGrad", "x1", "x0.shape"), 1: G("EinsumGrad", "x0", "x1.shape"),
+               "*": G("EinsumGrad", "*")},
     "squared_difference": {0: G("SquaredDifferenceGrad", "x0", "x1", "x0.shape"),
                            1: G("SquaredDifferenceGrad", "x0", "x1", "x1.shape")},  # TF: 2 (x - y) dy
     "pack": {"*": G("Unpack")},  # TF Pack (tf.stack): unstack dy, reads nothing
     "unpack": {0: G("Pack")},  # TF Unpack (tf.unstack): stack the dys, reads nothing
     "erfc": {0: G("ErfcGrad", "x0")},  # TF Erfc (Keras 3's exact GELU): -2/sqrt(pi) exp(-x^2) dy
     "stop_gradient": {},  # TF StopGradient/PreventGradient: no gradient flows
-    "step": {},  # TF Floor, Ceil, Round, Sign, FloorDiv: zero or no gradient
+    "step": {},  # Floor, Ceil, Round, Sign, FloorDiv, Hardmax: zero or no gradient
     # no gradient flows through shapes, indices, constants or comparisons
     **{kind: {} for kind in ("shape", "size", "constant", "constant_of_shape", "range", "nonzero",
-                             "random", "argmax", "compare", "logical", "eye")},
+                             "random", "argmax", "compare", "logical", "eye", "one_hot")},
 }
 
 

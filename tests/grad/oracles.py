@@ -182,6 +182,18 @@ def _lrn_args(c: Call) -> tuple[int, float, float, float]:
     return c.attrs["size"], c.attrs.get("alpha", 1e-4), c.attrs.get("beta", 0.75), c.attrs.get("bias", 1.0)
 
 
+def _k(c: Call, i: int, default: int = 0) -> int:
+    """A one-element int operand (TopK's k, CumSum's axis, Trilu's k) as a Python int."""
+    v = c.value(i)
+    return default if v is None else int(np.asarray(v).reshape(-1)[0])
+
+
+def _index_columns(c: Call, i: int) -> tuple:
+    """GatherND/ScatterND indices (batch_dims 0) as one index tensor per indexed axis."""
+    idx = c.ins[i]
+    return tuple(idx[..., k] for k in range(idx.shape[-1]))
+
+
 def _split_sizes(c: Call, dim: int) -> list[int]:
     sizes = c.ints("split", 1)
     n = c.attrs.get("num_outputs")
@@ -279,9 +291,46 @@ def _torch_ops() -> dict:
         size, alpha, beta, bias = _lrn_args(c)
         return F.local_response_norm(c.ins[0], size, alpha, beta, bias)
 
+    def scatter_elements(c):
+        x, index, updates = c.ins
+        axis = c.attrs.get("axis", 0) % x.dim()
+        reduction = c.attrs.get("reduction", "none")
+        assert reduction in ("none", "add"), reduction
+        return x.scatter(axis, index, updates) if reduction == "none" else x.scatter_add(axis, index, updates)
+
+    def top_k(c):
+        return torch.topk(c.ins[0], _k(c, 1), dim=c.attrs.get("axis", -1),
+                          largest=bool(c.attrs.get("largest", 1)), sorted=bool(c.attrs.get("sorted", 1)))
+
+    def shrink(c):
+        assert c.attrs.get("bias", 0.0) == 0.0, "Shrink with bias 0 is hardshrink"
+        return F.hardshrink(c.ins[0], c.attrs.get("lambd", 0.5))
+
     dtypes = {onnx.TensorProto.FLOAT: torch.float32, onnx.TensorProto.DOUBLE: torch.float64}
     return {
         **_SHARED,
+        "GatherElements": lambda c: torch.gather(c.ins[0], c.attrs.get("axis", 0) % c.ins[0].dim(), c.ins[1]),
+        "GatherND": lambda c: c.ins[0][_index_columns(c, 1)],  # aten::index, as dynamo's GatherND is
+        "ScatterND": lambda c: c.ins[0].index_put(_index_columns(c, 1), c.ins[2]),
+        "ScatterElements": scatter_elements, "TopK": top_k,
+        "CumSum": lambda c: torch.cumsum(c.ins[0], _k(c, 1)),
+        "Trilu": lambda c: (torch.triu if c.attrs.get("upper", 1) else torch.tril)(c.ins[0], _k(c, 1)),
+        "Mod": lambda c: (torch.fmod if c.attrs.get("fmod", 0) else torch.remainder)(c.ins[0], c.ins[1]),
+        "Einsum": lambda c: torch.einsum(c.attrs["equation"], *c.ins),
+        "Softsign": lambda c: F.softsign(c.ins[0]), "Tan": lambda c: torch.tan(c.ins[0]),
+        "Asin": lambda c: torch.asin(c.ins[0]), "Acos": lambda c: torch.acos(c.ins[0]),
+        "Atan": lambda c: torch.atan(c.ins[0]), "Sinh": lambda c: torch.sinh(c.ins[0]),
+        "Cosh": lambda c: torch.cosh(c.ins[0]), "Asinh": lambda c: torch.asinh(c.ins[0]),
+        "Acosh": lambda c: torch.acosh(c.ins[0]), "Atanh": lambda c: torch.atanh(c.ins[0]),
+        "Sign": lambda c: torch.sign(c.ins[0]), "Ceil": lambda c: torch.ceil(c.ins[0]),
+        "Floor": lambda c: torch.floor(c.ins[0]), "Round": lambda c: torch.round(c.ins[0]),
+        "Celu": lambda c: F.celu(c.ins[0], c.attrs.get("alpha", 1.0)), "Mish": lambda c: F.mish(c.ins[0]),
+        "ThresholdedRelu": lambda c: F.threshold(c.ins[0], c.attrs.get("alpha", 1.0), 0.0),
+        "Shrink": shrink,
+        "ReduceLogSumExp": lambda c: torch.logsumexp(c.ins[0], _reduce_axes(c, c.ins[0].dim()),
+                                                     keepdim=bool(c.attrs.get("keepdims", 1))),
+        "GridSample": lambda c: F.grid_sample(c.ins[0], c.ins[1], mode="bilinear", padding_mode="zeros",
+                                              align_corners=bool(c.attrs.get("align_corners", 0))),
         "Abs": lambda c: torch.abs(c.ins[0]), "Neg": lambda c: torch.neg(c.ins[0]),
         "Max": functools.partial(_variadic, torch.maximum),
         "Min": functools.partial(_variadic, torch.minimum),
@@ -505,9 +554,32 @@ def _tf_ops() -> dict:
         return tf.raw_ops.EuclideanNorm(input=x, axis=_reduce_axes(c, len(x.shape)),
                                         keep_dims=bool(c.attrs.get("keepdims", 1)))
 
+    def top_k(c):
+        assert c.attrs.get("axis", -1) in (-1, len(c.ins[0].shape) - 1), "TF's top_k is along the last axis"
+        return tf.math.top_k(c.ins[0], _k(c, 1), sorted=bool(c.attrs.get("sorted", 1)))  # int32 indices
+
+    def trilu(c):
+        assert _k(c, 1) == 0, "band_part keeps whole diagonals only"
+        return tf.linalg.band_part(c.ins[0], 0, -1) if c.attrs.get("upper", 1) else \
+            tf.linalg.band_part(c.ins[0], -1, 0)
+
     dtypes = {onnx.TensorProto.FLOAT: tf.float32, onnx.TensorProto.DOUBLE: tf.float64}
     return {
         **_SHARED,
+        "GatherND": lambda c: tf.gather_nd(c.ins[0], c.ins[1]),
+        "ScatterND": lambda c: tf.tensor_scatter_nd_update(c.ins[0], c.ins[1], c.ins[2]),
+        "TopK": top_k, "Trilu": trilu, "CumSum": lambda c: tf.cumsum(c.ins[0], _k(c, 1)),
+        "Mod": lambda c: tf.math.floormod(c.ins[0], c.ins[1]),  # the cases' operands are positive
+        "Einsum": lambda c: tf.einsum(c.attrs["equation"], *c.ins),
+        "Softsign": lambda c: tf.nn.softsign(c.ins[0]), "Tan": lambda c: tf.math.tan(c.ins[0]),
+        "Asin": lambda c: tf.math.asin(c.ins[0]), "Acos": lambda c: tf.math.acos(c.ins[0]),
+        "Atan": lambda c: tf.math.atan(c.ins[0]), "Sinh": lambda c: tf.math.sinh(c.ins[0]),
+        "Cosh": lambda c: tf.math.cosh(c.ins[0]), "Asinh": lambda c: tf.math.asinh(c.ins[0]),
+        "Acosh": lambda c: tf.math.acosh(c.ins[0]), "Atanh": lambda c: tf.math.atanh(c.ins[0]),
+        "Sign": lambda c: tf.sign(c.ins[0]), "Ceil": lambda c: tf.math.ceil(c.ins[0]),
+        "Floor": lambda c: tf.floor(c.ins[0]), "Round": lambda c: tf.round(c.ins[0]),
+        "ReduceLogSumExp": lambda c: tf.reduce_logsumexp(c.ins[0], _reduce_axes(c, len(c.ins[0].shape)),
+                                                         keepdims=bool(c.attrs.get("keepdims", 1))),
         "Abs": lambda c: tf.abs(c.ins[0]), "Neg": lambda c: tf.negative(c.ins[0]),
         "Max": functools.partial(_variadic, tf.maximum), "Min": functools.partial(_variadic, tf.minimum),
         "Sum": lambda c: tf.add_n(c.ins), "Mean": lambda c: tf.add_n(c.ins) / len(c.ins),
@@ -611,7 +683,10 @@ def tf_saved(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> Oracle:
         return [g for g in tape.gradient(loss, watched) if g is not None]
 
     graph = onnx_graph.get_concrete_function().graph
-    library = train_step.get_concrete_function().graph.as_graph_def().library.function
+    step = train_step.get_concrete_function()
+    if not step.outputs:  # no gradient flows (Floor, Round): no forward/backward split, nothing saved
+        return Oracle(set(), [], [np.asarray(y) for y in onnx_graph(*leaves.values())])
+    library = step.graph.as_graph_def().library.function
     forward = [f for f in library if f.signature.name.startswith("__forward_onnx_graph")]
     assert [len(f.signature.output_arg) for f in forward] == [len(graph.outputs)]
     _tf_aliases(graph, names)

@@ -158,6 +158,38 @@ CASES = [
          {"x": (2, 4, 3, 3), "scale": (2,), "bias": (2,)}, attrs={"num_groups": 2}, opset=18,
          skip={"tf": NO_TF_OP}),
     unary("LRN", (2, 5, 3, 3), attrs={"size": 3, "alpha": 1e-2}),
+    # the exporters' long tail (issue 24): index ops read their indices, not their data
+    Case("gather_elements", "GatherElements", ("x", "indices"), {"x": (3, 4)},
+         inits={"indices": np.array([[0, 3], [1, 1], [2, 0]], dtype=np.int64)}, attrs={"axis": 1},
+         skip={"tf": NO_TF_OP}),
+    Case("gather_nd", "GatherND", ("x", "indices"), {"x": (4, 3)},
+         inits={"indices": np.array([[0], [2], [3]], dtype=np.int64)}),
+    Case("scatter_nd", "ScatterND", ("x", "indices", "u"), {"x": (4, 3), "u": (2, 3)},
+         inits={"indices": np.array([[0], [2]], dtype=np.int64)}),
+    Case("scatter_elements", "ScatterElements", ("x", "indices", "u"), {"x": (3, 4), "u": (3, 2)},
+         inits={"indices": np.array([[0, 2], [1, 3], [3, 0]], dtype=np.int64)}, attrs={"axis": 1},
+         skip={"tf": NO_TF_OP}),
+    Case("scatter_elements_add", "ScatterElements", ("x", "indices", "u"), {"x": (3, 4), "u": (3, 2)},
+         inits={"indices": np.array([[0, 2], [1, 3], [3, 0]], dtype=np.int64)},
+         attrs={"axis": 1, "reduction": "add"}, opset=18, skip={"tf": NO_TF_OP}),
+    Case("cumsum", "CumSum", ("x", "axis"), {"x": (2, 5)}, inits={"axis": np.array(1, dtype=np.int64)}),
+    Case("top_k", "TopK", ("x", "k"), {"x": (3, 6)}, inits={"k": ints(2)}, outs=2, graph_outs=1),
+    Case("trilu", "Trilu", ("x",), {"x": (2, 4, 4)}, opset=14),
+    Case("tril", "Trilu", ("x",), {"x": (4, 4)}, attrs={"upper": 0}, opset=14),
+    Case("mod", "Mod", ("a", "b"), {"a": (2, 3), "b": (2, 3)}, attrs={"fmod": 1}, positive=("a", "b")),
+    Case("einsum", "Einsum", ("a", "b"), {"a": (2, 3, 4), "b": (2, 4, 5)}, attrs={"equation": "bij,bjk->bik"},
+         opset=12),
+    unary("Softsign"), unary("Tan"), unary("Atan"), unary("Sinh"), unary("Cosh"), unary("Asinh"),
+    unary("Asin"),  # NaN where abs(x) > 1, in every framework alike
+    unary("Acos"), unary("Atanh"), unary("Acosh", positive=("x",)),
+    unary("Sign"), unary("Ceil"), unary("Floor"), unary("Round"),
+    unary("Celu", attrs={"alpha": 1.0}, opset=12, skip={"tf": NO_TF_OP}),
+    unary("Mish", opset=18, skip={"tf": NO_TF_OP}),
+    unary("ThresholdedRelu", attrs={"alpha": 0.5}, skip={"tf": NO_TF_OP}),
+    unary("Shrink", attrs={"lambd": 0.5}, skip={"tf": NO_TF_OP}),
+    unary("ReduceLogSumExp", attrs={"axes": [1]}),
+    Case("grid_sample", "GridSample", ("x", "grid"), {"x": (1, 2, 4, 4), "grid": (1, 3, 3, 2)},
+         opset=16, skip={"tf": NO_TF_OP}),
 ]
 
 # (rule key, framework) -> (read by the framework only, read by fusecli only, why)
@@ -181,6 +213,13 @@ DIFFERENCES: dict[tuple[str, str], tuple[set[str], set[str], str]] = {
     ("instance_norm", "torch"): (set(), {"x1"}, "PyTorch saves the scale repeated per sample"),
     ("group_norm", "torch"): (set(), {"x1"}, "opset 18's per-group scale reaches PyTorch per channel"),
     ("lrn", "torch"): (set(), {"y0"}, "PyTorch's LRN is composite: it saves its intermediates"),
+    # the long tail (issue 24); the PyTorch profile's overrides remove the torch differences
+    ("gather_elements", "torch"): ({"x0"}, set(), "PyTorch's gather saves self as well as the index"),
+    ("tan", "torch"): ({"y0"}, {"x0"}, "PyTorch's tan saves its result; TF's TanGrad and fusecli read x"),
+    ("asinh", "torch"): ({"x0"}, {"y0"}, "PyTorch's asinh saves self; TF's AsinhGrad and fusecli read y"),
+    ("acosh", "torch"): ({"x0"}, {"y0"}, "PyTorch's acosh saves self; TF's AcoshGrad and fusecli read y"),
+    ("reduce_log_sum_exp", "tf"): (set(), {"x0", "y0"}, "TF's reduce_logsumexp is composite: it keeps "
+                                   "exp(x - max) and the sum; PyTorch's logsumexp, like fusecli, x and y"),
 }
 # (rule key, framework) pairs whose backward also saves values that are no ONNX tensor
 INTERNAL = {
@@ -193,6 +232,8 @@ INTERNAL = {
     ("global_max_pool", "torch"),  # argmax indices
     ("instance_norm", "torch"), ("group_norm", "torch"),  # the broadcast scale, mean, rstd
     ("lrn", "torch"),  # composite: pow, avg_pool3d and div intermediates
+    ("softsign", "torch"),  # composite x / (1 + |x|): the divisor
+    ("reduce_log_sum_exp", "tf"),  # composite: exp(x - max) and its sum
 }
 
 
@@ -264,6 +305,16 @@ def test_tf_only_rule_matches_tf(op, kind, names, ref):
     live = analyze_liveness(joint)
     assert {s.tensor.name for s in live.saved if s.reads == "value"} == got.named
     assert not got.internal
+
+
+@pytest.mark.parametrize("case_id", ["gather_elements", "tan", "asinh", "acosh"])
+def test_pytorch_profile_reads_what_pytorch_saves(case_id):
+    """The PyTorch profile's overrides for the long tail (issue 24) read what PyTorch saves."""
+    pytest.importorskip("torch")
+    model, feeds, _ = _reference(case_id)
+    got = ORACLES["torch"][1](model, feeds)
+    assert fusecli_saved(model, get_profile("pytorch")) == got.named
+    assert fusecli_saved(model) != got.named  # the table (TensorFlow's reads) differs there
 
 
 @pytest.mark.parametrize("case_id", ["relu6", "elu", "selu"])

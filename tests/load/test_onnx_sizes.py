@@ -133,12 +133,55 @@ def test_a_dim_nothing_can_size_is_warned_about_and_marked(save_model):
     r = CliRunner().invoke(main, ["analyze", path, "--json", "--batch", "2"])
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
-    warning = next(line for line in r.stderr.splitlines() if "unknown dims" in line)
-    assert warning.startswith("warning: 3 tensors with unknown dims (Cast x1, Mul x1, NonZero x1) are not "
-                              "counted")
+    warning = next(line for line in r.stderr.splitlines() if "data-dependent" in line)
+    assert warning == ("warning: 3 tensors (Cast x1, Mul x1, NonZero x1) have a data-dependent size (after "
+                       "NonZero at node 'NonZero_0'): not counted in the byte totals; no --dim can size them")
+    assert "--dim NAME=VALUE" not in r.stderr  # every dim was given: no --dim sizes these
     assert doc["memory"]["unknown_tensors"] == 3
     assert "saved_activation_bytes" in doc["memory"]["incomplete"]
     nzf = next(s for s in doc["saved"] if s["name"] == "nzf")  # Mul's backward reads it
     assert nzf["bytes"] is None and nzf["bytes_formula"] == "8*unk__0"  # the dim nothing could size, named
     formula = doc["memory"]["formula"]["saved_activation_bytes"]
     assert "unk__0" in formula and evaluate_formula(formula, doc["dims"]) is None
+
+
+def _top_k_model(k_from: str, opaque: bool = False):
+    """TopK of x along its last axis, k computed from x's shape (``shape``: a --dim sizes it) or from
+    the values of an input (``values``: nothing can); ``opaque``: an op no shape tool knows after x."""
+    nodes = [helper.make_node("Mul", ["x", "w"], ["h"])]
+    if opaque:
+        nodes += [helper.make_node("Opaque", ["x"], ["o"], domain="custom"),
+                  helper.make_node("Neg", ["o"], ["p"])]
+    if k_from == "shape":
+        nodes += [helper.make_node("Shape", ["x"], ["s"], start=1, end=2),
+                  helper.make_node("Div", ["s", "two"], ["k"])]
+    else:
+        nodes += [helper.make_node("ReduceMax", ["n"], ["k"], keepdims=1)]
+    nodes += [helper.make_node("TopK", ["h", "k"], ["v", "i"], name="topk"),
+              helper.make_node("Tanh", ["v"], ["y"])]
+    inits = [helper.make_tensor("w", TensorProto.FLOAT, [1, 8], np.linspace(0.5, 1, 8)),
+             helper.make_tensor("two", TensorProto.INT64, [1], [2])]
+    inputs = [vi("x", "batch", "seq")] + ([vi("n", 1, dtype=TensorProto.INT64)] if k_from == "values" else [])
+    return make_model(nodes, inputs, [vi("y", "batch", None)] + ([vi("p", None)] if opaque else []), inits)
+
+
+def test_top_k_with_k_from_values_is_data_dependent(save_model):
+    """A TopK whose k is computed from values is sized by no --dim, and the warning says so; one whose k
+    is computed from shapes is sized by the dims."""
+    a = analyze(save_model(_top_k_model("values")), Options(batch=2, dims={"seq": 8}))
+    dependent = [w for w in a.warnings if "data-dependent" in w]
+    assert len(dependent) == 1 and "after TopK at node 'topk'" in dependent[0], a.warnings
+    assert not any("--dim NAME=VALUE" in w for w in a.warnings), a.warnings
+    sized = analyze(save_model(_top_k_model("shape"), "shape.onnx"), Options(batch=2, dims={"seq": 8}))
+    assert sized.unknown_sizes == {} and not any("data-dependent" in w for w in sized.warnings)
+    assert next(s for s in sized.liveness.saved if s.tensor.name == "y").bytes == 2 * 4 * 4
+
+
+def test_an_open_size_and_a_data_dependent_size_are_told_apart(save_model):
+    """An op no shape tool knows leaves sizes open (the old warning); the data-dependent sizes are told
+    apart from them."""
+    a = analyze(save_model(_top_k_model("values", opaque=True)), Options(batch=2, dims={"seq": 8}))
+    dependent = [w for w in a.warnings if "data-dependent" in w]
+    open_ = [w for w in a.warnings if "--dim NAME=VALUE" in w]
+    assert len(dependent) == 1 and len(open_) == 1, a.warnings
+    assert "TopK" in dependent[0] and "Opaque x1" in open_[0] and "TopK" not in open_[0]
