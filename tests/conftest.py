@@ -5,6 +5,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+# TensorFlow runs NCHW convolutions on the CPU only through oneDNN, which it leaves off on some CPUs
+# (AMD EPYC here); the TF oracles build NCHW graphs
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
+
 import onnx
 import pytest
 from onnx import TensorProto, helper
