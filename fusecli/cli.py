@@ -176,12 +176,15 @@ def main() -> None:
                    "embedding) are trainable parameters, or constants.")
 @click.option("--autodiff", type=click.Choice(["tensorflow", "pytorch", "ops"]), default=None,
               help="Whose autodiff habits backward follows (default: the framework that made the model).")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+              help="Where PyTorch trains: its scaled_dot_product_attention kernels, and so what they "
+                   "keep for backward, differ.")
 @click.option("-v", "--verbose", is_flag=True, help="List every saved tensor and every match.")
 @click.option("-q", "--quiet", is_flag=True, help="Print the summary only (verdicts per pattern, memory).")
 @click.option("--all", "all_saved", is_flag=True, help="List every saved tensor (default: the largest 10).")
 def analyze(model: str, as_json: bool, batch: int | None, dims: tuple[str, ...], signature: str | None,
             wrt: str, plot_path: str | None, patterns: tuple[str, ...], constant_weights: str,
-            autodiff: str | None, verbose: bool, quiet: bool, all_saved: bool) -> None:
+            autodiff: str | None, device: str, verbose: bool, quiet: bool, all_saved: bool) -> None:
     """Analyze MODEL (an .onnx file or a SavedModel folder)."""
     from .pipeline import Options
     from .pipeline import analyze as run_analysis
@@ -191,7 +194,8 @@ def analyze(model: str, as_json: bool, batch: int | None, dims: tuple[str, ...],
         raise click.BadParameter("-v and -q exclude each other", param_hint="-q")
     options = Options(batch=batch, dims=_parse_dims(dims), wrt_inputs=wrt == "inputs",
                       patterns=patterns, signature=signature,
-                      constant_weights=constant_weights == "parameters", autodiff=autodiff)
+                      constant_weights=constant_weights == "parameters", autodiff=autodiff,
+                      device=device)
     if plot_path:
         _check_plot(plot_path, model)
     result = run_analysis(model, options)

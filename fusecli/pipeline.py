@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from . import progress
 from .fusion import find_fusions, select_patterns
@@ -29,6 +29,7 @@ class Options:
     signature: str | None = None  # SavedModels: which signature (default serving_default)
     constant_weights: bool = True  # ONNX: Constant nodes in a weight's role are trainable parameters
     autodiff: str | None = None  # ops | tensorflow | pytorch; None: by the framework that made the model
+    device: str = "cpu"  # where the framework trains (PyTorch's attention kernels differ on cuda)
 
 
 @dataclass
@@ -111,6 +112,8 @@ def analyze_graph(path: str, graph: Graph, options: Options) -> Analysis:
     progress.stage("sizes")
     sizes, warnings, unknown = size_graph(graph, options)
     profile, reason = choose_profile(graph, options.autodiff)
+    if options.device != profile.device:
+        profile = replace(profile, device=options.device)
     progress.stage("backward")
     joint = build_backward(graph, wrt_inputs=options.wrt_inputs, profile=profile)
     progress.stage("liveness")

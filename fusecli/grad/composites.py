@@ -42,7 +42,7 @@ class Composite:
     op: str  # the backward node's op type (PyTorch's autograd node name)
     reads: Reads | None  # (roles, bound, root) -> the tensors its derivative formula saves
     doc: str
-    find: Callable | None = None  # (root, requires-grad names, memo) -> (form, kernel choice) | None
+    find: Callable | None = None  # (root, requires-grad names, memo, device) -> (form, kernel choice) | None
     roots: frozenset[str] = frozenset()  # root kinds of a ``find`` composite
 
 
@@ -173,13 +173,13 @@ PYTORCH_COMPOSITES: tuple[Composite, ...] = (
 )
 
 
-def _found(composite: Composite, node: Node, rg: set[str], memo: dict):
+def _found(composite: Composite, node: Node, rg: set[str], memo: dict, device: str):
     """Each reading of ``composite`` at ``node``: (nodes, reads, op, new tensors, kernel)."""
     if composite.find is not None:
-        got = composite.find(node, rg, memo)
+        got = composite.find(node, rg, memo, device)
         if got is not None:
             form, choice = got
-            op = sdpa.FLASH_OP if choice.kernel == "flash" else sdpa.MATH_OP
+            op = sdpa.BACKWARD_OPS[choice.kernel]
             yield form.nodes, choice.reads, op, choice.new, choice.to_json()
         return
     for form in composite.forms:
@@ -189,8 +189,8 @@ def _found(composite: Composite, node: Node, rg: set[str], memo: dict):
             yield nodes, composite.reads(roles, bound, node), composite.op, [], None
 
 
-def _region(composite: Composite, node: Node, rg: set[str], memo: dict) -> Region | None:
-    for nodes, reads, backward_op, new, kernel in _found(composite, node, rg, memo):
+def _region(composite: Composite, node: Node, rg: set[str], memo: dict, device: str) -> Region | None:
+    for nodes, reads, backward_op, new, kernel in _found(composite, node, rg, memo, device):
         inside = {id(n) for n in nodes}
         if any(c is None or (id(c) not in inside and c.kind not in SHAPE_READERS) for n in nodes[:-1]
                for t in n.outputs if t is not None for c in t.consumers):
@@ -207,9 +207,10 @@ def _region(composite: Composite, node: Node, rg: set[str], memo: dict) -> Regio
     return None
 
 
-def find_regions(graph: Graph, composites: tuple[Composite, ...], rg: set[str] = frozenset()) -> list[Region]:
+def find_regions(graph: Graph, composites: tuple[Composite, ...], rg: set[str] = frozenset(),
+                 device: str = "cpu") -> list[Region]:
     """Every composite region of the forward graph, none overlapping (the first root in order wins);
-    ``rg``: names of the tensors that need a gradient (which decides PyTorch's attention kernel)."""
+    ``rg``: names of the tensors that need a gradient, and ``device``, decide PyTorch's attention kernel."""
     by_kind: dict[str, list[Composite]] = {}
     for c in composites:
         for kind in frozenset().union(c.roots, *(f.kinds for f in c.forms)):
@@ -220,7 +221,7 @@ def find_regions(graph: Graph, composites: tuple[Composite, ...], rg: set[str] =
         if id(node) in claimed or node.meta.get("constant"):
             continue
         for c in by_kind.get(node.kind, ()):
-            r = _region(c, node, rg, memo)
+            r = _region(c, node, rg, memo, device)
             if r is not None and not any(id(n) in claimed for n in r.nodes):
                 claimed.update(id(n) for n in r.nodes)
                 regions.append(r)

@@ -41,6 +41,7 @@ class Profile:
     keeps_for_shape: Callable[[Tensor, Node], bool] | None = None  # liveness: a shape read keeps t
     views: frozenset[str] = frozenset()  # kinds whose output shares its input's storage (PyTorch views)
     frozen: Callable[[Graph], set[str]] | None = None  # parameters the framework does not differentiate
+    device: str = "cpu"  # where the framework runs: its fused attention kernels differ (grad/sdpa.py)
 
     def rule_for(self, kind: str) -> dict[int | str, Grad] | None:
         """The rule of a kind under this profile, or None when there is none (unsupported)."""

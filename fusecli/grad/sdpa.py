@@ -2,13 +2,19 @@
 
 An export of a model with `transformers`' default (sdpa) attention holds the math the kernel computes,
 spelled out op by op; autograd saves what the kernel PyTorch picked saves (aten's ``sdp_utils_cpp``, the
-CPU selection, checked against PyTorch in tests/grad/test_sdpa.py):
+CPU selection, checked against PyTorch in tests/grad/test_composites.py and
+tests/fusion/test_attention_default.py):
 
-- the fused CPU kernel (``_scaled_dot_product_flash_attention_for_cpu``) saves q, k, v, the output, one
-  float32 logsumexp per query row, and the mask as a float tensor (a bool mask is converted per call);
-- it falls back to the math kernel when the mask needs a gradient (BEiT's relative-position bias), the mask
-  is 3-D, q, k or v is not 4-D, or v's head size differs from q's; the math kernel saves q and k^T each
-  scaled by sqrt(s), the probabilities P and v.
+- the fused CPU kernel (``_scaled_dot_product_flash_attention_for_cpu``) saves q, k, v, the output,
+  one float32 logsumexp per query row, and the mask as a float tensor (a bool mask is converted per
+  call);
+- it falls back to the math kernel when the mask needs a gradient (BEiT's relative-position bias), the
+  mask is 3-D, q, k or v is not 4-D, or v's head size differs from q's; the math kernel saves q and k^T
+  each scaled by sqrt(s), the probabilities P and v.
+
+On CUDA (``--device cuda``, from aten's ``sdp_utils.cpp``, not checked here: no GPU) flash takes
+float16/bfloat16 without a mask; otherwise the memory-efficient kernel runs, masks and learned biases
+included; both keep the row logsumexp and never P.
 
 `transformers` habits, which decide what reaches the kernel: a mask that depends on no input value (the
 causal mask the export spells out) is passed as ``is_causal=True`` and no mask; with no mask, grouped-query
@@ -24,6 +30,8 @@ from ..ir import Node, Tensor
 
 FLASH_OP = "ScaledDotProductFlashAttentionForCpuBackward0"
 MATH_OP = "ScaledDotProductAttentionMathBackward"
+BACKWARD_OPS = {"flash": FLASH_OP, "math": MATH_OP,
+                "efficient": "ScaledDotProductEfficientAttentionBackward0"}
 
 
 @dataclass
@@ -51,24 +59,32 @@ def _needs_grad(t: Tensor, rg: set[str]) -> bool:
     return t.name in rg
 
 
-def choose(form: AttentionForm, rg: set[str], memo: dict[int, bool]) -> KernelChoice:
-    """The CPU kernel for ``form`` (an sdpa spelling), as sdp_utils_cpp and transformers decide it."""
+def _math_reason(form: AttentionForm, data_masks: list[Tensor], grad_terms: list[Tensor],
+                 device: str) -> str | None:
+    """Why PyTorch's selection rules leave only the math kernel, or None."""
+    if grad_terms and device == "cpu":
+        return f"the mask {grad_terms[0].name} needs a gradient (a learned bias)"
+    if any(m.shape is not None and len(m.shape) not in (2, 4) for m in data_masks):
+        return "the mask is not 2-D or 4-D"
+    if any(t.shape is None or len(t.shape) != 4 for t in (form.q, form.k, form.v)):
+        return "q, k or v is not 4-D"
+    if form.v.shape[-1] != form.q.shape[-1] and device == "cpu":
+        return "v's head size differs from q's"
+    if form.softcap is not None:
+        return "soft-capped scores: sdpa has no soft-cap"
+    return None
+
+
+def choose(form: AttentionForm, rg: set[str], memo: dict[int, bool], device: str = "cpu") -> KernelChoice:
+    """The kernel for ``form`` (an sdpa spelling) on ``device``, as sdp_utils and transformers decide it.
+    CUDA: flash for float16/bfloat16 without a mask, else the memory-efficient kernel (which takes a
+    mask, learned or not); both keep the row logsumexp, not P."""
     pv = form.roles["pv"]
     out = pv.outputs[0]
     masks = [*form.terms, *form.bool_masks]
-    data_masks = [m for m in masks if depends_on_input(m, memo)]
-    why_math = None
+    data_masks = [m for m in masks if depends_on_input(m, memo) or m.name in rg]
     grad_terms = [m for m in form.terms if _needs_grad(m, rg)]
-    if grad_terms:
-        why_math = f"the mask {grad_terms[0].name} needs a gradient (a learned bias)"
-    elif any(m.shape is not None and len(m.shape) not in (2, 4) for m in data_masks):
-        why_math = "the mask is not 2-D or 4-D"
-    elif any(t.shape is None or len(t.shape) != 4 for t in (form.q, form.k, form.v)):
-        why_math = "q, k or v is not 4-D"
-    elif form.v.shape[-1] != form.q.shape[-1]:
-        why_math = "v's head size differs from q's"
-    elif form.softcap is not None:
-        why_math = "soft-capped scores: sdpa has no soft-cap"
+    why_math = _math_reason(form, data_masks, grad_terms, device)
     if why_math is not None:
         qk, sm = form.roles["qk"], form.roles["softmax"]
         reads = [qk.inputs[0], qk.inputs[1], sm.outputs[0], pv.inputs[1]]
@@ -78,6 +94,15 @@ def choose(form: AttentionForm, rg: set[str], memo: dict[int, bool]) -> KernelCh
     reads = [form.q, k, v, out]
     new = [(f"{pv.name}.logsumexp", "float32",
             None if form.q.shape is None else tuple(form.q.shape[:-1]))]
+    if device == "cpu":
+        kernel, reason = "flash", "flash kernel for CPU: saves q, k, v, the output and the row logsumexp"
+    elif form.q.dtype in ("float16", "bfloat16") and not data_masks:
+        kernel, reason = "flash", "FlashAttention-2 (CUDA): saves q, k, v, the output and the row logsumexp"
+    else:
+        kernel = "efficient"
+        reason = ("memory-efficient kernel (CUDA; flash takes float16/bfloat16 without a mask): saves q, k, "
+                  "v, the output and the row logsumexp (PyTorch pads the rows to a multiple of 32; counted "
+                  "per row)")
     notes = []
     if masks and not data_masks:
         notes.append("its mask depends on no input: transformers passes is_causal instead")
@@ -88,15 +113,14 @@ def choose(form: AttentionForm, rg: set[str], memo: dict[int, bool]) -> KernelCh
             reads.append(m)  # the model's own float mask: one storage, however many layers read it
         else:  # a bool mask becomes a float one per call, which the kernel saves
             new.append((f"{pv.name}.{m.name}.float", form.q.dtype, m.shape))
-    reason = "flash kernel for CPU: saves q, k, v, the output and the row logsumexp"
     if data_masks:
         reason += " and the mask"
-    return KernelChoice("flash", "; ".join([reason, *notes]), reads, new)
+    return KernelChoice(kernel, "; ".join([reason, *notes]), reads, new)
 
 
-def sdpa_region(node: Node, rg: set[str], memo: dict[int, bool]):
+def sdpa_region(node: Node, rg: set[str], memo: dict[int, bool], device: str = "cpu"):
     """The sdpa call whose P @ V is ``node``: (form, kernel choice), or None when it is not one."""
     form = read_attention(node)
     if not isinstance(form, AttentionForm) or not form.sdpa:
         return None
-    return form, choose(form, rg, memo)
+    return form, choose(form, rg, memo, device)

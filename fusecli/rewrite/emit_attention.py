@@ -44,7 +44,7 @@ def _mha_form(m: Match) -> AttentionForm | None:
     one scale and that on q k^T itself, no soft-cap (MultiHeadAttention has none), no layout op between the
     scores and the softmax, K transposed by one Transpose."""
     form = read_attention(m.roles["pv"])
-    if not isinstance(form, AttentionForm) or form.softcap is not None or "k_transpose_3d" in m.roles:
+    if not isinstance(form, AttentionForm) or form.softcap is not None:
         return None
     qk, scale = m.roles["qk"], m.roles.get("scale")
     scales = sum(r in m.roles for r in ("scale", "q_scale", "k_scale"))
@@ -147,12 +147,15 @@ def attention(m: Match, ctx: Context) -> Emission | None:
     qk, pv, softmax = r["qk"], r["pv"], r["softmax"]
     if _dtype(m) != "float32" or qk.kind != "matmul" or pv.kind != "matmul" or ctx.opset < 13:
         return None
-    if _mha_form(m) is None:
+    form = _mha_form(m)
+    if form is None:
         return None
     q = m.bound["q"]
     kt = r.get("k_transpose")
     # K^T (B, N, H, L) = transpose(k_in, P); (B, L, N, H) is k_in through (P[0], P[3], P[1], P[2])
     k_in, p = (kt.inputs[0], _perm(ctx, kt)) if kt is not None else (qk.inputs[1], [0, 1, 2, 3])
+    if "k_transpose_3d" in r:  # dynamo: reshape(transpose(reshape(k, (B N, L, H)), (0, 2, 1)), (B, N, H, L))
+        k_in, p = m.bound["k"], _kt_perm(ctx, r["k_transpose_3d"], m.bound["k"])
     if p is None or sorted(p) != [0, 1, 2, 3]:
         return None
     kperm = [p[0], p[3], p[1], p[2]]
@@ -178,6 +181,8 @@ def attention(m: Match, ctx: Context) -> Emission | None:
     if bias is None:
         return None
     o3 = b.node("MultiHeadAttention", [q3, k3, v3, "", "", bias], domain=MS, num_heads=heads, scale=scale)
+    if form.guard:  # sdpa's NaN guard: a row whose every key is masked gives zeros, not NaN
+        o3 = b.node("Where", [b.node("IsNaN", [o3]), b.const("guard_zero", np.zeros((), np.float32)), o3])
     keep = _feeding(m, [k_in, v_in])
     remove = [n.name for n in m.nodes if id(n) not in keep]
     heads_shape = b.const("heads_shape", np.array([0, 0, heads, vh[1]], np.int64))
@@ -189,6 +194,19 @@ def attention(m: Match, ctx: Context) -> Emission | None:
         split = b.node("Reshape", [o3, heads_shape])
         b.node("Transpose", [split], pv.outputs[0].name, perm=[0, 2, 1, 3])
     return Emission(m.pattern.name, "MultiHeadAttention", remove, b.nodes, b.inits)
+
+
+def _kt_perm(ctx: Context, transpose: Node, k: Tensor) -> list[int] | None:
+    """[0, 1, 3, 2] when dynamo's Reshape-Transpose-Reshape is K^T of the 4-D ``k``: the Transpose swaps
+    the last two of three axes (B N, L, H) and the last Reshape gives (B, N, H, L) back."""
+    out = transpose.outputs[0].consumers
+    kt = out[0].outputs[0] if len(out) == 1 and out[0].outputs else None
+    ks = k.shape
+    if _perm(ctx, transpose) != [0, 2, 1] or kt is None or ks is None or kt.shape is None \
+            or len(ks) != 4 or len(kt.shape) != 4:
+        return None
+    same = [ks[0], ks[1], ks[3], ks[2]]
+    return [0, 1, 3, 2] if all(a == b for a, b in zip(same, kt.shape, strict=True)) else None
 
 
 def _merge_heads(out: Tensor, ctx: Context) -> Node | None:

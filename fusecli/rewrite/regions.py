@@ -108,7 +108,7 @@ class Cutter:
                     return f"{label}: over {MAX_PULLED} nodes compute its shape-valued inputs"
                 pulled.append(node)
                 for i in node.input:
-                    if i and i not in seen:
+                    if i and i not in seen and i not in made_bridge:  # a bridge node makes it already
                         if node.op_type in SHAPE_OPS:  # only its shape matters: a data input
                             problem = self._add_input(i, inputs)
                             if problem:
@@ -125,7 +125,9 @@ class Cutter:
         pulled = [_copy(n) for n in sorted(distinct(pulled), key=self._position)]
         bridge = [_copy(n) for n in sorted(bridge, key=self._position)]
         removed = sorted(removed, key=self._position)
-        case = Case(label, pulled + bridge + [_copy(n) for n in removed], pulled + [_copy(n) for n in added],
+        # shape computations that read a bridged tensor need the bridge on the fused side too
+        shared = sorted(pulled + bridge, key=self._position) if _reads(pulled) & made_bridge else pulled
+        case = Case(label, pulled + bridge + [_copy(n) for n in removed], shared + [_copy(n) for n in added],
                     constants, list(new_weights), sorted(inputs.values(), key=lambda d: d.name), outputs)
         case.signature = signature(case)
         return case

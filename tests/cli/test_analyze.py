@@ -11,7 +11,7 @@ from fusecli import __version__
 from fusecli.cli import main
 
 CONTRACT_KEYS = {"fusecli", "model", "format", "batch", "dims", "resolved_dims", "forward", "backward",
-                 "autodiff", "saved", "memory", "patterns", "unsupported"}
+                 "autodiff", "saved", "memory", "patterns", "near_misses", "unsupported"}
 
 
 def run(*args):
@@ -32,7 +32,7 @@ def test_json_contract_on_conv_bias_relu(sample):
     assert doc["memory"]["incomplete"] == [] and doc["memory"]["unknown_tensors"] == 0
     y = next(s for s in doc["saved"] if s["name"] == "y")
     assert y["bytes"] == 4 * 8 * 16 * 16 * 4 and y["bytes_formula"] == "8192*N"
-    assert doc["unsupported"] == []
+    assert doc["unsupported"] == [] and doc["near_misses"] == []
 
 
 def test_human_output_has_the_summary(sample):

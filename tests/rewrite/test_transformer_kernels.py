@@ -22,7 +22,7 @@ def _rewrite(path: str, target: str = "cpu"):
     return rewrite(path, RewriteOptions(target=target, batch=2, dims=dict(DIMS)))
 
 
-def _torch_matches(name: str, model: onnx.ModelProto) -> None:
+def _torch_matches(name: str, model: onnx.ModelProto, attn: str = "eager") -> None:
     """The rewritten model run by onnxruntime (default level) against PyTorch's eager forward."""
     import torch
 
@@ -33,7 +33,7 @@ def _torch_matches(name: str, model: onnx.ModelProto) -> None:
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     got = sess.run(None, {i.name: feeds[i.name] for i in sess.get_inputs()})[0]
     with torch.no_grad():
-        want = hf_models.build(name)(*args).numpy()
+        want = hf_models.build(name, attn=attn)(*args).numpy()
     assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-4
 
 
@@ -84,3 +84,19 @@ def test_cuda_target_emits_only_cuda_kernels(hf_onnx, name):
     r = _rewrite(hf_onnx(name), target="cuda")
     fused = {k for k in r.ops_after if k.startswith(MS) or k.endswith("LayerNormalization")}
     assert MS + "MultiHeadAttention" in fused and fused <= CUDA_KERNELS
+
+
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+@pytest.mark.parametrize(("name", "blocks"),
+                         [("bert", 2), ("gpt2", 2), ("opt", 2), ("bart", 6), ("llama", 2)])
+def test_default_sdpa_attention_becomes_multi_head_attention(hf_onnx, name, blocks, exporter):
+    """The default (sdpa) exports: the NaN guard (kept on the kernel's output: a row whose every key is
+    masked gives zeros), q and k^T each scaled by sqrt(s), bool masks made additive, dynamo's Reshape-Transpose-Reshape of K, cross-attention (BART): one MultiHeadAttention per
+    attention block, every region cut out and verified on its own, equal to PyTorch's output."""
+    if (name, exporter) == ("llama", "torchscript"):
+        pytest.skip("TorchScript cannot export sdpa with enable_gqa")
+    r = _rewrite(hf_onnx(name, exporter, attn="default"))
+    assert r.ops_after.get(MS + "MultiHeadAttention") == blocks
+    assert "Softmax" not in r.ops_after  # the NaN guard stays, on the kernel's output
+    assert r.verification.ok and r.verification.uncut == []
+    _torch_matches(name, r.model, attn="default")
