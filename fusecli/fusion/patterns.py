@@ -128,8 +128,14 @@ _TANH_ARG = op("mul", op(ADD | {"bias_add"}, Var("x"),
                          op("mul", _CUBE, Var(check=scalar(0.044715)), commutative=True),
                          commutative=True),
                Var(check=scalar(math.sqrt(2 / math.pi))), commutative=True)
+# BLOOM (transformers' bloom_gelu_forward): tanh(0.79788456 x (1 + 0.044715 x x)), both torch exporters
+TANH_ARG_BLOOM = op("mul", op("mul", Var("x"), Var(check=scalar(math.sqrt(2 / math.pi))), commutative=True),
+                    op(ADD | {"bias_add"}, op("mul", op("mul", Var("x"), Var(check=scalar(0.044715)),
+                                                        commutative=True), Var("x"), commutative=True),
+                       _ONE, commutative=True), commutative=True)
 GELU_OP = (op("gelu", Var("x"), role="gelu", more=True),)  # the Gelu op itself (opset 20, contrib)
-GELU_TANH = _gelu_trees(op(ADD | {"bias_add"}, op("tanh", _TANH_ARG), _ONE, commutative=True))
+GELU_TANH = tuple(t for a in (_TANH_ARG, TANH_ARG_BLOOM)
+                  for t in _gelu_trees(op(ADD | {"bias_add"}, op("tanh", a), _ONE, commutative=True)))
 
 
 # -- LayerNorm decomposed: (x - mean(x)) / sqrt(mean((x - mean)^2) + eps) * gamma + beta --------------------

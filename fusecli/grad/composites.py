@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..fusion.match import Op, Var, match_at, op
-from ..fusion.patterns import ADD, LAYER_NORM, scalar
+from ..fusion.patterns import ADD, LAYER_NORM, TANH_ARG_BLOOM, scalar
 from ..ir import Graph, Node, Tensor
 from . import sdpa
 
@@ -98,6 +98,10 @@ GELU_TANH_TORCH = (
        commutative=True),
     op("mul", Var("x"), op("mul", _one_plus(_tanh_gelu(_CUBE_POW)), _HALF, commutative=True),
        commutative=True))
+# transformers' BloomGelu: GeLUFunction, a custom autograd.Function that saves x, traced through its
+# forward x * 0.5 * (1 + tanh(0.79788456 x (1 + 0.044715 x x))) (both exporters)
+GELU_BLOOM = (op("mul", op("mul", Var("x"), _HALF, commutative=True),
+                 _one_plus(op("tanh", TANH_ARG_BLOOM)), commutative=True),)
 # F.silu: x * sigmoid(x) (both exporters)
 SILU = (op("mul", Var("x"), op("sigmoid", Var("x")), commutative=True),)
 # F.hardswish below opset 14: x * HardSigmoid(x)
@@ -157,6 +161,8 @@ PYTORCH_COMPOSITES: tuple[Composite, ...] = (
     Composite("gelu_erf", GELU_ERF_TORCH, "GeluBackward0", _x, "gelu_backward(grad, self): saves x"),
     Composite("gelu_tanh", GELU_TANH_TORCH, "GeluBackward0", _x,
               "gelu_backward(grad, self, 'tanh'): saves x"),
+    Composite("gelu_bloom", GELU_BLOOM, "GeLUFunctionBackward", _x,
+              "BLOOM's GeLUFunction.backward(ctx, g) reads the x it saved"),
     Composite("silu", SILU, "SiluBackward0", _x, "silu_backward(grad, self): saves x"),
     Composite("hardswish", HARDSWISH, "HardswishBackward0", _x, "hardswish_backward(grad, self): saves x"),
     Composite("layer_norm", LAYER_NORM_TORCH, "NativeLayerNormBackward0", _layer_norm_reads,

@@ -1,10 +1,10 @@
 """Attention as users export it: `transformers` models with their DEFAULT attention (sdpa where the model
-supports it), both torch exporters, dynamic batch and sequence.
+supports it) and with eager attention, both torch exporters, dynamic batch and sequence.
 
 Per export: one ``attention`` match per attention block (cross-attention included), the kernel fusecli
-assumes PyTorch runs (flash, math, or eager where the model has no sdpa), no near miss, no op unsupported
-because of attention, and saved activation bytes within 10% of what PyTorch's autograd saves for the same
-model at batch 2 and seq 32 and 256 (``saved_tensors_hooks``, tests/hf_models.py).
+assumes PyTorch runs (flash, math, or eager), no near miss, no op unsupported because of attention, and
+saved activation bytes within 10% of what PyTorch's autograd saves for the same model at batch 2 and seq
+32 and 256 (``saved_tensors_hooks``, tests/hf_models.py).
 """
 
 from __future__ import annotations
@@ -37,33 +37,32 @@ NO_EXPORT = {
     ("beit", "dynamo"): "dynamo: the relative-position bias fails to decompose",
     ("t5_encoder", "dynamo"): "dynamo: T5's position bias fails to decompose",
 }
-KNOWN = {  # (model, exporter) -> why the bytes cannot match yet
-    **{("bloom", e): "BLOOM's GELU is a custom autograd function that keeps x; its tanh spelling is kept op "
-       "by op (the long-tail issue)" for e in ("torchscript", "dynamo")},
-}
 
 
 def _cases():
-    for name in MODELS:
-        for exporter in ("torchscript", "dynamo"):
-            if (name, exporter) not in NO_EXPORT:
-                yield pytest.param(name, exporter, id=f"{name}-{exporter}")
+    for attn in hf_models.ATTENTION:
+        for name in MODELS:
+            for exporter in ("torchscript", "dynamo"):
+                if (name, exporter) not in (NO_EXPORT if attn == "default" else {}):
+                    yield pytest.param(name, exporter, attn, id=f"{name}-{exporter}-{attn}")
 
 
 @functools.cache
-def _pytorch_bytes(name: str, seq: int) -> int:
-    return hf_models.pytorch_saved_bytes(name, BATCH, seq, attn="default")
+def _pytorch_bytes(name: str, seq: int, attn: str) -> int:
+    return hf_models.pytorch_saved_bytes(name, BATCH, seq, attn=attn)
 
 
 def _dims(name: str, seq: int) -> dict[str, int]:
     return {"seq": seq} if hf_models.spec(name).seq_axis else {}
 
 
-@pytest.mark.parametrize(("name", "exporter"), list(_cases()))
-def test_default_attention_found_with_the_kernel_pytorch_runs(hf_onnx, name, exporter):
+@pytest.mark.parametrize(("name", "exporter", "attn"), list(_cases()))
+def test_attention_found_with_the_kernel_pytorch_runs(hf_onnx, name, exporter, attn):
     blocks, kernel = MODELS[name]
-    assert hf_models.attention_of(name) == ("eager" if kernel == "eager" else "sdpa")
-    a = analyze(hf_onnx(name, exporter, attn="default"), Options(batch=BATCH, dims=_dims(name, 32)))
+    if attn == "eager":
+        kernel = "eager"
+    assert hf_models.attention_of(name, attn) == ("eager" if kernel == "eager" else "sdpa")
+    a = analyze(hf_onnx(name, exporter, attn=attn), Options(batch=BATCH, dims=_dims(name, 32)))
     doc = to_json(a)
     found = [p for p in doc["patterns"] if p["pattern"] == "attention"]
     assert len(found) == blocks, [n["reason"] for n in doc["near_misses"]]
@@ -76,16 +75,14 @@ def test_default_attention_found_with_the_kernel_pytorch_runs(hf_onnx, name, exp
 
 
 @pytest.mark.parametrize("seq", SEQS)
-@pytest.mark.parametrize(("name", "exporter"), list(_cases()))
-def test_default_attention_saved_bytes_match_pytorch(hf_onnx, name, exporter, seq):
+@pytest.mark.parametrize(("name", "exporter", "attn"), list(_cases()))
+def test_attention_saved_bytes_match_pytorch(hf_onnx, name, exporter, attn, seq):
     if not hf_models.spec(name).seq_axis and seq != SEQS[0]:
         pytest.skip("fixed-size input: one length")
-    if (name, exporter) in KNOWN:
-        pytest.xfail(KNOWN[name, exporter])
-    a = analyze(hf_onnx(name, exporter, attn="default"), Options(batch=BATCH, dims=_dims(name, seq)))
+    a = analyze(hf_onnx(name, exporter, attn=attn), Options(batch=BATCH, dims=_dims(name, seq)))
     sizes = [s.bytes for s in a.liveness.saved if s.tensor.kind == "activation"]
     assert None not in sizes
-    ratio = sum(sizes) / _pytorch_bytes(name, seq)
+    ratio = sum(sizes) / _pytorch_bytes(name, seq, attn)
     assert ratio == pytest.approx(1, rel=0.10), (ratio, a.joint.meta["attention_kernels"])
 
 

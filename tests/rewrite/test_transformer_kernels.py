@@ -91,8 +91,9 @@ def test_cuda_target_emits_only_cuda_kernels(hf_onnx, name):
                          [("bert", 2), ("gpt2", 2), ("opt", 2), ("bart", 6), ("llama", 2)])
 def test_default_sdpa_attention_becomes_multi_head_attention(hf_onnx, name, blocks, exporter):
     """The default (sdpa) exports: the NaN guard (kept on the kernel's output: a row whose every key is
-    masked gives zeros), q and k^T each scaled by sqrt(s), bool masks made additive, dynamo's Reshape-Transpose-Reshape of K, cross-attention (BART): one MultiHeadAttention per
-    attention block, every region cut out and verified on its own, equal to PyTorch's output."""
+    masked gives zeros), q and k^T each scaled by sqrt(s), bool masks made additive, dynamo's
+    Reshape-Transpose-Reshape of K, cross-attention (BART): one MultiHeadAttention per attention block,
+    every region cut out and verified on its own, equal to PyTorch's output."""
     if (name, exporter) == ("llama", "torchscript"):
         pytest.skip("TorchScript cannot export sdpa with enable_gqa")
     r = _rewrite(hf_onnx(name, exporter, attn="default"))
