@@ -161,3 +161,17 @@ def test_kv_cache_and_grouped_query_attention_read(tmp_path):
         model(*args).sum().backward()
     ours = sum(s.bytes for s in a.liveness.saved if s.tensor.kind == "activation")
     assert ours == pytest.approx(sum(seen.values()), rel=0.10)
+
+
+def test_cuda_device_runs_a_learned_bias_in_the_memory_efficient_kernel(hf_onnx):
+    """--device cuda: BEiT's learned bias goes to the memory-efficient kernel, which keeps the row
+    logsumexp instead of P (modelled from aten's sdp_utils.cpp; no GPU here to measure it)."""
+    path = hf_onnx("beit", "torchscript", attn="default")
+    cpu, cuda = (analyze(path, Options(batch=BATCH, device=d)) for d in ("cpu", "cuda"))
+    kernels = {d: {k["kernel"] for k in a.joint.meta["attention_kernels"].values()}
+               for d, a in (("cpu", cpu), ("cuda", cuda))}
+    assert kernels == {"cpu": {"math"}, "cuda": {"efficient"}}
+    probs = [s for s in cpu.liveness.saved if s.tensor.producer is not None
+             and s.tensor.producer.kind == "softmax"]
+    assert len(probs) == 2 and not [s for s in cuda.liveness.saved if s.tensor.name == probs[0].tensor.name]
+    assert cuda.liveness.saved_activation_bytes < cpu.liveness.saved_activation_bytes
