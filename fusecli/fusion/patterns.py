@@ -55,6 +55,17 @@ def made_by(*kinds: str) -> Callable[[Tensor], bool]:
     return lambda t: t.producer is not None and t.producer.kind in kinds
 
 
+_PROJECTION = made_by("matmul", "gemm", "bias_add")
+
+
+def projected(t: Tensor) -> bool:
+    """A projection's output, or a part of one (Phi-3's and Mixtral's fused gate_up_proj, split in two by
+    Split, Slice or chunk's Gather)."""
+    p = t.producer
+    return _PROJECTION(t) or (p is not None and p.kind in ("split", "slice", "gather") and bool(p.inputs)
+                              and p.inputs[0] is not None and _PROJECTION(p.inputs[0]))
+
+
 ACTIVATIONS = frozenset({"relu", "relu6", "clip", "leaky_relu", "elu", "sigmoid", "tanh", "gelu",
                          "hard_sigmoid"})
 ADD = frozenset({"add", "sum"})
@@ -123,18 +134,27 @@ _ERFC_ARG = (op("mul", op("neg", Var("x")), Var(check=scalar(1 / math.sqrt(2))),
              op("mul", Var("x"), Var(check=scalar(-1 / math.sqrt(2))), commutative=True))
 GELU_ERFC = tuple(op("mul", op("mul", Var("x"), Var(check=scalar(0.5)), commutative=True), op("erfc", a),
                      commutative=True, role="gelu") for a in _ERFC_ARG)
-_CUBE = op("pow", Var("x"), Var(check=scalar(3.0)))
-_TANH_ARG = op("mul", op(ADD | {"bias_add"}, Var("x"),
-                         op("mul", _CUBE, Var(check=scalar(0.044715)), commutative=True),
-                         commutative=True),
-               Var(check=scalar(math.sqrt(2 / math.pi))), commutative=True)
+# x^3 as the exporters write it: Pow(x, 3) (dynamo), x * (x * x) (TorchScript's F.gelu), (x * x) * x
+CUBES = (op("pow", Var("x"), Var(check=scalar(3.0))),
+         op("mul", Var("x"), op("mul", Var("x"), Var("x")), commutative=True),
+         op("mul", op("mul", Var("x"), Var("x")), Var("x"), commutative=True))
+
+
+def tanh_gelu_arg(cube: Op) -> Op:
+    """sqrt(2/pi) (x + 0.044715 x^3): the tanh approximation's argument."""
+    return op("mul", op(ADD | {"bias_add"}, Var("x"), op("mul", cube, Var(check=scalar(0.044715)),
+                                                        commutative=True), commutative=True),
+              Var(check=scalar(math.sqrt(2 / math.pi))), commutative=True)
+
+
+_TANH_ARGS = tuple(tanh_gelu_arg(c) for c in CUBES)
 # BLOOM (transformers' bloom_gelu_forward): tanh(0.79788456 x (1 + 0.044715 x x)), both torch exporters
 TANH_ARG_BLOOM = op("mul", op("mul", Var("x"), Var(check=scalar(math.sqrt(2 / math.pi))), commutative=True),
                     op(ADD | {"bias_add"}, op("mul", op("mul", Var("x"), Var(check=scalar(0.044715)),
                                                         commutative=True), Var("x"), commutative=True),
                        _ONE, commutative=True), commutative=True)
 GELU_OP = (op("gelu", Var("x"), role="gelu", more=True),)  # the Gelu op itself (opset 20, contrib)
-GELU_TANH = tuple(t for a in (_TANH_ARG, TANH_ARG_BLOOM)
+GELU_TANH = tuple(t for a in (*_TANH_ARGS, TANH_ARG_BLOOM)
                   for t in _gelu_trees(op(ADD | {"bias_add"}, op("tanh", a), _ONE, commutative=True)))
 
 
@@ -170,6 +190,7 @@ def _moments_layer_norm_trees() -> tuple[Op, ...]:
 
 
 LAYER_NORM = _layer_norm_trees() + _moments_layer_norm_trees()
+SKIP_LAYOUT = frozenset({"reshape", "flatten", "squeeze", "unsqueeze"})  # between a residual sum and its norm
 RESIDUAL_X = Var("x", check=lambda t: made_by("add", "sum")(through_noops(t))
                  and all(is_activation(i) for i in through_noops(t).producer.inputs if i is not None))
 
@@ -220,9 +241,13 @@ CATALOGUE: tuple[Pattern, ...] = (
     Pattern("gelu", GELU_ERF + GELU_ERFC + GELU_TANH, "Gelu / FastGelu",
             "y = x Phi(x): erf form, or the tanh approximation", fused_kind="gelu"),
     Pattern("skip_layer_norm", (op("layer_norm", op("add", Z, Z, role="add", name="x"), role="layer_norm",
-                                   more=True),) + LAYER_NORM, "SkipLayerNormalization",
+                                   more=True),
+                                # OPT: Add -> Reshape (b s, h) -> LayerNorm; values kept, rows flattened
+                                op("layer_norm", op(SKIP_LAYOUT, op("add", Z, Z, role="add", name="x"),
+                                                    more=True, role="skip_layout", name="x_view"),
+                                   role="layer_norm", more=True)) + LAYER_NORM, "SkipLayerNormalization",
             "y = layer_norm(x + skip); pre-LN blocks read the sum again: the kernel's optional 4th output",
-            fused_kind="layer_norm", include_producers=("x",), side_outputs=("x",),
+            fused_kind="layer_norm", include_producers=("x",), side_outputs=("x", "x_view"),
             require=lambda roles, bound: "add" in roles or RESIDUAL_X.check(bound["x"])),
     Pattern("layer_norm", LAYER_NORM, "LayerNormalization",
             "y = (x - mean) / sqrt(var + eps) * gamma + beta", fused_kind="layer_norm"),
@@ -242,10 +267,10 @@ CATALOGUE: tuple[Pattern, ...] = (
     Pattern("swiglu", tuple(op("mul", s, Var("up", check=is_activation), commutative=True, role="swiglu")
                             for s in SILU),
             "SwiGLU (silu(a) * b in one pass, as Liger-Kernel)",
-            "y = silu(x W1) * (x W3): backward reads a = x W1 and b = x W3, silu(a) is recomputed",
+            "y = silu(x W1) * (x W3) (W1 and W3 apart, or one projection split in two): backward reads "
+            "a = x W1 and b = x W3, silu(a) is recomputed",
             require=lambda roles, bound: "act_beta" not in roles
-            and made_by("matmul", "gemm", "bias_add")(bound["act_in"]) and made_by("matmul", "gemm",
-                                                                                 "bias_add")(bound["up"])),
+            and projected(bound["act_in"]) and projected(bound["up"])),
     Pattern("silu", SILU, "SiLU / Swish / QuickGelu (one elementwise kernel)",
             "y = x sigmoid(beta x): backward reads x and recomputes sigmoid (PyTorch's silu saves x only)"),
     Pattern("hard_swish", HARD_SWISH[1:], "HardSwish",

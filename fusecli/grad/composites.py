@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..fusion.match import Op, Var, match_at, op
-from ..fusion.patterns import ADD, LAYER_NORM, TANH_ARG_BLOOM, scalar
+from ..fusion.patterns import ADD, CUBES, LAYER_NORM, TANH_ARG_BLOOM, scalar, tanh_gelu_arg
 from ..ir import Graph, Node, Tensor
 from . import sdpa
 
@@ -83,20 +83,13 @@ GELU_ERF_TORCH = (op("mul", op("mul", Var("x"), _one_plus(_ERF), commutative=Tru
                   op("mul", Var("x"), op("mul", _one_plus(_ERF), _HALF, commutative=True), commutative=True))
 
 
-def _tanh_gelu(cube: Op) -> Op:
-    cubed = op("mul", cube, Var(check=scalar(0.044715)), commutative=True)
-    inner = op(ADD, Var("x"), cubed, commutative=True)
-    return op("tanh", op("mul", inner, Var(check=scalar(math.sqrt(2 / math.pi))), commutative=True))
-
-
-# F.gelu(approximate="tanh"): TorchScript 0.5 * (x * (1 + tanh(c (x + k x*x*x)))), dynamo
-# x * ((1 + tanh(c (x + k pow(x, 3)))) * 0.5)
-_CUBE_MUL = op("mul", Var("x"), op("mul", Var("x"), Var("x")), commutative=True)
-_CUBE_POW = op("pow", Var("x"), Var(check=scalar(3.0)))
+# F.gelu(approximate="tanh"): TorchScript 0.5 * (x * (1 + tanh(c (x + k x*(x*x))))), dynamo
+# x * ((1 + tanh(c (x + k pow(x, 3)))) * 0.5); the tanh arguments are the catalogue's
+_POW, _MUL = CUBES[0], CUBES[1]
 GELU_TANH_TORCH = (
-    op("mul", _HALF, op("mul", Var("x"), _one_plus(_tanh_gelu(_CUBE_MUL)), commutative=True),
+    op("mul", _HALF, op("mul", Var("x"), _one_plus(op("tanh", tanh_gelu_arg(_MUL))), commutative=True),
        commutative=True),
-    op("mul", Var("x"), op("mul", _one_plus(_tanh_gelu(_CUBE_POW)), _HALF, commutative=True),
+    op("mul", Var("x"), op("mul", _one_plus(op("tanh", tanh_gelu_arg(_POW))), _HALF, commutative=True),
        commutative=True))
 # transformers' BloomGelu: GeLUFunction, a custom autograd.Function that saves x, traced through its
 # forward x * 0.5 * (1 + tanh(0.79788456 x (1 + 0.044715 x x))) (both exporters)

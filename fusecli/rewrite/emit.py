@@ -513,8 +513,8 @@ def _absorb_bias(ctx: Context, m: Match, x: Tensor, inits: list) -> tuple[Tensor
 
 
 def _skip_layer_norm(m: Match, ctx: Context) -> Emission | None:
-    if _dtype(m) != "float32":
-        return None
+    if _dtype(m) != "float32" or "skip_layout" in m.roles:
+        return None  # a Reshape between the sum and the norm: the kernel's sum output has another shape
     inits: list = []
     if "add" in m.roles:  # Add + LayerNormalization op
         add, ln = m.roles["add"], m.roles["layer_norm"]

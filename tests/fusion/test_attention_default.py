@@ -24,16 +24,18 @@ SEQS = (32, 256)
 # name -> (attention blocks, the kernel PyTorch runs by default)
 MODELS = {
     "bert": (2, "flash"), "roberta": (2, "flash"), "distilbert": (2, "flash"), "opt": (2, "flash"),
-    "gpt2": (2, "flash"), "gpt_neox": (2, "flash"), "llama": (2, "flash"), "bart": (6, "flash"),
-    "vit": (2, "flash"), "whisper_encoder": (2, "flash"),
+    "gpt2": (2, "flash"), "gpt_neox": (2, "flash"), "llama": (2, "flash"), "mistral": (2, "flash"),
+    "qwen2": (2, "flash"), "phi3": (2, "flash"), "bart": (6, "flash"), "vit": (2, "flash"), "clip_vision": (2, "flash"),
+    "whisper_encoder": (2, "flash"),
     "beit": (2, "math"),  # its relative-position bias needs a gradient: the math kernel
     "t5_encoder": (2, "math"),  # likewise its learned position bias
     "gemma2": (2, "eager"),  # soft-capped: transformers runs it eager
     "bloom": (2, "eager"),  # ALiBi: eager only
 }
 # torch.onnx cannot export these (said by the exporter itself)
-NO_EXPORT = {
-    ("llama", "torchscript"): "TorchScript: conversion of scaled_dot_product_attention with enable_gqa",
+NO_EXPORT = {  # grouped-query decoders: TorchScript cannot convert sdpa's enable_gqa
+    **{(n, "torchscript"): "TorchScript: conversion of scaled_dot_product_attention with enable_gqa"
+       for n in ("llama", "mistral", "qwen2")},
     ("beit", "dynamo"): "dynamo: the relative-position bias fails to decompose",
     ("t5_encoder", "dynamo"): "dynamo: T5's position bias fails to decompose",
 }
