@@ -44,7 +44,7 @@ def _mha_form(m: Match) -> AttentionForm | None:
     one scale and that on q k^T itself, no soft-cap (MultiHeadAttention has none), no layout op between the
     scores and the softmax, K transposed by one Transpose."""
     form = read_attention(m.roles["pv"])
-    if not isinstance(form, AttentionForm) or form.softcap is not None or "k_transpose_3d" in m.roles:
+    if not isinstance(form, AttentionForm) or form.softcap is not None:
         return None
     qk, scale = m.roles["qk"], m.roles.get("scale")
     scales = sum(r in m.roles for r in ("scale", "q_scale", "k_scale"))
@@ -153,6 +153,8 @@ def attention(m: Match, ctx: Context) -> Emission | None:
     kt = r.get("k_transpose")
     # K^T (B, N, H, L) = transpose(k_in, P); (B, L, N, H) is k_in through (P[0], P[3], P[1], P[2])
     k_in, p = (kt.inputs[0], _perm(ctx, kt)) if kt is not None else (qk.inputs[1], [0, 1, 2, 3])
+    if "k_transpose_3d" in r:
+        k_in, p = m.bound["k"], _transposed_3d(r["k_transpose_3d"], m.bound["k"], ctx)
     if p is None or sorted(p) != [0, 1, 2, 3]:
         return None
     kperm = [p[0], p[3], p[1], p[2]]
@@ -189,6 +191,22 @@ def attention(m: Match, ctx: Context) -> Emission | None:
         split = b.node("Reshape", [o3, heads_shape])
         b.node("Transpose", [split], pv.outputs[0].name, perm=[0, 2, 1, 3])
     return Emission(m.pattern.name, "MultiHeadAttention", remove, b.nodes, b.inits)
+
+
+def _transposed_3d(t: Node, k: Tensor, ctx: Context) -> list[int] | None:
+    """[0, 1, 3, 2] when Reshape(Transpose(Reshape(k, (B N, S, H)), (0, 2, 1)), (B, N, H, S)) is K^T of a
+    (B, N, S, H) k with N and H known (the split of B N back into B, N undoes the merge), else None."""
+    merged, split = t.inputs[0], t.outputs[0].consumers
+    ks = k.shape
+    if merged is None or merged.producer is None or merged.producer.inputs[0] is not k or len(split) != 1 \
+            or ks is None or len(ks) != 4 or not isinstance(ks[1], int) or not isinstance(ks[3], int) \
+            or _perm(ctx, t) != [0, 2, 1]:
+        return None
+    out = split[0].outputs[0].shape
+    if merged.shape is None or len(merged.shape) != 3 or tuple(merged.shape[1:]) != tuple(ks[2:]) \
+            or out is None or len(out) != 4 or tuple(out[1:]) != (ks[1], ks[3], ks[2]) or ks[2] is None:
+        return None
+    return [0, 1, 3, 2]
 
 
 def _merge_heads(out: Tensor, ctx: Context) -> Node | None:
