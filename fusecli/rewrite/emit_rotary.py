@@ -18,16 +18,16 @@ import onnx
 from ..fusion.match import Match, through_noops
 from ..ir import Node, Tensor
 from .emit import MS, Context, Emission, attr_value, make_node, new_initializer
+from .shape_values import int_value
 
 INT_MAX = 2**62  # a Slice end at or past this means "to the end"
 ELEMENTWISE = frozenset({"Cos", "Sin", "Cast", "Identity"})  # what may stand between concat(f, f) and a table
 
 
-def _const_ints(ctx: Context, proto: onnx.NodeProto, i: int) -> list[int] | None:
-    if len(proto.input) <= i or not proto.input[i]:
-        return None
-    v = ctx.weights.value(proto.input[i])
-    return None if v is None or v.dtype.kind not in "iu" else [int(a) for a in np.reshape(v, -1)]
+def _const_ints(ctx: Context, node: Node, i: int) -> list[int] | None:
+    """Input i's values when constants and known dims fix them (a bound computed from Shape), else None."""
+    v = int_value(node.input(i), ctx.weights)
+    return None if v is None else [int(a) for a in np.reshape(v, -1)]
 
 
 def _slice_range(ctx: Context, node: Node, rank: int, size: int) -> tuple[int, int] | None:
@@ -39,8 +39,8 @@ def _slice_range(ctx: Context, node: Node, rank: int, size: int) -> tuple[int, i
         starts, ends = attr_value(p, "starts"), attr_value(p, "ends")
         axes, steps = attr_value(p, "axes"), None
     else:
-        starts, ends = _const_ints(ctx, p, 1), _const_ints(ctx, p, 2)
-        axes, steps = _const_ints(ctx, p, 3), _const_ints(ctx, p, 4)
+        starts, ends = _const_ints(ctx, node, 1), _const_ints(ctx, node, 2)
+        axes, steps = _const_ints(ctx, node, 3), _const_ints(ctx, node, 4)
         if (len(p.input) > 3 and p.input[3] and axes is None) or (len(p.input) > 4 and p.input[4]
                                                                   and steps is None):
             return None
@@ -99,7 +99,7 @@ def _computed_cache(ctx: Context, t: Tensor, d: int, nodes: list[onnx.NodeProto]
             f = p.input[0]
             break
         if p.op_type == "Unsqueeze":
-            axes = attr_value(p, "axes") if ctx.opset < 13 else _const_ints(ctx, p, 1)
+            axes = attr_value(p, "axes") if ctx.opset < 13 else _const_ints(ctx, node, 1)
             rank = len(cur.shape or ())
             if axes is None or not rank or any(a % rank == rank - 1 for a in axes):
                 return None  # a new last axis would move D
