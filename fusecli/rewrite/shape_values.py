@@ -77,7 +77,7 @@ def _eval(t: Tensor | None, weights: Weights, budget: list[int]) -> np.ndarray |
         if int(a.get("axis", 0)) != 0 or any(e is None for e in idx.flat) or x.ndim != 1:
             return None
         i = idx.astype(np.int64)
-        return np.take(x, i) if np.all((-x.size <= i) & (i < x.size)) else None
+        return np.asarray(np.take(x, i), dtype=object) if np.all((-x.size <= i) & (i < x.size)) else None
     if op in ("Unsqueeze", "Squeeze"):
         if x.size != 1:
             return None  # only a scalar's rank changes here: the element order is all that matters

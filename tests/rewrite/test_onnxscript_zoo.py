@@ -36,7 +36,7 @@ def test_zoo_rewrites_and_verifies(zoo, name, tmp_path):
     out = str(tmp_path / "out.onnx")
     r = rewrite(zoo(name), RewriteOptions(), out)
     assert not [w for w in r.warnings if w.startswith("not rewritten")], r.warnings
-    assert r.verification.ok and r.verification.regions == len(r.applied) and r.verification.checks
+    assert r.verification.ok and r.verification.regions == len(r.applied) and r.verification.region_checks
     written = onnx.load(out)
     onnx.checker.check_model(written)
     assert undefined_read(written) is None
