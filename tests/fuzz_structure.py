@@ -192,7 +192,8 @@ def mutate_structure(m: onnx.ModelProto, r: random.Random) -> str:
     v = numpy_helper.to_array(t)
     if what == 4:  # a value: scaled, negated, zero, non-finite, an int bound moved
         if v.dtype.kind == "f":
-            v = v * np.asarray(r.choice([0.0, -1.0, 2.0, 1e-9, float("nan"), float("inf")]), v.dtype)
+            with np.errstate(all="ignore"):
+                v = v * np.asarray(r.choice([0.0, -1.0, 2.0, 1e-9, float("nan"), float("inf")]), v.dtype)
         else:
             v = v.astype(np.int64) + r.choice([-2, -1, 1, 2, 2**62])
     elif what == 5:  # a dtype, with data of that dtype
