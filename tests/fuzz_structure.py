@@ -2,7 +2,10 @@
 rewrite, each case in a forked child with a memory cap and a time limit.
 
 A case is ``(seed)``: the seed picks a base model and 1-4 mutations (op types, input and output counts,
-attributes, dims, dtypes, names, opset and IR versions, initializer data). The child runs
+attributes, dims, dtypes, names, opset and IR versions, initializer data). The transformer bases (hand-built
+attention, RMSNorm, SwiGLU and rotary blocks in the exporters' spellings) mostly get structural edits that
+keep the graph well formed: two nodes or inputs swapped, a node dropped or duplicated, a constant's value,
+dtype or rank changed. The child runs
 ``pipeline.analyze``, ``render.build_dot`` for the before / after / backward views (DOT source, no
 Graphviz layout) and ``rewrite`` with verification; it reports ``ok``, ``error`` (a FuseError: one line)
 or ``internal`` (anything else, with the traceback). A child killed by its time limit is a ``hang``, one
@@ -120,7 +123,86 @@ def base_models() -> list[onnx.ModelProto]:
                   [_p(rng, "w1", 8, 8), _p(rng, "b1", 8),
                    numpy_helper.from_array(np.array([-1], np.int64), "ax"),
                    numpy_helper.from_array(np.array([0], np.int64), "ax0")], opset=20)
-    return [*bases, acts, gelu]
+    return [*bases, acts, gelu, *transformer_bases()]
+
+
+def transformer_bases() -> list[onnx.ModelProto]:
+    """The exporters' transformer spellings (tests/transformer_graphs.py): rotary with computed tables and
+    torchscript's Shape-derived bound, a Llama block as sdpa and as eager attention write it."""
+    from tests import transformer_graphs as T
+
+    return [T.rotary_model(), T.rotary_model(bound="shape", table="constant"), T.llama_block("sdpa"),
+            T.llama_block("eager")]
+
+
+# --- structural mutations of the transformer bases: each keeps the graph well formed more often ---------
+def _consumers(g: onnx.GraphProto, name: str) -> list[tuple[onnx.NodeProto, int]]:
+    return [(nd, i) for nd in g.node for i, x in enumerate(nd.input) if x == name]
+
+
+def mutate_structure(m: onnx.ModelProto, r: random.Random) -> str:
+    """One edit that keeps names defined: swap two nodes or two inputs, drop a node (its readers read its
+    first input), duplicate one in place, change a constant's value, dtype or rank."""
+    g = m.graph
+    nodes = list(g.node)
+    what = r.randrange(7)
+    if what == 0 and len(nodes) > 1:
+        i, j = r.sample(range(len(nodes)), 2)
+        a, b = onnx.NodeProto(), onnx.NodeProto()
+        a.CopyFrom(nodes[i])
+        b.CopyFrom(nodes[j])
+        g.node[i].CopyFrom(b)
+        g.node[j].CopyFrom(a)
+        return f"swap nodes {a.name} {b.name}"
+    if what == 1:
+        nd = r.choice([nd for nd in nodes if len(nd.input) > 1] or nodes)
+        if len(nd.input) > 1:
+            i, j = r.sample(range(len(nd.input)), 2)
+            nd.input[i], nd.input[j] = nd.input[j], nd.input[i]
+        return f"swap inputs of {nd.name}"
+    if what == 2:
+        nd = r.choice([nd for nd in nodes if nd.input and nd.input[0]] or nodes)
+        if nd.input and nd.output:
+            for c, i in _consumers(g, nd.output[0]):
+                c.input[i] = nd.input[0]
+            for o in g.output:
+                if o.name == nd.output[0]:
+                    o.name = nd.input[0]
+            g.node.remove(nd)
+        return f"drop {nd.name}"
+    if what == 3 and nodes:
+        k = r.randrange(len(nodes))
+        nd = nodes[k]
+        if nd.output and nd.input:
+            twin = onnx.NodeProto()
+            twin.CopyFrom(nd)
+            twin.name, twin.output[0] = f"{nd.name}_twin", f"{nd.output[0]}_twin"
+            for c, i in _consumers(g, nd.output[0]):
+                c.input[i] = twin.output[0]
+            twin.input[0] = nd.output[0]
+            g.node.insert(k + 1, twin)
+            for o in g.output:
+                if o.name == nd.output[0]:
+                    o.name = twin.output[0]
+        return f"duplicate {nd.name}"
+    inits = list(g.initializer)
+    if not inits:
+        return "none"
+    t = r.choice(inits)
+    v = numpy_helper.to_array(t)
+    if what == 4:  # a value: scaled, negated, zero, non-finite, an int bound moved
+        if v.dtype.kind == "f":
+            with np.errstate(all="ignore"):
+                v = v * np.asarray(r.choice([0.0, -1.0, 2.0, 1e-9, float("nan"), float("inf")]), v.dtype)
+        else:
+            v = v.astype(np.int64) + r.choice([-2, -1, 1, 2, 2**62])
+    elif what == 5:  # a dtype, with data of that dtype
+        with np.errstate(all="ignore"):
+            v = v.astype(r.choice([np.float16, np.float64, np.int64, np.int32, np.float32, np.bool_]))
+    else:  # a rank: a leading 1 added, or the size-1 dims squeezed away
+        v = v[None] if r.random() < 0.6 or v.ndim == 0 else np.squeeze(v)
+    t.CopyFrom(numpy_helper.from_array(np.ascontiguousarray(v), t.name))
+    return f"{['value', 'dtype', 'rank'][min(what, 6) - 4]} of {t.name}"
 
 
 # --- mutations ----------------------------------------------------------------------------------------
@@ -286,10 +368,13 @@ def mutate(m: onnx.ModelProto, r: random.Random) -> str:
 
 
 def make_case(seed: int, bases: list[onnx.ModelProto]) -> tuple[onnx.ModelProto, list[str]]:
+    """The seed's base model and edits; transformer bases mostly get the structural ones."""
     r = random.Random(seed)
     m = onnx.ModelProto()
     m.CopyFrom(r.choice(bases))
-    edits = [mutate(m, r) for _ in range(r.randint(1, 4))]
+    structural = m.graph.name == "block"
+    edits = [mutate_structure(m, r) if structural and r.random() < 0.75 else mutate(m, r)
+             for _ in range(r.randint(1, 2 if structural else 4))]
     return m, edits
 
 

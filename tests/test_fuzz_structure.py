@@ -27,6 +27,9 @@ DROPOUT = [478, 614]
 SEVEN_BASES = [959, 20276634, 20282674, 40007101, 40012830, 40012895, 40014094, 40014791, 40016886,
                40023291,
                182, 281, 284, 326, 1049]  # region verification's feeds: huge and negative dims
+# drawn from the 11 bases with the transformer blocks: a Slice bound through Gather of a scalar index
+# (rewrite/shape_values.py, the rotary emitter's bound reader)
+TRANSFORMER_BASES = [700099]
 
 
 def _run(args: list[str], timeout: float) -> dict:
@@ -45,6 +48,9 @@ def test_past_findings_end_cleanly():
     summary = _run(["--seeds", ",".join(map(str, SEVEN_BASES)), "--bases", "7", "--seconds", "300"],
                    timeout=400)
     assert summary["cases"] == len(SEVEN_BASES) and not summary["findings"], summary["findings"]
+    summary = _run(["--seeds", ",".join(map(str, TRANSFORMER_BASES)), "--bases", "11", "--seconds", "300"],
+                   timeout=400)
+    assert summary["cases"] == len(TRANSFORMER_BASES) and not summary["findings"], summary["findings"]
 
 
 def test_fuzzer_finds_no_internal_error_hang_or_memory_hit():

@@ -114,6 +114,10 @@ def _new_init(ctx: Context, base: str, value: np.ndarray, out: list[onnx.TensorP
     return name
 
 
+# the helpers the kernel family modules use, by their public names
+attr_value, make_node, new_initializer = _attr, _node, _new_init
+
+
 def _other(node: Node, t: Tensor) -> Tensor:
     """The input of a two-input node that is not ``t``."""
     a, b = node.inputs[0], node.inputs[1]
@@ -572,9 +576,9 @@ EMITTERS: dict[str, Callable[[Match, Context], Emission | None]] = {
 
 def _register() -> None:
     """The kernel families in their own modules (they import this one's helpers) join the table."""
-    from . import emit_acts, emit_attention, emit_layout, emit_norms
+    from . import emit_acts, emit_attention, emit_layout, emit_norms, emit_rotary
 
-    for module in (emit_acts, emit_attention, emit_norms, emit_layout):
+    for module in (emit_acts, emit_attention, emit_norms, emit_layout, emit_rotary):
         EMITTERS.update(module.EMITTERS)
 
 

@@ -154,8 +154,8 @@ def attention(m: Match, ctx: Context) -> Emission | None:
     kt = r.get("k_transpose")
     # K^T (B, N, H, L) = transpose(k_in, P); (B, L, N, H) is k_in through (P[0], P[3], P[1], P[2])
     k_in, p = (kt.inputs[0], _perm(ctx, kt)) if kt is not None else (qk.inputs[1], [0, 1, 2, 3])
-    if "k_transpose_3d" in r:  # dynamo: reshape(transpose(reshape(k, (B N, L, H)), (0, 2, 1)), (B, N, H, L))
-        k_in, p = m.bound["k"], _kt_perm(ctx, r["k_transpose_3d"], m.bound["k"])
+    if "k_transpose_3d" in r:
+        k_in, p = m.bound["k"], _transposed_3d(r["k_transpose_3d"], m.bound["k"], ctx)
     if p is None or sorted(p) != [0, 1, 2, 3]:
         return None
     kperm = [p[0], p[3], p[1], p[2]]
@@ -196,17 +196,20 @@ def attention(m: Match, ctx: Context) -> Emission | None:
     return Emission(m.pattern.name, "MultiHeadAttention", remove, b.nodes, b.inits)
 
 
-def _kt_perm(ctx: Context, transpose: Node, k: Tensor) -> list[int] | None:
-    """[0, 1, 3, 2] when dynamo's Reshape-Transpose-Reshape is K^T of the 4-D ``k``: the Transpose swaps
-    the last two of three axes (B N, L, H) and the last Reshape gives (B, N, H, L) back."""
-    out = transpose.outputs[0].consumers
-    kt = out[0].outputs[0] if len(out) == 1 and out[0].outputs else None
+def _transposed_3d(t: Node, k: Tensor, ctx: Context) -> list[int] | None:
+    """[0, 1, 3, 2] when Reshape(Transpose(Reshape(k, (B N, S, H)), (0, 2, 1)), (B, N, H, S)) is K^T of a
+    (B, N, S, H) k with N and H known (the split of B N back into B, N undoes the merge), else None."""
+    merged, split = t.inputs[0], t.outputs[0].consumers
     ks = k.shape
-    if _perm(ctx, transpose) != [0, 2, 1] or kt is None or ks is None or kt.shape is None \
-            or len(ks) != 4 or len(kt.shape) != 4:
+    if merged is None or merged.producer is None or merged.producer.inputs[0] is not k or len(split) != 1 \
+            or ks is None or len(ks) != 4 or not isinstance(ks[1], int) or not isinstance(ks[3], int) \
+            or _perm(ctx, t) != [0, 2, 1]:
         return None
-    same = [ks[0], ks[1], ks[3], ks[2]]
-    return [0, 1, 3, 2] if all(a == b for a, b in zip(same, kt.shape, strict=True)) else None
+    out = split[0].outputs[0].shape
+    if merged.shape is None or len(merged.shape) != 3 or tuple(merged.shape[1:]) != tuple(ks[2:]) \
+            or out is None or len(out) != 4 or tuple(out[1:]) != (ks[1], ks[3], ks[2]) or ks[2] is None:
+        return None
+    return [0, 1, 3, 2]
 
 
 def _merge_heads(out: Tensor, ctx: Context) -> Node | None:

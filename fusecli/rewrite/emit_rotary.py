@@ -1,0 +1,187 @@
+"""Rotary embeddings written out -> ONNX Runtime's RotaryEmbedding (com.microsoft; CPU and CUDA, float32).
+
+y = x cos + rotate_half(x) sin with rotate_half(x) = concat(-x[..., D/2:], x[..., :D/2]) on heads laid out
+(B, N, S, D) (transformers' ``apply_rotary_pos_emb``, onnxscript's model zoo). RotaryEmbedding(input,
+position_ids, cos_cache, sin_cache; interleaved=0) reads the tables as (rows, D/2) and takes row p + s
+for position s when position_ids is the 1D [p]: it computes the same when the tables' two halves are
+equal (cos = c(concat(f, f)) with c elementwise) and they vary along S alone. The caches are then
+c(f) reshaped to (S, D/2), computed from the export's own angle table f, or the first half of a folded
+constant table (whose halves are checked equal), with position_ids [0]. Anything else (interleaved
+pairs, a (B, S, N, D) layout, a table with a batch axis, an odd or unknown head size) stays unfused.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+from ..fusion.match import Match, through_noops
+from ..ir import Node, Tensor
+from .emit import MS, Context, Emission, attr_value, make_node, new_initializer
+from .shape_values import int_value
+
+INT_MAX = 2**62  # a Slice end at or past this means "to the end"
+ELEMENTWISE = frozenset({"Cos", "Sin", "Cast", "Identity"})  # what may stand between concat(f, f) and a table
+
+
+def _const_ints(ctx: Context, node: Node, i: int) -> list[int] | None:
+    """Input i's values when constants and known dims fix them (a bound computed from Shape), else None."""
+    v = int_value(node.input(i), ctx.weights)
+    return None if v is None else [int(a) for a in np.reshape(v, -1)]
+
+
+def _slice_range(ctx: Context, node: Node, rank: int, size: int) -> tuple[int, int] | None:
+    """[start, end) a one-axis, step-1 Slice of the last axis takes (clamped to [0, size]), else None."""
+    p = ctx.protos.get(node.name)
+    if p is None or p.op_type != "Slice":
+        return None
+    if ctx.opset < 10:
+        starts, ends = attr_value(p, "starts"), attr_value(p, "ends")
+        axes, steps = attr_value(p, "axes"), None
+    else:
+        starts, ends = _const_ints(ctx, node, 1), _const_ints(ctx, node, 2)
+        axes, steps = _const_ints(ctx, node, 3), _const_ints(ctx, node, 4)
+        if (len(p.input) > 3 and p.input[3] and axes is None) or (len(p.input) > 4 and p.input[4]
+                                                                  and steps is None):
+            return None
+    if starts is None or ends is None or len(starts) != 1 or len(ends) != 1:
+        return None
+    axis = axes[0] if axes else 0
+    if (axes is not None and len(axes) != 1) or (steps is not None and steps != [1]) \
+            or not -rank <= axis < rank or axis % rank != rank - 1:
+        return None
+
+    def clamp(v: int) -> int:
+        return min(max(v + size if v < 0 else v, 0), size)
+
+    return clamp(starts[0]), clamp(min(ends[0], INT_MAX))
+
+
+def _rotate_half(m: Match, ctx: Context, x: Tensor, d: int) -> bool:
+    """rotate_half is concat(-x[..., D/2:], x[..., :D/2]) on the last axis, reading the x the match scales."""
+    concat = m.roles["rotate_half"]
+    cp = ctx.protos.get(concat.name)
+    if cp is None or len(concat.inputs) != 2 or attr_value(cp, "axis", 0) % 4 != 3:
+        return False
+    neg = through_noops(concat.inputs[0]).producer
+    lo = through_noops(concat.inputs[1]).producer
+    hi = None if neg is None or neg.kind != "neg" else through_noops(neg.inputs[0]).producer
+    if hi is None or lo is None or hi.kind != "slice" or lo.kind != "slice":
+        return False
+    source = through_noops(x)
+    if through_noops(hi.inputs[0]) is not source or through_noops(lo.inputs[0]) is not source:
+        return False
+    return _slice_range(ctx, hi, 4, d) == (d // 2, d) and _slice_range(ctx, lo, 4, d) == (0, d // 2)
+
+
+def _table_shape_fits(t: Tensor, x: Tensor, d: int) -> bool:
+    """The table broadcasts against x (B, N, S, D) varying along S and D alone, with x's S."""
+    s = t.shape
+    if s is None or not 2 <= len(s) <= 4 or s[-1] != d or any(v != 1 for v in s[:-2]):
+        return False
+    return s[-2] is not None and s[-2] == x.shape[-2]
+
+
+def _computed_cache(ctx: Context, t: Tensor, d: int, nodes: list[onnx.NodeProto], inits: list) -> str | None:
+    """The (S, D/2) cache of a table computed as c(concat(f, f)) on its last axis (Unsqueeze, no-op casts
+    and scalar scales around it): the same elementwise ops applied to f, reshaped; None when not so."""
+    steps: list[onnx.NodeProto] = []
+    cur = t
+    for _ in range(16):
+        node = cur.producer
+        p = None if node is None else ctx.protos.get(node.name)
+        if p is None:
+            return None
+        if p.op_type == "Concat":
+            if len(p.input) != 2 or p.input[0] != p.input[1] or cur.shape is None \
+                    or attr_value(p, "axis", 0) % len(cur.shape) != len(cur.shape) - 1:
+                return None
+            f = p.input[0]
+            break
+        if p.op_type == "Unsqueeze":
+            axes = attr_value(p, "axes") if ctx.opset < 13 else _const_ints(ctx, node, 1)
+            rank = len(cur.shape or ())
+            if axes is None or not rank or any(a % rank == rank - 1 for a in axes):
+                return None  # a new last axis would move D
+        elif p.op_type in ("Mul", "Div"):
+            scalars = [i for i, n in enumerate(p.input[:2]) if (v := ctx.weights.value(n)) is not None
+                       and np.size(v) == 1]
+            if len(p.input) != 2 or not scalars or (p.op_type == "Div" and scalars[-1] != 1):
+                return None
+            steps.append(p)
+            cur = node.inputs[1 - scalars[-1]]
+            continue
+        elif p.op_type in ELEMENTWISE:
+            steps.append(p)
+        else:
+            return None
+        cur = node.inputs[0]
+    else:
+        return None
+    value = f
+    for p in reversed(steps):  # from f outwards, as the export applies them
+        out = ctx.names.new(f"{value}_cache")
+        k = _data_input(ctx, p)
+        inputs = [value if i == k else n for i, n in enumerate(p.input)]
+        nodes.append(make_node(p.op_type, inputs, out, ctx.names.new(f"{p.name or p.op_type}_cache"),
+                               attrs=list(p.attribute)))
+        value = out
+    shape = new_initializer(ctx, f"{t.name}_cache_shape", np.array([-1, d // 2], np.int64), inits)
+    out = ctx.names.new(f"{t.name}_cache")
+    nodes.append(make_node("Reshape", [value, shape], out, ctx.names.new(f"{t.name}_cache_reshape")))
+    return out
+
+
+def _data_input(ctx: Context, p: onnx.NodeProto) -> int:
+    """Which input of an elementwise step carries the table (the other one of a scalar Mul / Div)."""
+    if p.op_type not in ("Mul", "Div"):
+        return 0
+    v = ctx.weights.value(p.input[0])
+    return 1 if v is not None and np.size(v) == 1 else 0
+
+
+def _constant_cache(ctx: Context, t: Tensor, d: int, inits: list) -> str | None:
+    """A folded table's first half as an (S, D/2) initializer, when its halves are equal."""
+    v = ctx.weights.value(t.name)
+    if v is None or v.dtype != np.float32 or v.shape[-1:] != (d,):
+        return None
+    rows = v.reshape(-1, d)
+    if not np.array_equal(rows[:, : d // 2], rows[:, d // 2:]):
+        return None
+    return new_initializer(ctx, f"{t.name}_cache", np.ascontiguousarray(rows[:, : d // 2]), inits)
+
+
+def _interior_private(m: Match, ctx: Context) -> bool:
+    """Only the root's output leaves the match (the kernel writes nothing else)."""
+    inside = {id(n) for n in m.nodes}
+    return all(t is None or (t.name not in ctx.graph_outputs and all(id(c) in inside for c in t.consumers))
+               for n in m.nodes[:-1] for t in n.outputs)
+
+
+def rotary(m: Match, ctx: Context) -> Emission | None:
+    x, cos, sin = m.bound.get("x"), m.bound.get("cos"), m.bound.get("sin")
+    if x is None or cos is None or sin is None or x.dtype != "float32" or x.shape is None \
+            or len(x.shape) != 4 or m.root.outputs[0].dtype != "float32":
+        return None
+    d = x.shape[-1]
+    if not isinstance(d, int) or d < 2 or d % 2 or not _rotate_half(m, ctx, x, d) \
+            or not _interior_private(m, ctx) or tuple(m.root.outputs[0].shape or ()) != tuple(x.shape):
+        return None
+    if not _table_shape_fits(cos, x, d) or not _table_shape_fits(sin, x, d):
+        return None
+    nodes: list[onnx.NodeProto] = []
+    inits: list[onnx.TensorProto] = []
+    caches = []
+    for t in (cos, sin):
+        cache = _constant_cache(ctx, t, d, inits) if ctx.weights.is_constant(t.name) \
+            else _computed_cache(ctx, t, d, nodes, inits)
+        if cache is None:
+            return None
+        caches.append(cache)
+    pos = new_initializer(ctx, f"{m.root.name}_position_offset", np.zeros(1, np.int64), inits)
+    nodes.append(make_node("RotaryEmbedding", [x.name, pos, *caches], m.root.outputs[0].name, m.root.name, MS,
+                           interleaved=0))
+    return Emission(m.pattern.name, "RotaryEmbedding", [n.name for n in m.nodes], nodes, inits)
+
+
+EMITTERS = {"rotary": rotary}
