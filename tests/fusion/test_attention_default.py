@@ -25,8 +25,8 @@ SEQS = (32, 256)
 MODELS = {
     "bert": (2, "flash"), "roberta": (2, "flash"), "distilbert": (2, "flash"), "opt": (2, "flash"),
     "gpt2": (2, "flash"), "gpt_neox": (2, "flash"), "llama": (2, "flash"), "mistral": (2, "flash"),
-    "qwen2": (2, "flash"), "phi3": (2, "flash"), "bart": (6, "flash"), "vit": (2, "flash"), "clip_vision": (2, "flash"),
-    "whisper_encoder": (2, "flash"),
+    "qwen2": (2, "flash"), "phi3": (2, "flash"), "bart": (6, "flash"), "vit": (2, "flash"),
+    "clip_vision": (2, "flash"), "whisper_encoder": (2, "flash"),
     "beit": (2, "math"),  # its relative-position bias needs a gradient: the math kernel
     "t5_encoder": (2, "math"),  # likewise its learned position bias
     "gemma2": (2, "eager"),  # soft-capped: transformers runs it eager
