@@ -8,9 +8,10 @@ from ..ir import Graph, Node, Tensor
 from ..kinds import is_channel_vector, reads_values, value_inputs
 
 # kinds whose output is a view of their first input in PyTorch (a select, slice, view, permute, squeeze,
-# expand, split) or, for a cast to its own type, the input itself
+# split) or, for a cast to its own type, the input itself. Not Expand: a parameter expanded to the batch
+# would count batch-sized resident bytes where PyTorch's expand allocates none.
 VIEW_KINDS = frozenset({"gather", "slice", "reshape", "flatten", "transpose", "squeeze", "unsqueeze", "cast",
-                        "identity", "expand", "split"})
+                        "identity", "split"})
 
 
 def mark_constant_subgraphs(graph: Graph, sources: tuple[str, ...] = (),
@@ -65,8 +66,8 @@ def mark_parameter_views(graph: Graph) -> list[Node]:
         if node.meta.get("constant") or node.kind not in VIEW_KINDS or base is None \
                 or base.kind != "parameter" \
                 or not all(t is not None and t.is_float for t in node.outputs) \
-                or any(reads_values(t) for t in value_inputs(node.op_type, node.inputs)[1:]) \
-                or (node.kind == "gather" and (node.input(1) is None or node.input(1).shape != ())):
+                or (node.kind == "gather" and (node.input(1) is None or node.input(1).shape != ())) \
+                or any(reads_values(t) for t in value_inputs(node.op_type, node.inputs)[1:]):
             continue  # a Gather by an index vector is index_select, a copy; by a scalar, a select (view)
         node.meta["constant"] = True
         for t in node.outputs:

@@ -2,9 +2,9 @@
 
 One tf.Module uses the TF ops that map to the new kinds (TopKV2, Cumsum, MatrixBandPart, GatherNd,
 TensorScatterUpdate, TensorScatterAdd, FloorMod, Softsign, Tan, Atan, Asinh, Acosh, Sinh, Cosh, Asin,
-Acos, Atanh, Sign, Floor, Ceil, Round, OneHot, IsNan); ``test_tf_savedmodel_oracle.assert_matches``
-compares fusecli's saved activations with the tensors TensorFlow's ``__backward_*`` function reads, by
-tensor name.
+Acos, Atanh, Log1p, Expm1, ClipByValue, BroadcastArgs, Sign, Floor, Ceil, Round, OneHot, IsNan);
+``test_tf_savedmodel_oracle.assert_matches`` compares fusecli's saved activations with the tensors
+TensorFlow's ``__backward_*`` function reads, by tensor name.
 """
 
 from __future__ import annotations
@@ -51,7 +51,9 @@ def _module():
             k = tf.nn.softsign(m) + tf.math.atan(values[:, :1] * self.p)
             k = k + tf.math.tan(tf.tanh(k)) + tf.math.asinh(k) + tf.math.cosh(tf.tanh(k))
             k = k + tf.math.acosh(tf.abs(k) + 1.5) + tf.math.asin(tf.tanh(k)) * tf.math.acos(tf.tanh(k) * 0.5)
-            k = k + tf.math.atanh(tf.tanh(k) * 0.5)
+            k = k + tf.math.atanh(tf.tanh(k) * 0.5) + tf.math.log1p(tf.abs(k)) + tf.math.expm1(tf.tanh(k))
+            k = tf.raw_ops.ClipByValue(t=k, clip_value_min=-3.0, clip_value_max=3.0)
+            k = tf.broadcast_to(k, tf.raw_ops.BroadcastArgs(s0=tf.shape(k), s1=tf.shape(h)))
             no_grad = tf.sign(k) + tf.floor(k) + tf.math.ceil(k) + tf.round(k)
             no_grad += tf.cast(tf.math.is_nan(k), tf.float32)
             no_grad += tf.reduce_sum(tf.one_hot(ids, 3), axis=1)[:, :1]
@@ -72,7 +74,8 @@ def test_every_op_has_a_rule(saved):
     graph = load_model(saved)
     ops = {n.op_type for n in graph.nodes}
     assert {"TopKV2", "Cumsum", "MatrixBandPart", "GatherNd", "TensorScatterUpdate", "TensorScatterAdd",
-            "FloorMod", "Softsign", "Tan", "Atan", "Asinh", "Acosh", "OneHot", "IsNan", "Sign"} <= ops, ops
+            "FloorMod", "Softsign", "Tan", "Atan", "Asinh", "Acosh", "OneHot", "IsNan", "Sign", "Log1p",
+            "Expm1", "ClipByValue", "BroadcastArgs"} <= ops, ops
     assert not without_rule(graph)
 
 
