@@ -96,9 +96,10 @@ TF_KINDS: dict[str, str] = {
     "Floor": "step", "Ceil": "step", "Round": "step", "Sign": "step", "FloorDiv": "step",
     "Tan": "tan", "Asin": "asin", "Acos": "acos", "Atan": "atan", "Sinh": "sinh", "Cosh": "cosh",
     "Asinh": "asinh", "Acosh": "acosh", "Atanh": "atanh", "FloorMod": "mod", "Cumsum": "cumsum",
+    "Log1p": "log1p", "Expm1": "expm1",
     # activations
     "Relu": "relu", "Relu6": "relu6", "LeakyRelu": "leaky_relu", "Elu": "elu", "Selu": "selu",
-    "Sigmoid": "sigmoid", "Tanh": "tanh", "Softplus": "softplus", "Softmax": "softmax",
+    "ClipByValue": "clip", "Sigmoid": "sigmoid", "Tanh": "tanh", "Softplus": "softplus", "Softmax": "softmax",
     "LogSoftmax": "log_softmax", "Softsign": "softsign",
     # pooling and reductions
     "MaxPool": "max_pool", "MaxPoolV2": "max_pool", "MaxPool3D": "max_pool", "AvgPool": "avg_pool",
@@ -115,7 +116,8 @@ TF_KINDS: dict[str, str] = {
     "DepthToSpace": "depth_to_space", "SpaceToDepth": "space_to_depth", "GatherNd": "gather_nd",
     "TensorScatterUpdate": "scatter_nd", "TensorScatterAdd": "scatter_nd", "MatrixBandPart": "trilu",
     # shapes, indices and constants
-    "Shape": "shape", "ShapeN": "shape", "Rank": "shape", "Size": "size", "Const": "constant",
+    "Shape": "shape", "ShapeN": "shape", "Rank": "shape", "BroadcastArgs": "shape", "Size": "size",
+    "Const": "constant",
     "Fill": "constant_of_shape", "ZerosLike": "constant_of_shape", "OnesLike": "constant_of_shape",
     "Range": "range", "Where": "nonzero", "ArgMax": "argmax", "ArgMin": "argmax",
     "Equal": "compare", "NotEqual": "compare", "Less": "compare", "LessEqual": "compare",

@@ -165,6 +165,8 @@ RULES: dict[str, dict[int | str, Grad]] = {
     "pack": {"*": G("Unpack")},  # TF Pack (tf.stack): unstack dy, reads nothing
     "unpack": {0: G("Pack")},  # TF Unpack (tf.unstack): stack the dys, reads nothing
     "erfc": {0: G("ErfcGrad", "x0")},  # TF Erfc (Keras 3's exact GELU): -2/sqrt(pi) exp(-x^2) dy
+    "log1p": {0: G("Log1pGrad", "x0")},  # TF Log1p: dy / (1 + x)
+    "expm1": {0: G("Expm1Grad", "x0")},  # TF Expm1: exp(x) dy, from x (PyTorch's expm1 reads y)
     "stop_gradient": {},  # TF StopGradient/PreventGradient: no gradient flows
     "step": {},  # Floor, Ceil, Round, Sign, FloorDiv, Hardmax: zero or no gradient
     # no gradient flows through shapes, indices, constants or comparisons

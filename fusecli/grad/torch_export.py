@@ -36,7 +36,10 @@ def frozen_parameters(graph: Graph) -> set[str]:
         if t.name not in verdict:
             notes = t.meta.get("export") or {}
             kind, folded = notes.get(KIND), _sources(notes.get(FOLDED))
-            if kind is not None:
+            base = graph.tensors.get(t.meta.get("view_of", ""))
+            if base is not None and base is not t:  # a view of a parameter (load.common.mark_parameter_views)
+                verdict[t.name] = trainable(base, depth + 1)
+            elif kind is not None:
                 verdict[t.name] = kind == "PARAMETER"
             elif folded is None or depth > 16:
                 verdict[t.name] = True  # no note: as the loader says

@@ -5,7 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..ir import Graph, Node, Tensor
-from ..kinds import is_channel_vector, value_inputs
+from ..kinds import is_channel_vector, reads_values, value_inputs
+
+# kinds whose output is a view of their first input in PyTorch (a select, slice, view, permute, squeeze,
+# split) or, for a cast to its own type, the input itself. Not Expand: a parameter expanded to the batch
+# would count batch-sized resident bytes where PyTorch's expand allocates none.
+VIEW_KINDS = frozenset({"gather", "slice", "reshape", "flatten", "transpose", "squeeze", "unsqueeze", "cast",
+                        "identity", "split"})
 
 
 def mark_constant_subgraphs(graph: Graph, sources: tuple[str, ...] = (),
@@ -45,3 +51,27 @@ def refine_bias_adds(graph: Graph, channel_axis: Callable[[Tensor], int | None],
                 if grad_kind is not None:
                     node.meta["grad_kind"] = grad_kind
                 break
+
+
+def mark_parameter_views(graph: Graph) -> list[Node]:
+    """A view of a parameter (VIEW_KINDS: ``w[e]``, ``w[:, :seq]``, its reshape or transpose; a Gather by
+    a scalar index only) by operands computed from shapes and constants alone (no input's values) is the
+    parameter, as PyTorch's views share its storage: the node is marked constant (it computes a weight)
+    and its outputs are parameters, ``meta["view_of"]`` naming the viewed parameter. Views by constants
+    alone are ``mark_constant_subgraphs``' already; this adds those whose bounds come from the inputs'
+    shapes. Returns the marked nodes."""
+    marked = []
+    for node in graph.nodes:  # topological order: a view of a view is one too
+        base = node.input(0)
+        if node.meta.get("constant") or node.kind not in VIEW_KINDS or base is None \
+                or base.kind != "parameter" \
+                or not all(t is not None and t.is_float for t in node.outputs) \
+                or (node.kind == "gather" and (node.input(1) is None or node.input(1).shape != ())) \
+                or any(reads_values(t) for t in value_inputs(node.op_type, node.inputs)[1:]):
+            continue  # a Gather by an index vector is index_select, a copy; by a scalar, a select (view)
+        node.meta["constant"] = True
+        for t in node.outputs:
+            t.kind = "parameter"
+            t.meta["view_of"] = base.meta.get("view_of", base.name)
+        marked.append(node)
+    return marked

@@ -15,7 +15,7 @@ from .. import budgets, progress
 from ..errors import FuseError
 from ..ir import FLOAT_DTYPES, Graph, GraphError, Node, Tensor, topological_order
 from ..kinds import ONNX_KINDS, ONNX_MS_KINDS
-from .common import mark_constant_subgraphs, refine_bias_adds
+from .common import mark_constant_subgraphs, mark_parameter_views, refine_bias_adds
 from .constant_weights import promote_constant_weights
 from .onnx_wire import WireError, read_structure
 from .shape_tools import dims_of, infer_shapes
@@ -270,6 +270,7 @@ def build_graph(model: onnx.ModelProto, name: str = "model", constant_weights: b
     _fill_missing_shapes(graph)
     refine_kinds(graph)
     promote_constant_weights(graph, constant_weights)
+    mark_parameter_views(graph)
     return graph
 
 

@@ -630,7 +630,8 @@ def _tf_ops() -> dict:
         # TF only (no ONNX op): for the rules of TF_KINDS
         "Rsqrt": lambda c: tf.math.rsqrt(c.ins[0]), "Square": lambda c: tf.square(c.ins[0]),
         "SquaredDifference": lambda c: tf.math.squared_difference(c.ins[0], c.ins[1]),
-        "Erfc": lambda c: tf.math.erfc(c.ins[0]),
+        "Erfc": lambda c: tf.math.erfc(c.ins[0]), "Log1p": lambda c: tf.math.log1p(c.ins[0]),
+        "Expm1": lambda c: tf.math.expm1(c.ins[0]),
         "Dropout": lambda c: tf.nn.dropout(c.ins[0], float(c.value(1)), seed=0),
         "Cast": lambda c: tf.cast(c.ins[0], dtypes[c.attrs["to"]]),
         "Where": lambda c: tf.where(c.ins[0], c.ins[1], c.ins[2]),

@@ -283,6 +283,8 @@ TF_ONLY = [  # (op, kind, inputs, numpy reference)
     ("Square", "square", ("x",), np.square),
     ("SquaredDifference", "squared_difference", ("a", "b"), lambda a, b: (a - b) ** 2),
     ("Erfc", "erfc", ("x",), lambda x: 1 - np.vectorize(math.erf)(x)),
+    ("Log1p", "log1p", ("x",), np.log1p),
+    ("Expm1", "expm1", ("x",), np.expm1),
 ]
 
 
