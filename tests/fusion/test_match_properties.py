@@ -56,6 +56,16 @@ def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
+def _with_nodes(m: onnx.ModelProto, nodes: list) -> onnx.ModelProto:
+    """``m`` with its node list replaced by copies of ``nodes`` (protobuf lists hold their own copies)."""
+    copies = [onnx.NodeProto() for _ in nodes]
+    for c, n in zip(copies, nodes, strict=True):
+        c.CopyFrom(n)
+    del m.graph.node[:]
+    m.graph.node.extend(copies)
+    return m
+
+
 def rename(model: onnx.ModelProto, rng: random.Random) -> onnx.ModelProto:
     """Every node and every tensor but the graph's inputs and outputs gets a new (shuffled) name."""
     m = _copy(model)
@@ -124,12 +134,7 @@ def insert_casts(model: onnx.ModelProto, rng: random.Random) -> onnx.ModelProto:
                                                                           f"identity{k}"))
                 n.input[i] = name
         nodes.append(n)
-    copies = [onnx.NodeProto() for _ in nodes]
-    for c, n in zip(copies, nodes, strict=True):
-        c.CopyFrom(n)
-    del m.graph.node[:]
-    m.graph.node.extend(copies)
-    return m
+    return _with_nodes(m, nodes)
 
 
 MUTATIONS = {"rename": rename, "reorder": reorder, "commute": commute, "insert_casts": insert_casts}
@@ -192,12 +197,7 @@ def _cast_between(model: onnx.ModelProto, src: str, dst: str, op: str = "Cast") 
             nodes.append(helper.make_node(op, [src], [f"{src}_noop"], f"noop_{dst}", **kw))
             n.input[:] = [f"{src}_noop" if i == src else i for i in n.input]
         nodes.append(n)
-    copies = [onnx.NodeProto() for _ in nodes]
-    for c, n in zip(copies, nodes, strict=True):
-        c.CopyFrom(n)
-    del m.graph.node[:]
-    m.graph.node.extend(copies)
-    return m
+    return _with_nodes(m, nodes)
 
 
 # the failing properties above, each on one edge: strict, so that a fix shows here
