@@ -39,22 +39,26 @@ def _scale(m: Match, ctx: Context) -> float | None:
     return scale
 
 
-def _mha_form(m: Match) -> AttentionForm | None:
-    """The attention's form when MultiHeadAttention runs it as written: at most a mask and a position bias,
-    one scale and that on q k^T itself, no soft-cap (MultiHeadAttention has none), no layout op between the
-    scores and the softmax, K transposed by one Transpose."""
+def _mha_form(m: Match) -> AttentionForm | str:
+    """The attention's form when MultiHeadAttention runs it as written (at most a mask and a position bias,
+    one scale and that on q k^T itself, no layout op between the scores and the softmax), else why not."""
     form = read_attention(m.roles["pv"])
-    if not isinstance(form, AttentionForm) or form.softcap is not None:
-        return None
+    if not isinstance(form, AttentionForm):
+        return "the attention's form cannot be read again"
+    if form.softcap is not None:
+        return ("soft-capped scores: MultiHeadAttention has no soft-cap (GroupQueryAttention's softcap is "
+                "not emitted)")
     qk, scale = m.roles["qk"], m.roles.get("scale")
     scales = sum(r in m.roles for r in ("scale", "q_scale", "k_scale"))
     on_product = scale is None or any(t is qk.outputs[0] for t in scale.inputs)
     if len(form.scales) != scales or not on_product:
-        return None
+        return "a scale on the masked scores, not on q k^T: MultiHeadAttention scales before its bias"
     if any(n.kind in LAYOUT and not is_noop(n) and _between_scores(n, m) for n in m.nodes):
-        return None
+        return "a layout op between the scores and the softmax: no attention_bias shape fits"
     terms, wheres = len(form.terms), len(form.bool_masks)
-    return form if (wheres == 0 and terms <= 2) or (wheres == 1 and terms == 0) else None
+    if (wheres == 0 and terms <= 2) or (wheres == 1 and terms == 0):
+        return form
+    return f"{terms} additive terms and {wheres} bool masks: the emitter takes a mask and a position bias"
 
 
 def _between_scores(node: Node, m: Match) -> bool:
@@ -148,7 +152,8 @@ def attention(m: Match, ctx: Context) -> Emission | None:
     if _dtype(m) != "float32" or qk.kind != "matmul" or pv.kind != "matmul" or ctx.opset < 13:
         return None
     form = _mha_form(m)
-    if form is None:
+    if isinstance(form, str):
+        ctx.skipped.append(f"attention at {pv.name}: {form}")
         return None
     q = m.bound["q"]
     kt = r.get("k_transpose")

@@ -101,3 +101,12 @@ def test_default_sdpa_attention_becomes_multi_head_attention(hf_onnx, name, bloc
     assert "Softmax" not in r.ops_after  # the NaN guard stays, on the kernel's output
     assert r.verification.ok and r.verification.uncut == []
     _torch_matches(name, r.model, attn="default")
+
+
+def test_soft_capped_attention_is_left_unfused_and_said(hf_onnx):
+    """Gemma2 scores tanh(s / c) c: MultiHeadAttention has no soft-cap, so no kernel, and the run says why;
+    the rest of the model is still rewritten and verified."""
+    r = _rewrite(hf_onnx("gemma2", "torchscript", attn="default"))
+    said = [w for w in r.warnings if w.startswith("not rewritten: attention at") and "soft-cap" in w]
+    assert len(said) == 2 and MS + "MultiHeadAttention" not in r.ops_after
+    assert r.verification.ok and any(k.startswith(MS) for k in r.ops_after)
