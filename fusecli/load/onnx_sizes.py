@@ -33,7 +33,7 @@ from onnx import helper
 from ..dims import Poly, dim_poly, dim_value
 from ..ir import Graph
 from ..sizes import input_dim_name
-from .shape_tools import infer_shapes, value_shapes
+from .shape_tools import huge_shape_value, infer_shapes, value_shapes
 
 Shape = tuple | None
 MAX_FIT_VARIABLES = 4  # degree-2 fits in more variables need too many inference runs
@@ -386,7 +386,10 @@ def _payload_left_out(t: onnx.TensorProto) -> bool:
 
 def ort_symbolic_shapes(model: onnx.ModelProto, passes: int = MAX_SYMBOLIC_PASSES) -> dict[str, Shape] | None:
     """onnxruntime's symbolic shape inference, keeping what it infers where it stops early (its public
-    entry point raises then, and writes a file into the current folder); None when it fails."""
+    entry point raises then, and writes a file into the current folder); None when it fails, or when a
+    1-D tensor claims more elements than the budget (a Reshape to it would make one symbol per element)."""
+    if huge_shape_value(model) is not None:
+        return None
     try:
         SymbolicShapeInference = _symbolic_shape_inference()
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
