@@ -34,14 +34,16 @@ def infer_shapes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str | None]:
 
 
 def huge_shape_value(model: onnx.ModelProto) -> str | None:
-    """The name of a 1-D input, initializer or Constant longer than the data-propagation budget."""
+    """The name of a 1-D input, value (value_info, output), initializer or Constant longer than the
+    data-propagation budget."""
     g = model.graph
-    for vi in g.input:
-        tt = vi.type.tensor_type
-        if vi.type.HasField("tensor_type") and len(tt.shape.dim) == 1:
-            d = tt.shape.dim[0]
-            if d.HasField("dim_value") and d.dim_value > DATA_PROP_ELEMENTS:
-                return f"graph input {vi.name!r}"
+    for what, infos in (("graph input", g.input), ("value", g.value_info), ("graph output", g.output)):
+        for vi in infos:
+            tt = vi.type.tensor_type
+            if vi.type.HasField("tensor_type") and len(tt.shape.dim) == 1:
+                d = tt.shape.dim[0]
+                if d.HasField("dim_value") and d.dim_value > DATA_PROP_ELEMENTS:
+                    return f"{what} {vi.name!r}"
     for t in g.initializer:
         if len(t.dims) == 1 and t.dims[0] > DATA_PROP_ELEMENTS:
             return f"initializer {t.name!r}"
