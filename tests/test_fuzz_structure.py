@@ -30,8 +30,9 @@ SEVEN_BASES = [959, 20276634, 20282674, 40007101, 40012830, 40012895, 40014094, 
 # drawn from the 11 bases with the transformer blocks: a Slice bound through Gather of a scalar index
 # (rewrite/shape_values.py, the rotary emitter's bound reader); hangs: ONNX's data propagation on a sparse
 # initializer (20265754) and on a value_info claiming a 2^62-element shape vector (31123532), onnxruntime's
-# symbolic inference of a Reshape to a 2^40-element shape in rewrite's shape refinement (20264134)
-TRANSFORMER_BASES = [700099, 20264134, 20265754, 31123532]
+# symbolic inference of a Reshape to a 2^40-element shape in rewrite's shape refinement (20264134); the
+# attention reader meeting a Softmax with its input removed (41123987, 41124788)
+TRANSFORMER_BASES = [700099, 20264134, 20265754, 31123532, 41123987, 41124788]
 
 
 def _run(args: list[str], timeout: float) -> dict:

@@ -129,6 +129,11 @@ def scale_value(t: Tensor | None) -> float | None:
     return None if depends_on_input(t, {}, limit=64) else math.nan
 
 
+def _arg(node: Node, i: int) -> Tensor | None:
+    """``node``'s input ``i``, None when it has none there (a damaged file)."""
+    return node.inputs[i] if i < len(node.inputs) else None
+
+
 def _float(t: Tensor | None) -> bool:
     return t is not None and t.is_float
 
@@ -180,7 +185,7 @@ def _probs(pv: Node, w: _Walk) -> tuple[Node | None, bool]:
             guard, t = True, x
         elif p.kind == "dropout" or is_noop(p) or p.kind in PROB_LAYOUT:
             w.take(p, "dropout" if p.kind == "dropout" else None)
-            t = p.inputs[0]
+            t = _arg(p, 0)
         else:
             return None, guard
     return None, guard
@@ -189,17 +194,17 @@ def _probs(pv: Node, w: _Walk) -> tuple[Node | None, bool]:
 def _leads_to_product(t: Tensor, depth: int = 12) -> bool:
     """Whether the score chain from ``t`` reaches a product of two activations (q k^T)."""
     for _ in range(depth):
-        p = t.producer
+        p = None if t is None else t.producer
         if p is None or p.meta.get("constant") or p.outputs[0] is not t:
             return False
         if p.kind in MATMULS:
             return _is_product(p)
         if p.kind in LAYOUT or p.kind in ("mul", "div", "tanh"):
-            t = p.inputs[0] if p.kind not in ("mul",) else next(
-                (x for x in p.inputs if x is not None and scale_value(x) is None), p.inputs[0])
+            t = _arg(p, 0) if p.kind not in ("mul",) else next(
+                (x for x in p.inputs if x is not None and scale_value(x) is None), _arg(p, 0))
         elif p.kind in ADDS:
             return any(x is not None and _leads_to_product(x, depth - 1) for x in p.inputs[:2])
-        elif p.kind == "where":
+        elif p.kind == "where" and len(p.inputs) == 3:
             t = p.inputs[1] if scalar_value(p.inputs[2]) is not None else p.inputs[2]
         else:
             return False
@@ -208,16 +213,18 @@ def _leads_to_product(t: Tensor, depth: int = 12) -> bool:
 
 def _is_product(node: Node) -> bool:
     """A matmul of two activations (not a projection by a weight)."""
-    ins = [t for t in node.inputs if t is not None]
-    return len(ins) == 2 and all(t.kind in ("input", "activation") for t in ins)
+    ins = node.inputs
+    return len(ins) == 2 and all(t is not None and t.kind in ("input", "activation") for t in ins)
 
 
 def _scores(sm: Node, w: _Walk, form: dict) -> tuple[Node | None, Node, str]:
     """From the Softmax's input back to Q @ K^T, collecting terms, masks, scale and soft-cap.
     Returns (qk, the last node looked at, why it stopped when qk is None)."""
-    t = sm.inputs[0]
+    t = _arg(sm, 0)
     node = sm
     for _ in range(_MAX_STEPS):
+        if t is None:
+            return None, node, f"{node.op_type} {node.name} reads no scores"
         p = t.producer
         if p is None or p.meta.get("constant"):
             return None, node, f"the scores {t.name} come from no op"
@@ -230,7 +237,7 @@ def _scores(sm: Node, w: _Walk, form: dict) -> tuple[Node | None, Node, str]:
             return p, p, ""
         if p.kind in LAYOUT:
             w.take(p)
-            t = p.inputs[0]
+            t = _arg(p, 0)
         elif p.kind in ADDS:
             ins = [x for x in p.inputs if x is not None]
             main = next((x for x in ins if _leads_to_product(x)), None)
@@ -255,14 +262,14 @@ def _scores(sm: Node, w: _Walk, form: dict) -> tuple[Node | None, Node, str]:
             x = ins[0]
             if c is None and p.kind == "mul" and len(ins) == 2:
                 c, x = scale_value(ins[0]), ins[1]
-            if c is None:
+            if c is None or x is None:
                 return None, p, f"{p.op_type} {p.name} scales the scores by a tensor, not a constant"
             tanh = x.producer
             if p.kind == "mul" and tanh is not None and tanh.kind == "tanh" and form["softcap"] is None:
                 w.take(p, "softcap")  # tanh(s / c) * c: Gemma2's logit soft-capping
                 w.take(tanh)
                 form["softcap"] = c
-                t = tanh.inputs[0]
+                t = _arg(tanh, 0)
                 continue
             if c == 0:
                 return None, p, f"{p.op_type} {p.name} scales the scores by 0"
@@ -305,14 +312,14 @@ def _untransposed(kt: Tensor, w: _Walk) -> Tensor:
     p = kt.producer
     if p is None or p.meta.get("constant"):
         return kt
-    if p.kind == "transpose":
+    if p.kind == "transpose" and _arg(p, 0) is not None:
         w.take(p, "k_transpose")
         return p.inputs[0]
     if p.kind == "reshape":
-        t = p.inputs[0].producer if p.inputs[0] is not None else None
-        ok = t is not None and t.kind == "transpose" and t.inputs[0] is not None
+        t = p.inputs[0].producer if _arg(p, 0) is not None else None
+        ok = t is not None and t.kind == "transpose" and _arg(t, 0) is not None
         r = t.inputs[0].producer if ok else None
-        if r is not None and r.kind == "reshape" and not r.meta.get("constant"):
+        if r is not None and r.kind == "reshape" and not r.meta.get("constant") and _arg(r, 0) is not None:
             w.take(p)
             w.take(t, "k_transpose_3d")
             w.take(r)
@@ -326,15 +333,17 @@ def _repeat(t: Tensor, w: _Walk, role: str) -> Tensor | None:
     if p is None or p.meta.get("constant"):
         return None
     if p.kind == "tile":
+        if _arg(p, 0) is None:
+            return None
         w.take(p, role)
         return p.inputs[0]
-    if p.kind != "reshape" or p.inputs[0] is None or p.inputs[0].producer is None:
+    if p.kind != "reshape" or _arg(p, 0) is None or p.inputs[0].producer is None:
         return None
     e = p.inputs[0].producer
-    if e.kind not in ("expand", "tile") or e.inputs[0] is None or e.inputs[0].producer is None:
+    if e.kind not in ("expand", "tile") or _arg(e, 0) is None or e.inputs[0].producer is None:
         return None
     u = e.inputs[0].producer
-    if u.kind != "unsqueeze" or u.meta.get("constant"):
+    if u.kind != "unsqueeze" or u.meta.get("constant") or _arg(u, 0) is None:
         return None
     for n in (p, e, u):
         w.take(n, role if n is e else None)
@@ -346,7 +355,7 @@ def _cached(t: Tensor) -> bool:
     p = t.producer
     return p is not None and p.kind == "concat" and any(
         x is not None and (x.kind == "input" or (x.producer is not None and x.producer.kind in LAYOUT
-                                                 and x.producer.inputs[0] is not None
+                                                 and _arg(x.producer, 0) is not None
                                                  and x.producer.inputs[0].kind == "input"))
         for x in p.inputs)
 
