@@ -179,12 +179,16 @@ def main() -> None:
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
               help="Where PyTorch trains: its scaled_dot_product_attention kernels, and so what they "
                    "keep for backward, differ.")
+@click.option("--routing", type=click.Choice(["balanced"]), default=None,
+              help="Mixture-of-experts: size the tokens each expert gets by assuming the routers spread "
+                   "them evenly (tokens*k/E each); said in the report and the JSON.")
 @click.option("-v", "--verbose", is_flag=True, help="List every saved tensor and every match.")
 @click.option("-q", "--quiet", is_flag=True, help="Print the summary only (verdicts per pattern, memory).")
 @click.option("--all", "all_saved", is_flag=True, help="List every saved tensor (default: the largest 10).")
 def analyze(model: str, as_json: bool, batch: int | None, dims: tuple[str, ...], signature: str | None,
             wrt: str, plot_path: str | None, patterns: tuple[str, ...], constant_weights: str,
-            autodiff: str | None, device: str, verbose: bool, quiet: bool, all_saved: bool) -> None:
+            autodiff: str | None, device: str, routing: str | None, verbose: bool, quiet: bool,
+            all_saved: bool) -> None:
     """Analyze MODEL (an .onnx file or a SavedModel folder)."""
     from .pipeline import Options
     from .pipeline import analyze as run_analysis
@@ -195,7 +199,7 @@ def analyze(model: str, as_json: bool, batch: int | None, dims: tuple[str, ...],
     options = Options(batch=batch, dims=_parse_dims(dims), wrt_inputs=wrt == "inputs",
                       patterns=patterns, signature=signature,
                       constant_weights=constant_weights == "parameters", autodiff=autodiff,
-                      device=device)
+                      device=device, routing=routing)
     if plot_path:
         _check_plot(plot_path, model)
     result = run_analysis(model, options)

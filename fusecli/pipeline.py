@@ -15,6 +15,7 @@ from .kinds import data_dependent_origins
 from .liveness import Liveness, analyze_liveness
 from .load import load_model, resolve_sizes
 from .load.constant_weights import no_parameter_warning
+from .load.routing import ROUTER_OPS, routers_of
 from .sizes import Sizes, bind
 
 
@@ -30,6 +31,7 @@ class Options:
     constant_weights: bool = True  # ONNX: Constant nodes in a weight's role are trainable parameters
     autodiff: str | None = None  # ops | tensorflow | pytorch; None: by the framework that made the model
     device: str = "cpu"  # where the framework trains (PyTorch's attention kernels differ on cuda)
+    routing: str | None = None  # --routing balanced: MoE routers spread tokens evenly (load.routing)
 
 
 @dataclass
@@ -66,9 +68,11 @@ def size_graph(graph: Graph, options: Options) -> tuple[Sizes, list[str], dict[s
     """Bind the user's dims, resolve every other dim with the format's shape tools, and count what is
     left unknown (by producing op type); UsageError when the options do not fit the model."""
     sizes, warnings = bind(graph, options.batch, options.dims)
-    opaque = resolve_sizes(graph, sizes)
+    opaque = resolve_sizes(graph, sizes, options.routing)
     if opaque:
         sizes = Sizes({**sizes, **opaque}, sizes.variables, sizes.batch, opaque)
+    if options.routing is not None:
+        warnings.append(routing_note(graph, sizes, options.routing))
     unknown: dict[str, int] = {}
     open_: dict[str, int] = {}  # op type -> tensors a --dim could size
     dependent: dict[str, int] = {}  # op type -> tensors whose size depends on values
@@ -88,12 +92,28 @@ def size_graph(graph: Graph, options: Options) -> tuple[Sizes, list[str], dict[s
     if dependent:
         where = ", ".join(f"{n.op_type} at node {n.name!r}" for n in list(origins.values())[:3])
         more = f" and {len(origins) - 3} more" if len(origins) > 3 else ""
+        routes = options.routing is None and any(n.op_type in ROUTER_OPS for n in graph.nodes)
         warnings.append(f"{_tensors(dependent)} a data-dependent size (after {where}{more}): not counted in "
-                        "the byte totals; no --dim can size them")
+                        "the byte totals; no --dim can size them"
+                        + ("; --routing balanced sizes the tokens a mixture-of-experts router sends to each "
+                           "expert, assuming it spreads them evenly" if routes else ""))
     if open_:
         warnings.append(f"{_tensors(open_, 'with unknown dims')} not counted in the byte totals; set "
                         "--dim NAME=VALUE for the model's dims")
     return sizes, warnings, unknown
+
+
+def routing_note(graph: Graph, sizes: Sizes, routing: str) -> str:
+    """The routing assumption said out loud: which routers, their k of E, the token counts it gives."""
+    found = routers_of(graph, sizes)
+    if not found:
+        return (f"--routing {routing}: no router found (a TopK or ArgMax whose indices size a NonZero or "
+                "Compress); nothing assumed")
+    kinds = sorted({(r["k"], r["experts"]) for r in found}, key=str)
+    choice = ", ".join(f"top-{k} of {e} experts" for k, e in kinds)
+    counts = ", ".join(f"{n}={v}" for n, v in sizes.opaque.items() if n.startswith("routed")) or "none"
+    return (f"assumed (--routing {routing}): {len(found)} router{'s' if len(found) > 1 else ''} ({choice}) "
+            f"send each expert tokens*k/E tokens; tokens per expert: {counts}")
 
 
 def _tensors(counts: dict[str, int], what: str | None = None) -> str:

@@ -8,6 +8,7 @@ from .fusion.match import Match
 from .fusion.recompute import saved_if_recomputed
 from .ir import gc_paused
 from .liveness import Saved
+from .load.routing import routers_of
 from .memory import memory_formulas, tensor_bytes_formula
 from .pipeline import Analysis
 
@@ -27,6 +28,7 @@ def _document(a: Analysis) -> dict:
         "batch": a.sizes.batch if a.sizes.batch is not None else a.options.batch,
         "dims": {n: a.sizes[n] for n in a.sizes.variables},
         "resolved_dims": dict(a.sizes.opaque),
+        "routing": routing_entry(a),
         "forward": {"nodes": len(g.nodes), "tensors": len(g.tensors),
                     "constant_weights": g.meta.get("constant_weights", 0)},
         "backward": {"nodes": len(a.joint.backward_nodes())},
@@ -45,6 +47,14 @@ def _document(a: Analysis) -> dict:
         "unsupported": [{"op": op, "count": c}
                         for op, c in sorted(a.unsupported().items(), key=lambda kv: (-kv[1], kv[0]))],
     }
+
+
+def routing_entry(a: Analysis) -> dict | None:
+    """--routing: the assumption, the routers it applied to, and the token counts it gave (null without)."""
+    if a.options.routing is None:
+        return None
+    return {"assumption": a.options.routing, "routers": routers_of(a.graph, a.sizes),
+            "tokens_per_expert": {n: v for n, v in a.sizes.opaque.items() if n.startswith("routed")}}
 
 
 def saved_entry(s: Saved) -> dict:

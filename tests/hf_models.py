@@ -22,6 +22,9 @@ ALL = TEXT + VISION + AUDIO
 # without grouped-query attention, ALiBi (BLOOM), soft-capping (Gemma2), cross-attention (BART), a
 # relative-position bias (BEiT)
 MORE_TEXT = ("roberta", "opt", "gpt_neox", "gemma2", "bloom", "bart", "phi3")
+# mixture-of-experts with transformers' eager experts (a loop over experts, each fed the tokens
+# nonzero(one_hot(topk(router)))[e] picks): its default, grouped_mm, has no TorchScript export (aten::histc)
+MOE = ("mixtral",)
 MORE_VISION = ("beit",)
 ATTENTION = ("eager", "default")  # default: whatever transformers picks (sdpa where the model supports it)
 IMAGE_SIZE = 32
@@ -37,7 +40,7 @@ class Spec:
 def spec(name: str) -> Spec:
     if name in ("bert", "distilbert", "roberta", "opt"):
         return Spec(("input_ids", "attention_mask"), True)
-    if name in TEXT or name in MORE_TEXT:
+    if name in TEXT or name in MORE_TEXT or name in MOE:
         return Spec(("input_ids",), True)
     if name in AUDIO:
         return Spec(("input_features",), False)
@@ -74,6 +77,9 @@ def _config(name: str):
     if name == "phi3":  # gate and up as one projection, split in two (gate_up_proj)
         return tr.Phi3Config(vocab_size=100, max_position_embeddings=256, num_key_value_heads=2,
                              pad_token_id=0, bos_token_id=0, eos_token_id=0, **small)
+    if name == "mixtral":  # 4 experts, top-2; gate and up as one 3-D parameter per layer
+        return tr.MixtralConfig(vocab_size=100, max_position_embeddings=256, num_key_value_heads=2,
+                                num_local_experts=4, num_experts_per_tok=2, **small)
     if name == "bloom":  # ALiBi position bias
         return tr.BloomConfig(vocab_size=100, hidden_size=64, n_layer=2, n_head=2)
     if name == "bart":  # encoder-decoder: the decoder's cross-attention reads the encoder's output
@@ -121,6 +127,8 @@ def build(name: str, seed: int = 0, attn: str = "eager"):
     torch.manual_seed(seed)
     config = _config(name)
     kw = {"attn_implementation": "eager"} if attn == "eager" else {}
+    if name in MOE:
+        kw["experts_implementation"] = "eager"
     if attn == "eager":
         config._attn_implementation = "eager"
     if name == "t5_encoder":
@@ -201,13 +209,13 @@ def export(name: str, path: str, exporter: str = "torchscript", dynamic: bool = 
     return path
 
 
-def pytorch_saved(name: str, batch: int = 2, seq: int = 16,
-                  attn: str = "eager") -> list[tuple[tuple[int, ...], str, int]]:
+def pytorch_saved(name: str, batch: int = 2, seq: int = 16, attn: str = "eager",
+                  seed: int = 0) -> list[tuple[tuple[int, ...], str, int]]:
     """What PyTorch's autograd saves for backward of `sum(output)`, one entry per distinct storage that is
-    neither a parameter nor a model input: (shape, dtype, storage bytes)."""
+    neither a parameter nor a model input: (shape, dtype, storage bytes); ``seed`` draws the input."""
     import torch
 
-    model, args = build(name, attn=attn), example_inputs(name, batch, seq)
+    model, args = build(name, attn=attn), example_inputs(name, batch, seq, seed)
     skip = {p.untyped_storage().data_ptr() for p in model.parameters()}
     skip |= {b.untyped_storage().data_ptr() for b in model.buffers()}
     skip |= {a.untyped_storage().data_ptr() for a in args}
@@ -226,5 +234,5 @@ def pytorch_saved(name: str, batch: int = 2, seq: int = 16,
     return list(seen.values())
 
 
-def pytorch_saved_bytes(name: str, batch: int = 2, seq: int = 16, attn: str = "eager") -> int:
-    return sum(b for _, _, b in pytorch_saved(name, batch, seq, attn))
+def pytorch_saved_bytes(name: str, batch: int = 2, seq: int = 16, attn: str = "eager", seed: int = 0) -> int:
+    return sum(b for _, _, b in pytorch_saved(name, batch, seq, attn, seed))

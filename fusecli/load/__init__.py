@@ -31,9 +31,10 @@ def load_model(path: str, signature: str | None = None, constant_weights: bool =
     return graph
 
 
-def resolve_sizes(graph: Graph, sizes) -> dict[str, int]:
+def resolve_sizes(graph: Graph, sizes, routing: str | None = None) -> dict[str, int]:
     """Fill the dims the loader left open at the bound ``sizes`` with the format's shape tools; returns
-    the values of dims that could be sized only as numbers (opaque names in the formulas)."""
+    the values of dims that could be sized only as numbers (opaque names in the formulas). ``routing``:
+    the user's assumption for mixture-of-experts routers (``load.routing``)."""
     if graph.format == "savedmodel":
         from .savedmodel import leading_dims_as_batch
 
@@ -45,4 +46,4 @@ def resolve_sizes(graph: Graph, sizes) -> dict[str, int]:
     from .onnx_sizes import resolve_sizes as resolve_onnx
 
     model, omitted = structure
-    return resolve_onnx(graph, sizes, sizes.variables, model, omitted)
+    return resolve_onnx(graph, sizes, sizes.variables, model, omitted, routing)

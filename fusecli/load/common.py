@@ -54,8 +54,9 @@ def refine_bias_adds(graph: Graph, channel_axis: Callable[[Tensor], int | None],
 
 
 def mark_parameter_views(graph: Graph) -> list[Node]:
-    """A view of a parameter (VIEW_KINDS: ``w[e]``, ``w[:, :seq]``, its reshape or transpose; a Gather by
-    a scalar index only) by operands computed from shapes and constants alone (no input's values) is the
+    """A view of a parameter (VIEW_KINDS: ``w[:, :seq]``, its reshape or transpose) by operands computed
+    from shapes and constants alone (no input's values), or its select ``w[e]`` (a Gather by a scalar
+    index, computed from anything) is the
     parameter, as PyTorch's views share its storage: the node is marked constant (it computes a weight)
     and its outputs are parameters, ``meta["view_of"]`` naming the viewed parameter. Views by constants
     alone are ``mark_constant_subgraphs``' already; this adds those whose bounds come from the inputs'
@@ -67,8 +68,10 @@ def mark_parameter_views(graph: Graph) -> list[Node]:
                 or base.kind != "parameter" \
                 or not all(t is not None and t.is_float for t in node.outputs) \
                 or (node.kind == "gather" and (node.input(1) is None or node.input(1).shape != ())) \
-                or any(reads_values(t) for t in value_inputs(node.op_type, node.inputs)[1:]):
-            continue  # a Gather by an index vector is index_select, a copy; by a scalar, a select (view)
+                or (node.kind != "gather" and any(reads_values(t)
+                                                  for t in value_inputs(node.op_type, node.inputs)[1:])):
+            continue  # a Gather by an index vector is index_select, a copy; by a scalar, a select (view),
+            # whatever computes the scalar (a MoE expert's weight w[e], e read from the routing)
         node.meta["constant"] = True
         for t in node.outputs:
             t.kind = "parameter"

@@ -32,7 +32,9 @@ from onnx import helper
 
 from ..dims import Poly, dim_poly, dim_value
 from ..ir import Graph
+from ..kinds import data_dependent_origins
 from ..sizes import input_dim_name
+from .routing import SIZED_BY_VALUES, balanced, find_routers
 from .shape_tools import huge_shape_value, infer_shapes, value_shapes
 
 Shape = tuple | None
@@ -42,12 +44,15 @@ MAX_SYMBOLIC_PASSES = 64  # onnxruntime's loop re-runs after each merge of dims;
 
 
 def resolve_sizes(graph: Graph, values: Mapping[str, int], variables: tuple[str, ...],
-                  model: onnx.ModelProto, omitted: set[str]) -> dict[str, int]:
-    """Fill the graph's open dims in place; returns the values of the opaque dims it had to name."""
+                  model: onnx.ModelProto, omitted: set[str], routing: str | None = None) -> dict[str, int]:
+    """Fill the graph's open dims in place; returns the values of the opaque dims it had to name.
+    ``routing="balanced"``: mixture-of-experts routers are taken as spreading tokens evenly
+    (``load.routing``); the dims that follow from it are named ``routed1``, ... (one per value)."""
     pending = _pending(graph, variables)
     if not pending:
         return {}
-    runner = _Runner(model, omitted, variables)
+    runner = _Runner(model, omitted, variables, routing)
+    graph.meta["routers"] = [r.indices for r in runner.routers]
     # 1. symbolic, unbound (a model without input dims has nothing to be symbolic in: numbers at once)
     symbolic = (runner.ort(None, need=pending) or {}) if variables else {}
     for name in list(pending):
@@ -83,13 +88,21 @@ def resolve_sizes(graph: Graph, values: Mapping[str, int], variables: tuple[str,
             if g is not None and (d is None or dim_poly(d) is None or not _over(d, variables)):
                 positions.append((name, axis))
     fitted = _fit(runner, positions, values, at_user, variables)
+    routed = data_dependent_origins(graph, lambda u: u.name in pending) if runner.routers else {}
     opaque: dict[str, int] = {}
     symbol_of: dict[object, str] = {}  # one opaque name per open dim of the tools (unk__7), else per place
+    routed_of: dict[int, str] = {}  # under --routing, one name per routed size: the experts' token counts
     for name, axis in positions:
         t = graph.tensors[name]
         expr = fitted.get((name, axis))
         if expr is None and not variables:  # fixed sizes: the number is the dim
             expr = at_user[name][axis]
+        elif expr is None and name in routed:
+            value = at_user[name][axis]
+            expr = routed_of.get(value)
+            if expr is None:
+                expr = routed_of[value] = f"routed{len(routed_of) + 1}"
+                opaque[expr] = value
         elif expr is None:
             d = t.shape[axis]
             key = d if isinstance(d, str) else (name, axis)
@@ -142,10 +155,15 @@ def _usable(shape: Shape, variables: tuple[str, ...], current: Shape) -> Shape:
 class _Runner:
     """Runs the shape tools on the model, symbolic or bound to numbers (weights as graph inputs)."""
 
-    def __init__(self, model: onnx.ModelProto, omitted: set[str], variables: tuple[str, ...]) -> None:
+    def __init__(self, model: onnx.ModelProto, omitted: set[str], variables: tuple[str, ...],
+                 routing: str | None = None) -> None:
         self.model = _weights_as_inputs(model, omitted)
+        self.routers = find_routers(self.model) if routing == "balanced" else []
+        if self.routers:
+            self.model = balanced(self.model, self.routers)
         self.variables = variables
         self.ort_failed = False
+        self.fold_elements = ROUTED_FOLD_ELEMENTS if self.routers else FOLD_ELEMENTS
 
     def bound(self, values: Mapping[str, int] | None, need: set[str] | None = None) -> onnx.ModelProto:
         """The model (only what ``need`` depends on, when given) with its inputs bound to ``values``."""
@@ -195,7 +213,7 @@ class _Runner:
         for _ in range(MAX_FOLD_ROUNDS):  # each round sizes what the next one's Shape ops read
             if need is None or not any(_open(shapes.get(n)) for n in need):
                 break
-            folded = fold_shape_values(current, shapes)
+            folded = fold_shape_values(current, shapes, self.fold_elements)
             if folded is None:
                 break
             current = infer_shapes(folded)[0]
@@ -212,12 +230,14 @@ class _Runner:
 
 
 FOLD_ELEMENTS = 1 << 16  # a shape computation's tensors are small; bigger ones are not evaluated
+ROUTED_FOLD_ELEMENTS = 1 << 22  # a balanced routing's one-hot masks: tokens * k * experts
 _SUBGRAPHS = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-_NOT_FOLDED = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "NonZero",
+_NOT_FOLDED = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
                          "Multinomial", "Bernoulli"})
 
 
-def fold_shape_values(model: onnx.ModelProto, shapes: dict) -> onnx.ModelProto | None:
+def fold_shape_values(model: onnx.ModelProto, shapes: dict,
+                      max_elements: int = FOLD_ELEMENTS) -> onnx.ModelProto | None:
     """The bound model with its shape computations evaluated by onnx's reference implementation: every
     small tensor that depends on the graph inputs only through their (now static) shapes, and on
     constants whose data was read, becomes an initializer (exporters compute window sizes and paddings
@@ -238,9 +258,14 @@ def fold_shape_values(model: onnx.ModelProto, shapes: dict) -> onnx.ModelProto |
         elif n.op_type in _NOT_FOLDED or not all(i == "" or i in static for i in n.input) \
                 or (n.op_type != "Constant" and not n.input):
             continue
-        outs = [shapes.get(o) for o in n.output if o]
-        if any(s is None or _open(s) or _numel(s) > FOLD_ELEMENTS for s in outs):
-            continue
+        if n.op_type in SIZED_BY_VALUES:  # NonZero of static values: its size is known once evaluated
+            ins = [shapes.get(i) for i in n.input if i]
+            if any(s is None or _open(s) or _numel(s) > max_elements for s in ins):
+                continue
+        else:
+            outs = [shapes.get(o) for o in n.output if o]
+            if any(s is None or _open(s) or _numel(s) > max_elements for s in outs):
+                continue
         nodes.append(n)
         picked.add(k)
         static.update(o for o in n.output if o)
@@ -281,6 +306,9 @@ def fold_shape_values(model: onnx.ModelProto, shapes: dict) -> onnx.ModelProto |
     del out.graph.input[:]  # the graph inputs, with their bound dims, stay; weights-as-inputs too
     out.graph.input.extend(model.graph.input)
     del out.graph.value_info[:]  # inferred again from the folded values (stale unknowns would stay)
+    for o in out.graph.output:  # an output's open dims too: ONNX keeps a declared dim over an inferred one
+        if any(not d.HasField("dim_value") for d in o.type.tensor_type.shape.dim):
+            o.ClearField("type")
     return out
 
 
