@@ -143,6 +143,12 @@ def _check_plot(plot_path: str, model: str) -> None:
         raise FuseError("--plot needs matplotlib: pip install 'fusecli[plot]'")
 
 
+def _routing_option(f):
+    return click.option("--routing", type=click.Choice(["balanced"]), default=None,
+                        help="Mixture-of-experts: size the tokens each expert gets by assuming the routers "
+                             "spread them evenly (tokens*k/E each); said in the warnings and the JSON.")(f)
+
+
 def _common_options(f):
     """--batch, --dim and --signature, shared by the commands that load and size a model."""
     f = click.option("--signature", default=None, metavar="NAME",
@@ -179,9 +185,7 @@ def main() -> None:
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
               help="Where PyTorch trains: its scaled_dot_product_attention kernels, and so what they "
                    "keep for backward, differ.")
-@click.option("--routing", type=click.Choice(["balanced"]), default=None,
-              help="Mixture-of-experts: size the tokens each expert gets by assuming the routers spread "
-                   "them evenly (tokens*k/E each); said in the report and the JSON.")
+@_routing_option
 @click.option("-v", "--verbose", is_flag=True, help="List every saved tensor and every match.")
 @click.option("-q", "--quiet", is_flag=True, help="Print the summary only (verdicts per pattern, memory).")
 @click.option("--all", "all_saved", is_flag=True, help="List every saved tensor (default: the largest 10).")
@@ -329,11 +333,12 @@ def render(model: str, view: str, as_dot: bool, output: str | None, mode: str, f
 @click.option("--threads", type=click.IntRange(min=1), default=None,
               help="intra-op threads for --bench (default: the CPUs this process may use).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the summary.")
+@_routing_option
 def rewrite_command(model: str, output: str, target: str, mode: str, patterns: tuple[str, ...],
                     batch: int | None,
                     dims: tuple[str, ...], signature: str | None, no_verify: bool, verify_scope: str,
                     bench: bool,
-                    threads: int | None, force: bool, as_json: bool) -> None:
+                    threads: int | None, force: bool, as_json: bool, routing: str | None) -> None:
     """Rewrite MODEL's fusion matches as ONNX Runtime kernels, verify, and write OUT.onnx."""
     from .output import check_output
     from .rewrite import RewriteOptions
@@ -345,7 +350,7 @@ def rewrite_command(model: str, output: str, target: str, mode: str, patterns: t
     options = RewriteOptions(target=target, mode=mode, batch=batch, dims=_parse_dims(dims),
                              patterns=patterns, verify=not no_verify, verify_scope=verify_scope,
                              bench=bench, threads=threads, signature=signature,
-                             keep_weights=False, force=force)
+                             keep_weights=False, force=force, routing=routing)
     from . import progress
 
     with progress.stages():

@@ -78,6 +78,8 @@ def _tensorflow(m: Match) -> dict:
             return _verdict(False, False, "a decomposed BatchNorm (Mul/Add) is not a remapper pattern")
         return _verdict(False, act == "relu", "_FusedBatchNormEx on GPU only (cuDNN, NHWC), Relu only"
                         + ("" if act == "relu" else f", not {act}"))
+    if name == "matmul_transpose":
+        return _verdict(True, True, "the arithmetic optimizer folds the Transpose into MatMul's transpose_b")
     if name in ("matmul_bias_act", "matmul_bias"):
         return _verdict(act is None or act in TF_CPU_ACTS | {"tanh", "sigmoid", "gelu"}, None,
                         "_FusedMatMul on CPU; on GPU it depends on the TensorFlow build's cuBLASLt epilogues")
@@ -120,6 +122,8 @@ def _onnxruntime(m: Match) -> dict:
         return _verdict(True, False, "FusedGemm exists on CPU only")
     if name == "matmul_scale":
         return _verdict(True, True, "com.microsoft FusedMatMul with alpha (MatMulScaleFusion)")
+    if name == "matmul_transpose":
+        return _verdict(True, True, "com.microsoft FusedMatMul with transB (MatMulTransposeFusion)")
     if name == "skip_layer_norm" and _sum_read_again(m):
         return _verdict(False, False, "SkipLayerNormFusion leaves a residual sum that is read again (pre-LN "
                         "blocks); SkipLayerNormalization's 4th output can write it (fusecli rewrite does)")
@@ -169,6 +173,7 @@ PYTORCH = {
     "silu": (True, True, "F.silu is one kernel that saves x and recomputes sigmoid in backward"),
     "swiglu": (None, None, "torch.compile or Liger-Kernel's SwiGLU fuse silu(a) * b, recomputing silu(a)"),
     "hard_swish": (True, True, "F.hardswish is one kernel that saves x"),
+    "matmul_transpose": (True, True, "F.linear's GEMM reads w^T in place (a strided view, no copy)"),
     "bn_act": (None, None, "torch.compile fuses BN + act, recomputing the BN output when the min-cut "
                "partitioner finds it cheaper"),
 }

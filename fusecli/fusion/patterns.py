@@ -58,6 +58,17 @@ def made_by(*kinds: str) -> Callable[[Tensor], bool]:
 _PROJECTION = made_by("matmul", "gemm", "bias_add")
 
 
+def transposed_weight(t: Tensor) -> bool:
+    """A weight made at run time by a Transpose of a weight that swaps its last two axes only (what a
+    GEMM's transB reads in place); the Transpose is a view of the parameter, not part of the match."""
+    p = t.producer
+    if not is_param(t) or p is None or p.kind != "transpose" or not p.inputs or not is_param(p.inputs[0]):
+        return False
+    perm = p.attrs.get("perm")
+    return perm is not None and len(perm) >= 2 and list(perm) == [*range(len(perm) - 2), len(perm) - 1,
+                                                                  len(perm) - 2]
+
+
 def projected(t: Tensor) -> bool:
     """A projection's output, or a part of one (Phi-3's and Mixtral's fused gate_up_proj, split in two by
     Split, Slice or chunk's Gather)."""
@@ -235,6 +246,9 @@ CATALOGUE: tuple[Pattern, ...] = (
                              *(op("matmul", s, W, role="matmul") for s in scaled(X)),
                              *(op("matmul", X, s, role="matmul") for s in scaled(W))),
         "FusedMatMul (alpha)", "y = alpha (a @ b): attention's Q K^T / sqrt(d) [ORT MatMulScaleFusion]"),
+    Pattern("matmul_transpose", (op("matmul", X, Var(check=transposed_weight), role="matmul"),),
+            "FusedMatMul (transB)", "y = x @ w^T for a weight transposed at run time (a MoE expert's w[e]): "
+            "the GEMM reads w in place [ORT MatMulTransposeFusion]"),
     Pattern("bias_gelu", GELU_OP + GELU_ERF + GELU_ERFC + GELU_TANH, "BiasGelu / FastGelu with bias",
             "y = gelu(x + b)", fused_kind="bias_gelu", include_producers=("x",),
             require=lambda roles, bound: made_by("bias_add")(bound["x"])),

@@ -367,6 +367,17 @@ def _matmul_scale(m: Match, ctx: Context) -> Emission | None:
     return Emission(m.pattern.name, "FusedMatMul", [n.name for n in m.nodes], [node])
 
 
+def _matmul_transpose(m: Match, ctx: Context) -> Emission | None:
+    """x @ Transpose(w) -> FusedMatMul(x, w, transB=1): the GEMM reads w in place (the Transpose, no
+    longer read, is pruned)."""
+    mm = m.roles["matmul"]
+    a, w = mm.inputs[0], mm.inputs[1].producer.inputs[0]
+    if _dtype(m) != "float32" or any(t.shape is None or len(t.shape) < 2 for t in (a, w)):
+        return None
+    node = _node("FusedMatMul", [a.name, w.name], _out(m.root), mm.name, MS, transB=1)
+    return Emission(m.pattern.name, "FusedMatMul(transB)", [n.name for n in m.nodes], [node])
+
+
 # -- GELU ----------------------------------------------------------------------------------------------
 def _last_axis_vector(ctx: Context, param: Tensor, x: Tensor, inits: list) -> str | None:
     """A 1-D bias along x's last axis: the param's own name, or a reshaped copy; None if it is not one."""
@@ -570,6 +581,7 @@ EMITTERS: dict[str, Callable[[Match, Context], Emission | None]] = {
     "conv_bias_add_act": _conv_family, "conv_bias_act": _conv_family, "conv_bias": _conv_family,
     "conv_bn_act": _conv_family, "conv_bn": _conv_family, "conv_squeeze_bias": _conv_family,
     "matmul_bias_act": _matmul_family, "matmul_bias": _matmul_family, "matmul_scale": _matmul_scale,
+    "matmul_transpose": _matmul_transpose,
     "gelu": _gelu, "bias_gelu": _gelu, "layer_norm": _layer_norm, "skip_layer_norm": _skip_layer_norm,
 }
 

@@ -60,6 +60,7 @@ class RewriteOptions:
     signature: str | None = None  # SavedModels: the signature tf2onnx converts (default: its first)
     keep_weights: bool = True  # False: the result's model leaves its payloads in the input file
     force: bool = False  # write even when --bench measures the rewritten model slower
+    routing: str | None = None  # --routing balanced: MoE token counts under that assumption (load.routing)
 
 
 @dataclass
@@ -190,7 +191,8 @@ def rewrite(path: str, options: RewriteOptions | None = None, output: str | None
         refuse_overwriting_input(output, [path])
     with scratch_dir("rewrite") as work:
         source = open_source(path, work, options.signature)
-        pipeline_options = Options(batch=options.batch, dims=dict(options.dims), patterns=options.patterns)
+        pipeline_options = Options(batch=options.batch, dims=dict(options.dims), patterns=options.patterns,
+                                   routing=options.routing)
         first = analyze(source.onnx_path, pipeline_options)
         model, data_files = load_weights(source.onnx_path)
         if not source.converted:

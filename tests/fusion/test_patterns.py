@@ -205,6 +205,19 @@ def test_matmul_scale_near_misses(tmp_path, form):
     assert found(analyze_model(net.model(y), tmp_path), "matmul_scale") == []
 
 
+@pytest.mark.parametrize("perm, weight, hit", [((1, 0), "param", True), ((0, 2, 1), "param", True),
+                                               ((1, 0, 2), "param", False), ((0, 2, 1), "input", False)])
+def test_matmul_transpose(tmp_path, perm, weight, hit):
+    """x @ w^T with w^T transposed at run time: matched only for a weight and a swap of the last two axes
+    (an activation's transpose, attention's K^T, is attention's; other perms are no transB)."""
+    shape, x = {(1, 0): ((6, 8), ("N", 8)), (0, 2, 1): ((3, 6, 8), ("N", 3, 5, 8)),
+                (1, 0, 2): ((3, 8, 6), ("N", 8, 5, 3))}[perm]
+    net = Net(x=x, k=shape)
+    w = net.param("w", *shape) if weight == "param" else "k"
+    y = net.op("MatMul", "mm", "x", net.op("Transpose", "t", w, perm=list(perm)))
+    assert found(analyze_model(net.model(y), tmp_path), "matmul_transpose") == ([["mm"]] if hit else [])
+
+
 # -- gelu, layer norm -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("arg", ["div", "mul"])
 @pytest.mark.parametrize("order", [0, 1, 2])

@@ -166,6 +166,20 @@ def test_matmul_scale_is_fused_matmul(save_model, form):
         assert list(fm.input) == ["a", "b"] and attr(fm, "alpha") == pytest.approx(0.125)
 
 
+def test_matmul_transpose_is_fused_matmul_trans_b(save_model):
+    """x @ Transpose(w[e]) (a MoE expert's weight selected at run time) -> FusedMatMul(x, w[e], transB=1)."""
+    net = Net(x=("N", 5, 8))
+    experts = net.param("experts", 4, 6, 8)
+    net.inits.append(numpy_helper.from_array(np.array(2, np.int64), "e"))  # a scalar index: a select
+    w = net.op("Gather", "select", experts, "e", axis=0)
+    y = net.op("MatMul", "mm", "x", net.op("Transpose", "t", w, perm=[1, 0]))
+    for target in ("cpu", "cuda"):
+        r = _rewrite(save_model, net.model(y), target)
+        (fm,) = nodes(r.model, "FusedMatMul")
+        assert list(fm.input) == ["x", w] and attr(fm, "transB") == 1
+        assert not nodes(r.model, "Transpose")  # read in place, then pruned
+
+
 def _gelu(net: Net, x: str, tanh: bool) -> str:
     if tanh:
         cube = net.op("Pow", "cube", x, net.param("three", value=3.0))
