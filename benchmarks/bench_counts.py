@@ -2,12 +2,14 @@
 
     python benchmarks/bench_counts.py [--out benchmarks/RESULTS-counts.md] [--no-keras]
 
-Models: every architecture of tests/hf_models.py (2 layers, hidden 64, from `transformers` configs,
-random weights) exported by both torch exporters (TorchScript, dynamo; dynamic batch and sequence),
-and Keras 3 MobileNetV2, MobileNetV3Small and EfficientNetV2B0 (weights=None) exported as SavedModels
-and converted by tf2onnx (what ``fusecli rewrite`` does with a SavedModel folder). Peers and the way
-fused kernels are counted: benchmarks/peers.py. fusecli's rewrite verifies itself (relative L2 <= 1e-4
-at ORT_DISABLE_ALL and default); a model it cannot rewrite is reported with the reason.
+Models: every architecture of tests/hf_models.py and of benchmarks/trial_exports.py (2 layers, hidden 64,
+from `transformers` configs, random weights, their DEFAULT attention; mixture-of-experts models with
+transformers' eager experts, rewritten with --routing balanced) exported by both torch exporters
+(TorchScript, dynamo; dynamic batch and sequence), and Keras 3 MobileNetV2, MobileNetV3Small and
+EfficientNetV2B0 (weights=None) exported as SavedModels and converted by tf2onnx (what ``fusecli
+rewrite`` does with a SavedModel folder). Peers and the way fused kernels are counted:
+benchmarks/peers.py. fusecli's rewrite verifies itself (relative L2 <= 1e-4 at ORT_DISABLE_ALL and
+default); a model it cannot rewrite is reported with the reason.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ from fusecli.rewrite import RewriteOptions, rewrite  # noqa: E402
 
 # ORT transformers optimizer model type and (heads, hidden) per architecture (0, 0: detect)
 TYPES = {"bert": "bert", "distilbert": "bert", "gpt2": "gpt2", "vit": "vit", "clip_vision": "clip",
-         "t5_encoder": "t5", "swin": "swin"}
+         "t5_encoder": "t5", "swin": "swin", "bart": "bart", "phi3": "phi"}
+MOE = ("mixtral", "qwen2_moe", "olmoe")
 KERAS = ("MobileNetV2", "MobileNetV3Small", "EfficientNetV2B0")
 
 
@@ -39,7 +42,8 @@ def _count(label: str, path: str, model_type: str, heads: int, hidden: int, dims
     original = onnx.load(path)
     row = {"model": label}
     try:
-        r = rewrite(path, RewriteOptions(batch=dims.get("batch", 1), dims=dims))
+        routing = "balanced" if label.split(" ")[0] in MOE else None
+        r = rewrite(path, RewriteOptions(batch=dims.get("batch", 1), dims=dims, routing=routing))
         row["fusecli"] = peers.fused(r.model, original)
         row["error"] = max(r.verification.worst("disabled"), r.verification.worst("default"))
     except Exception as e:  # reported, not hidden
@@ -60,16 +64,36 @@ def hf_rows(work: Path) -> list[dict]:
     from tests import hf_models
 
     rows = []
+    names = hf_models.ALL + hf_models.MORE_TEXT + hf_models.MORE_VISION + hf_models.MOE
     for exporter in ("torchscript", "dynamo"):
-        for name in hf_models.ALL:
+        for name in names:
             path = str(work / f"{name}_{exporter}.onnx")
             try:
-                hf_models.export(name, path, exporter, True, 2, 16)
+                hf_models.export(name, path, exporter, True, 2, 16, attn="default")
             except Exception as e:
                 failed = f"export failed: {type(e).__name__}"
                 rows.append({"model": f"{name} ({exporter})", "fusecli": failed})
                 continue
             dims = {"batch": 2, "seq": 16} if hf_models.spec(name).seq_axis else {"batch": 2}
+            rows.append(_count(f"{name} ({exporter})", path, TYPES.get(name, "bert"), 2, 64, dims))
+    return rows
+
+
+def trial_rows(work: Path) -> list[dict]:
+    import trial_exports
+
+    rows = []
+    for name in trial_exports.ARCHS:
+        model, _ = trial_exports.build(name)
+        for exporter in ("torchscript", "dynamo"):
+            path = str(work / f"trial_{name}_{exporter}.onnx")
+            try:
+                trial_exports.export(model, path, exporter)
+            except Exception as e:
+                failed = f"export failed: {type(e).__name__}"
+                rows.append({"model": f"{name} ({exporter})", "fusecli": failed})
+                continue
+            dims = {"batch": trial_exports.BATCH, "seq": trial_exports.SEQ}
             rows.append(_count(f"{name} ({exporter})", path, TYPES.get(name, "bert"), 2, 64, dims))
     return rows
 
@@ -109,6 +133,8 @@ def table(rows: list[dict]) -> str:
         mine = r.get("fusecli")
         best = max((sum(r[c].values()) for c in cols[1:] if isinstance(r.get(c), dict)), default=0)
         ok = "yes" if isinstance(mine, dict) and sum(mine.values()) >= best else "**no**"
+        if isinstance(mine, str) and mine.startswith("export failed"):
+            ok = "n/a"  # the exporter's own refusal: nothing to rewrite
         lines.append(f"| {r['model']} | " + " | ".join(cell(r.get(c)) for c in cols) + f" | {ok} |")
     return "\n".join(lines)
 
@@ -119,7 +145,7 @@ def main() -> None:
     ap.add_argument("--no-keras", action="store_true", help="skip the TensorFlow / tf2onnx models")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-counts-") as tmp:
-        rows = hf_rows(Path(tmp)) + ([] if args.no_keras else keras_rows(Path(tmp)))
+        rows = hf_rows(Path(tmp)) + trial_rows(Path(tmp)) + ([] if args.no_keras else keras_rows(Path(tmp)))
     md = table(rows)
     worst = max((r["error"] for r in rows if "error" in r), default=0.0)
     about = __doc__.split("\n\n", 2)[2].strip()

@@ -25,6 +25,9 @@ MORE_TEXT = ("roberta", "opt", "gpt_neox", "gemma2", "bloom", "bart", "phi3")
 # mixture-of-experts with transformers' eager experts (a loop over experts, each fed the tokens
 # nonzero(one_hot(topk(router)))[e] picks): its default, grouped_mm, has no TorchScript export (aten::histc)
 MOE = ("mixtral",)
+# TorchScript exports whose attention reads shapes of interior tensors (Shape(Cast(q)), Shape(Cast(k^T)))
+# and scales by 1 / sqrt(Shape(q)[-1:]): the rewrite tests
+SHAPE_READS = ("falcon", "codegen")
 MORE_VISION = ("beit",)
 ATTENTION = ("eager", "default")  # default: whatever transformers picks (sdpa where the model supports it)
 IMAGE_SIZE = 32
@@ -40,7 +43,7 @@ class Spec:
 def spec(name: str) -> Spec:
     if name in ("bert", "distilbert", "roberta", "opt"):
         return Spec(("input_ids", "attention_mask"), True)
-    if name in TEXT or name in MORE_TEXT or name in MOE:
+    if name in TEXT or name in MORE_TEXT or name in MOE or name in SHAPE_READS:
         return Spec(("input_ids",), True)
     if name in AUDIO:
         return Spec(("input_features",), False)
@@ -80,6 +83,12 @@ def _config(name: str):
     if name == "mixtral":  # 4 experts, top-2; gate and up as one 3-D parameter per layer
         return tr.MixtralConfig(vocab_size=100, max_position_embeddings=256, num_key_value_heads=2,
                                 num_local_experts=4, num_experts_per_tok=2, **small)
+    if name == "falcon":  # new decoder architecture: q, k, v from one projection, rotary, parallel MLP
+        return tr.FalconConfig(vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                               new_decoder_architecture=True, num_kv_heads=2, max_position_embeddings=256)
+    if name == "codegen":  # rotary on part of the head; k transposed before its Cast
+        return tr.CodeGenConfig(vocab_size=100, n_embd=64, n_layer=2, n_head=2, rotary_dim=16,
+                                n_positions=256, n_ctx=256, bos_token_id=0, eos_token_id=0)
     if name == "bloom":  # ALiBi position bias
         return tr.BloomConfig(vocab_size=100, hidden_size=64, n_layer=2, n_head=2)
     if name == "bart":  # encoder-decoder: the decoder's cross-attention reads the encoder's output

@@ -51,6 +51,11 @@ def apply(model: onnx.ModelProto, emissions: list[Emission], protos: dict[str, o
         model.opset_import.append(helper.make_opsetid(MS, 1))
 
 
+def sort_nodes(model: onnx.ModelProto) -> None:
+    """The model's nodes in topological order (``topological``), in place."""
+    _replace(model.graph.node, topological(list(model.graph.node)))
+
+
 def topological(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
     """``nodes`` in an order where each comes after the nodes making what it reads (subgraphs' outer
     reads included), keeping the given order wherever it already is one (Kahn's algorithm, ties by

@@ -10,19 +10,47 @@ their repeat (the repeat nodes stay); a Dropout is the identity in inference.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..fusion.attention import LAYOUT, AttentionForm, read_attention
 from ..fusion.match import Match, is_noop
 from ..ir import Node, Tensor
 from .emit import MS, Context, Emission, _attr, _dtype, _new_init, _node
+from .shape_values import int_value
 
 ADD = ("add", "sum", "bias_add")
 
 
-def _scalar(ctx: Context, t: Tensor) -> float | None:
+def _scalar(ctx: Context, t: Tensor | None, depth: int = 8) -> float | None:
+    """A one-element value: a constant, or float arithmetic on constants and static dims (TorchScript's
+    sdpa scale 1 / sqrt(Shape(q)[-1]) with the head size known); None otherwise."""
+    if t is None:
+        return None
     v = ctx.weights.value(t.name)
-    return None if v is None or np.size(v) != 1 else float(np.reshape(v, -1)[0])
+    if v is not None:
+        return None if np.size(v) != 1 else float(np.reshape(v, -1)[0])
+    i = int_value(t, ctx.weights)
+    if i is not None:
+        return None if i.size != 1 else float(i.reshape(-1)[0])
+    p = t.producer
+    if p is None or depth == 0 or p.op_type not in _FLOAT_OPS:
+        return None
+    args = [_scalar(ctx, x, depth - 1) for x in p.inputs if x is not None]
+    if not args or any(a is None for a in args) or len(args) != _FLOAT_OPS[p.op_type][0]:
+        return None
+    try:
+        return float(_FLOAT_OPS[p.op_type][1](*args))
+    except (ArithmeticError, ValueError):
+        return None
+
+
+_FLOAT_OPS = {  # op: (inputs, value); the shape-computed scales exporters write
+    "Cast": (1, lambda x: x), "Identity": (1, lambda x: x), "Sqrt": (1, math.sqrt),
+    "Reciprocal": (1, lambda x: 1.0 / x), "Div": (2, lambda x, y: x / y), "Mul": (2, lambda x, y: x * y),
+    "Pow": (2, lambda x, y: x ** y),
+}
 
 
 def _scale(m: Match, ctx: Context) -> float | None:
@@ -147,14 +175,28 @@ def _bias(m: Match, ctx: Context, b: _Builder, q3: str) -> str | None:
 
 
 def attention(m: Match, ctx: Context) -> Emission | None:
+    """The match as MultiHeadAttention; None, with the reason in ``ctx.skipped``, for a form it cannot
+    run (every attention the rewrite leaves is said, never silently missed)."""
+    pv = m.roles["pv"]
+    emission = _attention(m, ctx)
+    if isinstance(emission, str):
+        ctx.skipped.append(f"attention at {pv.name}: {emission}")
+        return None
+    return emission
+
+
+def _attention(m: Match, ctx: Context) -> Emission | str:
     r = m.roles
     qk, pv, softmax = r["qk"], r["pv"], r["softmax"]
-    if _dtype(m) != "float32" or qk.kind != "matmul" or pv.kind != "matmul" or ctx.opset < 13:
-        return None
+    if _dtype(m) != "float32":
+        return f"MultiHeadAttention here runs float32 only, not {_dtype(m)}"
+    if qk.kind != "matmul" or pv.kind != "matmul":
+        return "the scores or the output are no MatMul (an Einsum or a batched GEMM)"
+    if ctx.opset < 13:
+        return f"opset {ctx.opset} < 13"
     form = _mha_form(m)
     if isinstance(form, str):
-        ctx.skipped.append(f"attention at {pv.name}: {form}")
-        return None
+        return form
     q = m.bound["q"]
     kt = r.get("k_transpose")
     # K^T (B, N, H, L) = transpose(k_in, P); (B, L, N, H) is k_in through (P[0], P[3], P[1], P[2])
@@ -162,21 +204,21 @@ def attention(m: Match, ctx: Context) -> Emission | None:
     if "k_transpose_3d" in r:
         k_in, p = m.bound["k"], _transposed_3d(r["k_transpose_3d"], m.bound["k"], ctx)
     if p is None or sorted(p) != [0, 1, 2, 3]:
-        return None
+        return "K^T is no 4-D transpose of a (batch, heads, keys, head size) K"
     kperm = [p[0], p[3], p[1], p[2]]
     v_in = pv.inputs[1]
     qh, vh = _heads(q), _heads(v_in)
     ks = k_in.shape
     if qh is None or vh is None or ks is None or len(ks) != 4 or vh[0] != qh[0] or p[0] != 0:
-        return None  # heads unknown, or K's batch axis moved
+        return "the head count or head size of q, k or v is unknown, or K's batch axis moved"
     if _attr(ctx.protos[softmax.name], "axis", -1) % 4 != 3:
-        return None  # softmax over the keys only
+        return "the softmax is not over the keys alone"
     d = r.get("dropout")
     if d is not None and len(ctx.protos[d.name].input) > 2 and ctx.protos[d.name].input[2]:
-        return None  # a training_mode input: not provably the identity
+        return "a Dropout with a training_mode input (not provably the identity)"
     scale = _scale(m, ctx)
     if scale is None:
-        return None
+        return "the scale is not one constant"
     heads, size = qh
     b = _Builder(ctx, pv.name)
     q3 = b.packed(q, [0, 2, 1, 3], heads * size)
@@ -184,7 +226,7 @@ def attention(m: Match, ctx: Context) -> Emission | None:
     v3 = b.packed(v_in, [0, 2, 1, 3], heads * vh[1])
     bias = _bias(m, ctx, b, q3)
     if bias is None:
-        return None
+        return "a bool mask whose fill value is not one constant"
     o3 = b.node("MultiHeadAttention", [q3, k3, v3, "", "", bias], domain=MS, num_heads=heads, scale=scale)
     if form.guard:  # sdpa's NaN guard: a row whose every key is masked gives zeros, not NaN
         o3 = b.node("Where", [b.node("IsNaN", [o3]), b.const("guard_zero", np.zeros((), np.float32)), o3])

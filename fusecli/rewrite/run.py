@@ -20,13 +20,22 @@ from ..pipeline import Analysis, Options, analyze, analyze_graph
 from ..progress import stage
 from ..units import format_bytes
 from .benchverdict import slowdown
-from .edit import apply, cast_likes_to_casts, protos_by_ir_name, prune, sound_emissions, undefined_read
+from .edit import (
+    apply,
+    cast_likes_to_casts,
+    protos_by_ir_name,
+    prune,
+    sort_nodes,
+    sound_emissions,
+    undefined_read,
+)
 from .emit import Context
 from .fold_scales import fold_conv_scales
 from .plan import is_safe, plan
 from .proto import light_copy
 from .regions import Case, Cutter
 from .save import needs_external_data, payload_bytes, write_model
+from .shape_reads import reroute_shape_reads
 from .shapes import refine_shapes
 from .source import load_weights, open_source, restore_weights
 from .splice import write_spliced
@@ -130,7 +139,7 @@ def rewrite_passes(model: onnx.ModelProto, first: Analysis, options: RewriteOpti
     analysis, known = first, {}
     applied: list[Applied] = []
     folded: set[str] = set()
-    passes = 0
+    passes = rerouted = 0
     outputs = {o.name for o in model.graph.output}
     for _ in range(options.max_passes):
         if not analysis.matches:
@@ -148,6 +157,7 @@ def rewrite_passes(model: onnx.ModelProto, first: Analysis, options: RewriteOpti
         emissions = plan(analysis.matches, ctx)
         made = {o for e in emissions for name in e.remove for o in protos[name].output if o}
         cast_likes_to_casts(model, lambda name: _ELEM_TYPE.get(dtype_of(name)), made)
+        rerouted += reroute_shape_reads(model, analysis.graph, emissions, protos)  # Shape(interior tensor)
         emissions, broken = sound_emissions(model, emissions, protos)
         if skipped is not None:
             said = {s.partition(":")[0] for s in skipped}  # a later pass meets the same regions again
@@ -175,6 +185,8 @@ def rewrite_passes(model: onnx.ModelProto, first: Analysis, options: RewriteOpti
         except FuseError as e:  # the input was read whole before: what breaks now is the rewrite's
             raise FuseError(f"rewrite pass {passes} left a graph fusecli cannot read ({e}): a fusecli bug; "
                             "nothing written") from None
+    if rerouted:  # a permuting Gather was appended after its readers where no emission went in
+        sort_nodes(model)
     return applied, passes, len(folded)
 
 

@@ -1,7 +1,7 @@
 """Small integer tensors computed from static dims, such as torchscript's Slice bound Shape(x)[3] / 2.
 
-``int_value(t, weights)`` evaluates Shape, Gather, Unsqueeze, Squeeze, Concat, Cast, Identity and integer
-Add / Sub / Mul / Div over constants and the dims the IR knows; a symbolic or unknown dim the result
+``int_value(t, weights)`` evaluates Shape, Gather, Slice, Unsqueeze, Squeeze, Concat, Cast, Identity and
+integer Add / Sub / Mul / Div over constants and the dims the IR knows; a symbolic or unknown dim the result
 reads, another op, or a long chain makes it None.
 """
 
@@ -87,4 +87,16 @@ def _eval(t: Tensor | None, weights: Weights, budget: list[int]) -> np.ndarray |
         if any(p is None or p.ndim != 1 for p in parts):
             return None
         return np.concatenate(parts)
+    if op == "Slice" and x.ndim == 1:  # Shape(q)[-1:] (TorchScript's head size read): constant bounds
+        bounds = [_eval(node.input(k), weights, budget) if node.input(k) is not None else None
+                  for k in range(1, 5)]
+        if any(b is None for b in bounds[:2]) or any(b is not None and b.size != 1 or
+                                                     b is not None and None in b.flat for b in bounds):
+            return None
+        axes, steps = bounds[2], bounds[3]
+        if axes is not None and int(axes.reshape(-1)[0]) not in (0, -1):
+            return None
+        start, end = (int(b.reshape(-1)[0]) for b in bounds[:2])
+        step = 1 if steps is None else int(steps.reshape(-1)[0])
+        return x[slice(start, end, step)] if step != 0 else None
     return None
