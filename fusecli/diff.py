@@ -1,0 +1,409 @@
+"""Two exports of one model compared by what matters to a performance engineer (``fusecli diff``).
+
+Exporters name nodes differently (TorchScript's ``/encoder/layer.0/attention/MatMul``, dynamo's
+``node_matmul_2`` with its module path in the node's metadata, a SavedModel's function-body names), so
+nothing is paired by node name: each node has a *scope* (its module path, digits folded: ``layer.*``),
+scopes are paired exactly, then by a unique segment suffix (``StatefulPartitionedCall/model/dense`` and
+``model/dense``), and a fusion match is keyed by its pattern and the scope its nodes share. Matches
+left over on both sides are paired by their op structure. Saved tensors pair by scope and op.
+
+The differences are a list of dicts, each with a ``kind`` (see ``KINDS``) and ``regression``; the
+document (``compare``) adds a summary whose ``exit`` is what the CLI exits with.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from . import __version__, progress
+from .dims import DimParseError, Poly, parse_dim
+from .errors import UsageError
+from .fusion.match import Match
+from .ir import Node, gc_paused
+from .pipeline import Analysis, Options, analyze_graph
+
+LADDER = ("not fusable", "inference only", "training-safe if recomputed", "training-safe")
+FAIL_ON = ("fusions", "verdicts", "memory")
+CATEGORY = {"fusion_lost": "fusions", "verdict_worse": "verdicts", "memory": "memory"}
+KINDS = ("fusion_lost", "fusion_gained", "verdict_worse", "verdict_better", "attention_kernel", "memory",
+         "formula_term", "saved_appeared", "saved_vanished", "unsupported_gained", "unsupported_lost",
+         "unpaired_scope")
+TOTALS = ("saved_bytes", "saved_activation_bytes", "peak_bytes")
+TOP_SAVED = 5  # groups of saved tensors listed as appeared / vanished, per side (largest first)
+_DIGITS = re.compile(r"\d+")
+
+
+# ---- loading both at the same dims ------------------------------------------------------------------
+
+def analyze_pair(old: str, new: str, batch: int | None, dims: dict[str, int],
+                 signature: str | None = None) -> tuple[Analysis, Analysis, list[str]]:
+    """Both models analyzed at the same --batch / --dim; a --dim only one model has is applied to that
+    one (a note says so), a --dim neither has is a UsageError. ``signature`` applies to SavedModels."""
+    import os
+
+    from .load import load_model
+    from .sizes import model_variables
+
+    graphs = []
+    with gc_paused(), progress.stages():
+        for path in (old, new):
+            progress.stage(f"reading {os.path.basename(os.path.normpath(path))}")
+            graphs.append(load_model(path, signature if os.path.isdir(path) else None))
+        names = [model_variables(g)[0] for g in graphs]
+        neither = [d for d in dims if d not in names[0] and d not in names[1]]
+        if neither:
+            raise UsageError(f"--dim {neither[0]}: neither model has a dim of that name (OLD: "
+                             f"{', '.join(names[0]) or 'none'}; NEW: {', '.join(names[1]) or 'none'})")
+        notes = []
+        for d in sorted(set(names[0]) ^ set(names[1])):
+            which = "OLD" if d in names[0] else "NEW"
+            given = f" (--dim {d}={dims[d]} applies to {which} only)" if d in dims else ""
+            notes.append(f"dim {d!r} exists in {which} only{given}")
+        out = []
+        for path, graph, have in zip((old, new), graphs, names, strict=True):
+            options = Options(batch=batch, dims={d: v for d, v in dims.items() if d in have},
+                              signature=signature)
+            out.append(analyze_graph(path, graph, options))
+    return out[0], out[1], notes
+
+
+# ---- scopes -----------------------------------------------------------------------------------------
+
+def node_scope(node: Node) -> tuple[str, ...]:
+    """The module path of a node as segments, list indices kept with their list ('layer.0'): dynamo's
+    recorded module, else the node name without its last '/' segment."""
+    module = node.meta.get("module")
+    text = module if module else ".".join(node.name.split("/")[:-1])
+    out: list[str] = []
+    for seg in text.split("."):
+        if not seg:
+            continue
+        if seg.isdigit() and out:
+            out[-1] += "." + seg
+        else:
+            out.append(seg)
+    return tuple(out)
+
+
+def fold(scope: Iterable[str]) -> str:
+    """'inner/encoder/layer.*/attention': segments joined by '/', digit runs as '*'."""
+    return "/".join(_DIGITS.sub("*", s) for s in scope)
+
+
+def _common(scopes: list[tuple[str, ...]]) -> tuple[str, ...]:
+    first = scopes[0]
+    k = len(first)
+    for s in scopes[1:]:
+        k = min(k, len(s))
+        for i in range(k):
+            if s[i] != first[i]:
+                k = i
+                break
+    return first[:k]
+
+
+def _suffix(a: str, b: str) -> bool:
+    """One scope ends with the other at a segment boundary."""
+    return a.endswith("/" + b) or b.endswith("/" + a)
+
+
+def pair_scopes(old: set[str], new: set[str]) -> dict[str, str]:
+    """NEW scope -> OLD scope: equal ones, then a unique segment-suffix partner left on both sides."""
+    pairs = {s: s for s in new if s in old}
+    left_old = sorted(old - set(pairs.values()) - {""}, key=len)
+    left_new = sorted(new - set(pairs) - {""}, key=len)
+    by_last: dict[str, list[str]] = defaultdict(list)
+    for o in left_old:
+        by_last[o.rsplit("/", 1)[-1]].append(o)
+    taken = set(pairs.values())
+    for n in left_new:
+        cands = [o for o in by_last.get(n.rsplit("/", 1)[-1], ()) if o not in taken and _suffix(o, n)]
+        if len(cands) == 1:
+            pairs[n] = cands[0]
+            taken.add(cands[0])
+    return pairs
+
+
+def _scope_sets(a: Analysis) -> tuple[set[str], set[str]]:
+    """Folded scopes holding nodes directly, and those with every prefix of them."""
+    direct, every = set(), set()
+    for n in a.graph.nodes:
+        s = node_scope(n)
+        direct.add(fold(s))
+        for k in range(len(s) + 1):
+            every.add(fold(s[:k]))
+    return direct, every
+
+
+# ---- fusion blocks ----------------------------------------------------------------------------------
+
+@dataclass
+class Block:
+    """One match, as the diff sees it."""
+
+    match: Match
+    scope: str  # folded, in OLD's spelling once paired
+    state: str
+    structure: tuple[str, ...]  # the kinds of its nodes, sorted
+    attention_kernel: str | None = None
+    within: str | None = None  # a larger match of this model that holds all its nodes
+
+    @property
+    def rank(self) -> int:
+        return LADDER.index(self.state) if self.state in LADDER else 0
+
+
+def blocks(a: Analysis, rename: dict[str, str]) -> list[Block]:
+    """Every match as a Block, its scope renamed to OLD's where paired."""
+    from .report import attention_entry
+
+    kernels = a.joint.meta.get("attention_kernels", {})
+    out = []
+    for m in a.matches:
+        scope = fold(_common([node_scope(n) for n in m.nodes])) if m.nodes else ""
+        att = attention_entry(m, kernels)["kernel"] if m.pattern.name == "attention" else None
+        state = m.verdict.state if m.verdict is not None else "not fusable"
+        out.append(Block(m, rename.get(scope, scope), state, tuple(sorted(n.kind for n in m.nodes)), att))
+    return out
+
+
+def _holders(bs: list[Block]) -> dict[int, Block]:
+    """id(block) -> a block of another pattern whose nodes include all of its nodes."""
+    out = {}
+    node_sets = [({id(n) for n in b.match.nodes}, b) for b in bs]
+    for inner, b in node_sets:
+        for outer, c in node_sets:
+            if c is not b and c.match.pattern.name != b.match.pattern.name and len(outer) > len(inner) \
+                    and inner <= outer:
+                out[id(b)] = c
+                break
+    return out
+
+
+def compare_fusions(old: list[Block], new: list[Block], unpaired: set[str]) -> list[dict]:
+    """fusion_lost / fusion_gained per (pattern, scope), verdicts and attention kernels that changed."""
+    groups: dict[tuple[str, str], tuple[list[Block], list[Block]]] = defaultdict(lambda: ([], []))
+    for side, bs in ((0, old), (1, new)):
+        for b in bs:
+            groups[(b.match.pattern.name, b.scope)][side].append(b)
+    lost, gained, changes = [], [], []
+    for o, n in groups.values():
+        o, n = sorted(o, key=lambda b: b.rank), sorted(n, key=lambda b: b.rank)
+        changes += list(zip(o, n, strict=False))
+        lost += o[len(n):]
+        gained += n[len(o):]
+    # left over where a scope could not be paired: pair by pattern and op structure
+    by_structure: dict[tuple, list[Block]] = defaultdict(list)
+    for b in gained:
+        by_structure[(b.match.pattern.name, b.structure)].append(b)
+    still_lost = []
+    for b in lost:
+        cands = by_structure.get((b.match.pattern.name, b.structure))
+        if cands and (b.scope in unpaired or cands[0].scope in unpaired):
+            changes.append((b, cands.pop(0)))
+        else:
+            still_lost.append(b)
+    gained = [b for bs in by_structure.values() for b in bs]
+    diffs = _fusion_entries("fusion_lost", still_lost, old, new)
+    diffs += _fusion_entries("fusion_gained", gained, new, old)
+    diffs += _verdict_entries(changes)
+    return diffs
+
+
+def _fusion_entries(kind: str, bs: list[Block], side: list[Block], other: list[Block]) -> list[dict]:
+    """Grouped per (pattern, scope); a block held by a larger match that the other model has too is
+    'within' it (the loss of bias_softmax inside an attention that stays is no regression)."""
+    holders = _holders(side)
+    kept = {(b.match.pattern.name, b.scope) for b in other}
+    rows: dict[tuple, dict] = {}
+    for b in bs:
+        h = holders.get(id(b))
+        within = h.match.pattern.name if h is not None and (h.match.pattern.name, h.scope) in kept else None
+        key = (b.match.pattern.name, b.scope, within)
+        r = rows.setdefault(key, {"kind": kind, "pattern": b.match.pattern.name, "scope": b.scope,
+                                  "count": 0, "verdict": b.state, "kernel": b.match.pattern.kernel,
+                                  "within": within, "nodes": [n.name for n in b.match.nodes][:8],
+                                  "regression": kind == "fusion_lost" and within is None
+                                  and b.state != "not fusable"})
+        r["count"] += 1
+    return list(rows.values())
+
+
+def _verdict_entries(changes: list[tuple[Block, Block]]) -> list[dict]:
+    rows: dict[tuple, dict] = {}
+    for o, n in changes:
+        if o.rank != n.rank:
+            kind = "verdict_worse" if n.rank < o.rank else "verdict_better"
+            key = (kind, o.match.pattern.name, o.scope, o.state, n.state)
+            r = rows.setdefault(key, {"kind": kind, "pattern": o.match.pattern.name, "scope": o.scope,
+                                      "old": o.state, "new": n.state, "count": 0,
+                                      "regression": kind == "verdict_worse"})
+            r["count"] += 1
+        if o.attention_kernel != n.attention_kernel:
+            key = ("attention_kernel", o.scope, o.attention_kernel, n.attention_kernel)
+            r = rows.setdefault(key, {"kind": "attention_kernel", "pattern": "attention", "scope": o.scope,
+                                      "old": o.attention_kernel, "new": n.attention_kernel, "count": 0,
+                                      "regression": False})
+            r["count"] += 1
+    return list(rows.values())
+
+
+# ---- memory -----------------------------------------------------------------------------------------
+
+def _poly(text: str) -> Poly | None:
+    """A saved total's formula as a polynomial (None for max(...) or an unknown part)."""
+    if "unknown" in text or text.startswith("max("):
+        return None
+    try:
+        return parse_dim(text)
+    except (DimParseError, RecursionError):
+        return None
+
+
+def term_name(monomial) -> str:
+    """'batch*seq^2'; '1' for the constant term."""
+    return str(Poly({monomial: 1})) if monomial else "1"
+
+
+def compare_memory(old: dict, new: dict, tolerance: float) -> list[dict]:
+    """Each total at the given dims (a regression above ``tolerance``), then the saved totals' formulas
+    term by term (``old``/``new`` are the analyses' JSON ``memory`` parts)."""
+    diffs = []
+    for total in TOTALS:
+        a, b = old[total], new[total]
+        if a == b:
+            continue
+        change = None if not a else (b - a) / a
+        diffs.append({"kind": "memory", "total": total, "old": a, "new": b, "change": change,
+                      "regression": b > a and (change is None or change > tolerance)})
+    for total in ("saved_bytes", "saved_activation_bytes"):
+        p, q = _poly(old["formula"][total]), _poly(new["formula"][total])
+        if p is None or q is None:
+            continue
+        for m in sorted(set(p.terms) | set(q.terms), key=lambda m: (sum(e for _, e in m), m)):
+            a, b = p.terms.get(m, 0), q.terms.get(m, 0)
+            if a != b:
+                what = "appeared" if not a else "vanished" if not b else "changed"
+                diffs.append({"kind": "formula_term", "total": total, "term": term_name(m), "old": a,
+                              "new": b, "change": what, "regression": False})
+    return diffs
+
+
+def compare_saved(old: Analysis, new: Analysis, rename: dict[str, str]) -> list[dict]:
+    """The largest saved activations that appeared or vanished, paired by (scope, op)."""
+    from .memory import tensor_bytes_formula
+
+    def keyed(a: Analysis, names: dict[str, str]):
+        out: dict[tuple[str, str], list] = defaultdict(list)
+        for s in a.liveness.saved:
+            t = s.tensor
+            if t.kind != "activation" or t.producer is None:
+                continue
+            scope = fold(node_scope(t.producer))
+            out[(names.get(scope, scope), t.producer.op_type)].append(s)
+        return out
+
+    o, n = keyed(old, {}), keyed(new, rename)
+    diffs = []
+    for kind, mine, theirs in (("saved_vanished", o, n), ("saved_appeared", n, o)):
+        rows: dict[tuple, dict] = {}
+        for key, ss in mine.items():
+            k = len(ss) - len(theirs.get(key, ()))
+            for s in sorted(ss, key=lambda s: -(s.bytes or 0))[:max(k, 0)]:
+                formula = tensor_bytes_formula(s.tensor)
+                r = rows.setdefault((*key, formula, s.bytes), {
+                    "kind": kind, "scope": key[0], "op": key[1], "tensor": s.tensor.name, "count": 0,
+                    "bytes": s.bytes, "bytes_formula": formula, "regression": False})
+                r["count"] += 1
+        top = sorted(rows.values(), key=lambda r: -(r["bytes"] or 0) * r["count"])
+        diffs += top[:TOP_SAVED]
+    return diffs
+
+
+def compare_unsupported(old: Analysis, new: Analysis) -> list[dict]:
+    a, b = Counter(old.unsupported()), Counter(new.unsupported())
+    diffs = []
+    for op in sorted(set(a) | set(b)):
+        if a[op] != b[op]:
+            kind = "unsupported_gained" if b[op] > a[op] else "unsupported_lost"
+            diffs.append({"kind": kind, "op": op, "old": a[op], "new": b[op], "regression": False})
+    return diffs
+
+
+# ---- the document -----------------------------------------------------------------------------------
+
+@dataclass
+class DiffOptions:
+    tolerance: float = 0.02  # memory growth allowed, as a fraction
+    fail_on: tuple[str, ...] = FAIL_ON
+    notes: list[str] = field(default_factory=list)
+
+
+def compare(old: Analysis, new: Analysis, options: DiffOptions | None = None) -> dict:
+    """The diff document: both sides, every difference, the scope pairing and a summary."""
+    from .report import to_json
+
+    options = options or DiffOptions()
+    docs = [to_json(old), to_json(new)]
+    (old_direct, old_every), (new_direct, new_every) = _scope_sets(old), _scope_sets(new)
+    rename = pair_scopes(old_every, new_every)
+    unpaired_old = sorted(old_direct - set(rename.values()) - {""})
+    unpaired_new = sorted(new_direct - set(rename) - {""})
+    unpaired = set(unpaired_old) | {rename.get(s, s) for s in unpaired_new}
+    diffs = compare_fusions(blocks(old, {}), blocks(new, rename), unpaired)
+    diffs += compare_memory(docs[0]["memory"], docs[1]["memory"], options.tolerance)
+    diffs += compare_saved(old, new, rename)
+    diffs += compare_unsupported(old, new)
+    match_scopes = {d["scope"] for d in diffs if "pattern" in d}
+    for side, scopes in (("OLD", unpaired_old), ("NEW", unpaired_new)):
+        for s in scopes:
+            if s in match_scopes:
+                diffs.append({"kind": "unpaired_scope", "side": side, "scope": s, "regression": False})
+    failing = sorted({CATEGORY[d["kind"]] for d in diffs if d["regression"] and d["kind"] in CATEGORY}
+                     & set(options.fail_on))
+    counts = Counter(d["kind"] for d in diffs)
+    return {
+        "fusecli": __version__,
+        "old": _side(docs[0]), "new": _side(docs[1]),
+        "summary": {"regression": bool(failing), "exit": 1 if failing else 0, "failing": failing,
+                    "fail_on": list(options.fail_on), "tolerance": options.tolerance,
+                    "counts": {k: counts[k] for k in KINDS if counts[k]},
+                    "regressions": sum(1 for d in diffs if d["regression"])},
+        "differences": diffs,
+        "pairing": {"scopes_old": len(old_direct - {""}), "scopes_new": len(new_direct - {""}),
+                    "paired": len(set(rename) & (new_direct - {""})),
+                    "unpaired_old": unpaired_old, "unpaired_new": unpaired_new},
+        "notes": list(options.notes),
+    }
+
+
+def _side(doc: dict) -> dict:
+    patterns = Counter(p["pattern"] for p in doc["patterns"])
+    return {"model": doc["model"], "format": doc["format"], "dims": doc["dims"],
+            "forward_nodes": doc["forward"]["nodes"], "backward_nodes": doc["backward"]["nodes"],
+            "memory": {k: doc["memory"][k] for k in TOTALS}, "formula": doc["memory"]["formula"],
+            "patterns": dict(sorted(patterns.items())),
+            "unsupported": {u["op"]: u["count"] for u in doc["unsupported"]}}
+
+
+def parse_tolerance(text: str) -> float:
+    """'2%' or '2' (percent) -> 0.02; UsageError otherwise."""
+    try:
+        value = float(text.strip().removesuffix("%"))
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise UsageError(f"--tolerance {text!r}: expected a percentage such as 2% or 0.5%")
+    return value / 100
+
+
+def parse_fail_on(text: str) -> tuple[str, ...]:
+    names = tuple(p.strip() for p in text.split(","))
+    bad = [n for n in names if n not in FAIL_ON]
+    if bad or not names:
+        raise UsageError(f"--fail-on {text!r}: expected some of {','.join(FAIL_ON)} separated by commas")
+    return names
+
