@@ -14,6 +14,10 @@ SHORT = {"training-safe": "training", "training-safe if recomputed": "if recompu
          "inference only": "inference", "not fusable": "not fusable"}  # verdicts in a narrow column
 
 
+def _short(verdict: str | None) -> str:
+    return SHORT.get(verdict, str(verdict))
+
+
 def _dims(side: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in side["dims"].items()) or "fixed sizes"
 
@@ -66,17 +70,18 @@ def fusion_lines(diffs: list[dict], width: int, scope: Scopes) -> list[str]:
     rows = []
     for d in diffs:
         if d["kind"] in ("fusion_lost", "fusion_gained"):
-            note = SHORT.get(d["verdict"], d["verdict"]) + (f", within {d['within']}" if d["within"] else "")
+            note = _short(d["verdict"]) + (f", within {d['within']}" if d["within"] else "")
             rows.append([LABEL[d["kind"]] + ("!" if d["regression"] else ""), d["pattern"],
                          scope(d["scope"]), f"x{d['count']}", note])
         elif d["kind"] in ("verdict_worse", "verdict_better", "attention_kernel"):
             rows.append([LABEL[d["kind"]] + ("!" if d["regression"] else ""), d["pattern"],
-                         scope(d["scope"]), f"x{d['count']}", f"{SHORT.get(d['old'], d['old'])} -> {SHORT.get(d['new'], d['new'])}"])
+                         scope(d["scope"]), f"x{d['count']}", f"{_short(d['old'])} -> {_short(d['new'])}"])
     if not rows:
         return []
     cols = [Column("change"), Column("pattern"), Column("scope", flex=1, names=True),
             Column("n", right=True), Column("verdict / note", flex=1)]
-    return ["", "fusions ('!' = regression; verdicts: training-safe, if recomputed, inference only)", *table(cols, rows[:MAX_ROWS], width),
+    title = "fusions ('!' = regression; verdicts: training-safe, if recomputed, inference only)"
+    return ["", title, *table(cols, rows[:MAX_ROWS], width),
             *([f"  ... {len(rows) - MAX_ROWS} more (--json)"] if len(rows) > MAX_ROWS else [])]
 
 
