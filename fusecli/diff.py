@@ -88,6 +88,22 @@ def node_scope(node: Node) -> tuple[str, ...]:
     return tuple(out)
 
 
+def scoper(a: Analysis):
+    """node -> scope for the nodes of ``a``'s joint graph: a backward node is 'gradients' under the scope
+    of the forward node it differentiates (dynamo's backward nodes are named after node names)."""
+    forward = {n.name: n for n in a.graph.nodes}
+    cache: dict[int, tuple[str, ...]] = {}
+
+    def scope(node: Node) -> tuple[str, ...]:
+        s = cache.get(id(node))
+        if s is None:
+            f = forward.get(node.meta.get("forward")) if node.phase != "forward" else None
+            s = cache[id(node)] = ("gradients", *node_scope(f)) if f is not None else node_scope(node)
+        return s
+
+    return scope
+
+
 def fold(scope: Iterable[str]) -> str:
     """'inner/encoder/layer.*/attention': segments joined by '/', digit runs as '*'."""
     return "/".join(_DIGITS.sub("*", s) for s in scope)
@@ -130,8 +146,9 @@ def pair_scopes(old: set[str], new: set[str]) -> dict[str, str]:
 def _scope_sets(a: Analysis) -> tuple[set[str], set[str]]:
     """Folded scopes holding nodes directly, and those with every prefix of them."""
     direct, every = set(), set()
-    for n in a.graph.nodes:
-        s = node_scope(n)
+    scope = scoper(a)
+    for n in a.joint.nodes:
+        s = scope(n)
         direct.add(fold(s))
         for k in range(len(s) + 1):
             every.add(fold(s[:k]))
@@ -161,9 +178,10 @@ def blocks(a: Analysis, rename: dict[str, str]) -> list[Block]:
     from .report import attention_entry
 
     kernels = a.joint.meta.get("attention_kernels", {})
+    scope_of = scoper(a)
     out = []
     for m in a.matches:
-        scope = fold(_common([node_scope(n) for n in m.nodes])) if m.nodes else ""
+        scope = fold(_common([scope_of(n) for n in m.nodes])) if m.nodes else ""
         att = attention_entry(m, kernels)["kernel"] if m.pattern.name == "attention" else None
         state = m.verdict.state if m.verdict is not None else "not fusable"
         out.append(Block(m, rename.get(scope, scope), state, tuple(sorted(n.kind for n in m.nodes)), att))
@@ -183,8 +201,9 @@ def _holders(bs: list[Block]) -> dict[int, Block]:
     return out
 
 
-def compare_fusions(old: list[Block], new: list[Block], unpaired: set[str]) -> list[dict]:
-    """fusion_lost / fusion_gained per (pattern, scope), verdicts and attention kernels that changed."""
+def compare_fusions(old: list[Block], new: list[Block], unpaired: set[str]) -> tuple[list[dict], int]:
+    """fusion_lost / fusion_gained per (pattern, scope), verdicts and attention kernels that changed;
+    and how many matches were paired by op structure alone (their scopes unpaired)."""
     groups: dict[tuple[str, str], tuple[list[Block], list[Block]]] = defaultdict(lambda: ([], []))
     for side, bs in ((0, old), (1, new)):
         for b in bs:
@@ -199,18 +218,19 @@ def compare_fusions(old: list[Block], new: list[Block], unpaired: set[str]) -> l
     by_structure: dict[tuple, list[Block]] = defaultdict(list)
     for b in gained:
         by_structure[(b.match.pattern.name, b.structure)].append(b)
-    still_lost = []
+    still_lost, paired = [], 0
     for b in lost:
         cands = by_structure.get((b.match.pattern.name, b.structure))
         if cands and (b.scope in unpaired or cands[0].scope in unpaired):
             changes.append((b, cands.pop(0)))
+            paired += 1
         else:
             still_lost.append(b)
     gained = [b for bs in by_structure.values() for b in bs]
     diffs = _fusion_entries("fusion_lost", still_lost, old, new)
     diffs += _fusion_entries("fusion_gained", gained, new, old)
     diffs += _verdict_entries(changes)
-    return diffs
+    return diffs, paired
 
 
 def _fusion_entries(kind: str, bs: list[Block], side: list[Block], other: list[Block]) -> list[dict]:
@@ -240,6 +260,7 @@ def _verdict_entries(changes: list[tuple[Block, Block]]) -> list[dict]:
             key = (kind, o.match.pattern.name, o.scope, o.state, n.state)
             r = rows.setdefault(key, {"kind": kind, "pattern": o.match.pattern.name, "scope": o.scope,
                                       "old": o.state, "new": n.state, "count": 0,
+                                      "nodes": [x.name for x in n.match.nodes][:8],
                                       "regression": kind == "verdict_worse"})
             r["count"] += 1
         if o.attention_kernel != n.attention_kernel:
@@ -352,16 +373,18 @@ def compare(old: Analysis, new: Analysis, options: DiffOptions | None = None) ->
     rename = pair_scopes(old_every, new_every)
     unpaired_old = sorted(old_direct - set(rename.values()) - {""})
     unpaired_new = sorted(new_direct - set(rename) - {""})
-    unpaired = set(unpaired_old) | {rename.get(s, s) for s in unpaired_new}
-    diffs = compare_fusions(blocks(old, {}), blocks(new, rename), unpaired)
+    unpaired = (old_every - set(rename.values())) | (new_every - set(rename))
+    old_blocks, new_blocks = blocks(old, {}), blocks(new, rename)
+    diffs, by_structure = compare_fusions(old_blocks, new_blocks, unpaired)
     diffs += compare_memory(docs[0]["memory"], docs[1]["memory"], options.tolerance)
     diffs += compare_saved(old, new, rename)
     diffs += compare_unsupported(old, new)
-    match_scopes = {d["scope"] for d in diffs if "pattern" in d}
-    for side, scopes in (("OLD", unpaired_old), ("NEW", unpaired_new)):
-        for s in scopes:
-            if s in match_scopes:
-                diffs.append({"kind": "unpaired_scope", "side": side, "scope": s, "regression": False})
+    for side, bs, left in (("OLD", old_blocks, old_every - set(rename.values())),
+                           ("NEW", new_blocks, new_every - set(rename))):
+        for scope in sorted({b.scope for b in bs if b.scope in left} - {""}):
+            n = sum(b.scope == scope for b in bs)
+            diffs.append({"kind": "unpaired_scope", "side": side, "scope": scope, "matches": n,
+                          "regression": False})
     failing = sorted({CATEGORY[d["kind"]] for d in diffs if d["regression"] and d["kind"] in CATEGORY}
                      & set(options.fail_on))
     counts = Counter(d["kind"] for d in diffs)
@@ -375,6 +398,7 @@ def compare(old: Analysis, new: Analysis, options: DiffOptions | None = None) ->
         "differences": diffs,
         "pairing": {"scopes_old": len(old_direct - {""}), "scopes_new": len(new_direct - {""}),
                     "paired": len(set(rename) & (new_direct - {""})),
+                    "matches_paired_by_structure": by_structure,
                     "unpaired_old": unpaired_old, "unpaired_new": unpaired_new},
         "notes": list(options.notes),
     }

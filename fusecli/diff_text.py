@@ -80,7 +80,7 @@ def fusion_lines(diffs: list[dict], width: int, scope: Scopes) -> list[str]:
         return []
     cols = [Column("change"), Column("pattern"), Column("scope", flex=1, names=True),
             Column("n", right=True), Column("verdict / note", flex=1)]
-    title = "fusions ('!' = regression; verdicts: training-safe, if recomputed, inference only)"
+    title = "fusions ('!' = regression)"
     return ["", title, *table(cols, rows[:MAX_ROWS], width),
             *([f"  ... {len(rows) - MAX_ROWS} more (--json)"] if len(rows) > MAX_ROWS else [])]
 
