@@ -375,7 +375,7 @@ def diff_command(old: str, new: str, as_json: bool, batch: int | None, dims: tup
     options = DiffOptions(tolerance=parse_tolerance(tolerance), fail_on=parse_fail_on(fail_on))
     parsed = _parse_dims(dims)
     try:
-        a, b, options.notes = analyze_pair(old, new, batch, parsed, signature)
+        a, b, options.notes, options.dim_rename = analyze_pair(old, new, batch, parsed, signature)
     except UsageError:
         raise
     except FuseError as e:

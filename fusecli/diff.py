@@ -39,9 +39,11 @@ _DIGITS = re.compile(r"\d+")
 # ---- loading both at the same dims ------------------------------------------------------------------
 
 def analyze_pair(old: str, new: str, batch: int | None, dims: dict[str, int],
-                 signature: str | None = None) -> tuple[Analysis, Analysis, list[str]]:
+                 signature: str | None = None) -> tuple[Analysis, Analysis, list[str], dict[str, str]]:
     """Both models analyzed at the same --batch / --dim; a --dim only one model has is applied to that
-    one (a note says so), a --dim neither has is a UsageError. ``signature`` applies to SavedModels."""
+    one (a note says so), a --dim neither has is a UsageError. ``signature`` applies to SavedModels.
+    Also returns NEW's batch dim name -> OLD's where the two differ (tf2onnx's ``unk__16`` and a
+    SavedModel's ``batch``), so that their formulas compare term by term."""
     import os
 
     from .load import load_model
@@ -52,13 +54,18 @@ def analyze_pair(old: str, new: str, batch: int | None, dims: dict[str, int],
         for path in (old, new):
             progress.stage(f"reading {os.path.basename(os.path.normpath(path))}")
             graphs.append(load_model(path, signature if os.path.isdir(path) else None))
-        names = [model_variables(g)[0] for g in graphs]
+        (names_old, batch_old), (names_new, batch_new) = (model_variables(g) for g in graphs)
+        names = [names_old, names_new]
         neither = [d for d in dims if d not in names[0] and d not in names[1]]
         if neither:
             raise UsageError(f"--dim {neither[0]}: neither model has a dim of that name (OLD: "
                              f"{', '.join(names[0]) or 'none'}; NEW: {', '.join(names[1]) or 'none'})")
-        notes = []
-        for d in sorted(set(names[0]) ^ set(names[1])):
+        notes, rename = [], {}
+        if len(batch_old) == len(batch_new) == 1 and batch_old != batch_new:
+            rename = {batch_new[0]: batch_old[0]}
+            notes.append(f"batch dims named differently: OLD {batch_old[0]!r}, NEW {batch_new[0]!r} "
+                         "(compared as one)")
+        for d in sorted(set(names[0]) ^ set(names[1]) - set(rename) - set(rename.values())):
             which = "OLD" if d in names[0] else "NEW"
             given = f" (--dim {d}={dims[d]} applies to {which} only)" if d in dims else ""
             notes.append(f"dim {d!r} exists in {which} only{given}")
@@ -67,7 +74,7 @@ def analyze_pair(old: str, new: str, batch: int | None, dims: dict[str, int],
             options = Options(batch=batch, dims={d: v for d, v in dims.items() if d in have},
                               signature=signature)
             out.append(analyze_graph(path, graph, options))
-    return out[0], out[1], notes
+    return out[0], out[1], notes, rename
 
 
 # ---- scopes -----------------------------------------------------------------------------------------
@@ -284,14 +291,27 @@ def _poly(text: str) -> Poly | None:
         return None
 
 
+def _renamed(p: Poly, rename: dict[str, str]) -> Poly:
+    out = Poly()
+    for m, c in p.terms.items():
+        term = Poly.const(c)
+        for sym, e in m:
+            for _ in range(e):
+                term = term * Poly.var(rename.get(sym, sym))
+        out = out + term
+    return out
+
+
 def term_name(monomial) -> str:
     """'batch*seq^2'; '1' for the constant term."""
     return str(Poly({monomial: 1})) if monomial else "1"
 
 
-def compare_memory(old: dict, new: dict, tolerance: float) -> list[dict]:
+def compare_memory(old: dict, new: dict, tolerance: float,
+                   rename: dict[str, str] | None = None) -> list[dict]:
     """Each total at the given dims (a regression above ``tolerance``), then the saved totals' formulas
-    term by term (``old``/``new`` are the analyses' JSON ``memory`` parts)."""
+    term by term (``old``/``new`` are the analyses' JSON ``memory`` parts; NEW's dims renamed by
+    ``rename``)."""
     diffs = []
     for total in TOTALS:
         a, b = old[total], new[total]
@@ -304,6 +324,8 @@ def compare_memory(old: dict, new: dict, tolerance: float) -> list[dict]:
         p, q = _poly(old["formula"][total]), _poly(new["formula"][total])
         if p is None or q is None:
             continue
+        if rename:
+            q = _renamed(q, rename)
         for m in sorted(set(p.terms) | set(q.terms), key=lambda m: (sum(e for _, e in m), m)):
             a, b = p.terms.get(m, 0), q.terms.get(m, 0)
             if a != b:
@@ -361,6 +383,7 @@ class DiffOptions:
     tolerance: float = 0.02  # memory growth allowed, as a fraction
     fail_on: tuple[str, ...] = FAIL_ON
     notes: list[str] = field(default_factory=list)
+    dim_rename: dict[str, str] = field(default_factory=dict)  # NEW's dim name -> OLD's (batch dims)
 
 
 def compare(old: Analysis, new: Analysis, options: DiffOptions | None = None) -> dict:
@@ -376,7 +399,8 @@ def compare(old: Analysis, new: Analysis, options: DiffOptions | None = None) ->
     unpaired = (old_every - set(rename.values())) | (new_every - set(rename))
     old_blocks, new_blocks = blocks(old, {}), blocks(new, rename)
     diffs, by_structure = compare_fusions(old_blocks, new_blocks, unpaired)
-    diffs += compare_memory(docs[0]["memory"], docs[1]["memory"], options.tolerance)
+    diffs += compare_memory(docs[0]["memory"], docs[1]["memory"], options.tolerance,
+                            options.dim_rename)
     diffs += compare_saved(old, new, rename)
     diffs += compare_unsupported(old, new)
     for side, bs, left in (("OLD", old_blocks, old_every - set(rename.values())),

@@ -39,8 +39,8 @@ def mlps(tmp_path):
 
 
 def run(old: str, new: str, batch=4, dims=None, **kw) -> dict:
-    a, b, notes = analyze_pair(old, new, batch, dims or {})
-    return compare(a, b, DiffOptions(notes=notes, **kw))
+    a, b, notes, rename = analyze_pair(old, new, batch, dims or {})
+    return compare(a, b, DiffOptions(notes=notes, dim_rename=rename, **kw))
 
 
 def of(doc: dict, kind: str) -> list[dict]:
@@ -199,3 +199,53 @@ def test_torchscript_vs_dynamo_pairs_blocks_across_naming(hf_onnx):
     assert not [d for d in doc["differences"] if d.get("pattern") == "attention"]
     for d in of(doc, "unpaired_scope"):
         assert d["scope"] in doc["pairing"]["unpaired_" + d["side"].lower()]
+
+
+@pytest.fixture(scope="session")
+def keras_and_tf2onnx(tmp_path_factory):
+    """A small Keras 3 CNN exported as a SavedModel, and tf2onnx's conversion of that SavedModel.
+    Biases are random: tf2onnx drops an Add of zeros, which would change the fusions."""
+    import os
+    import subprocess
+    import sys
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    keras = pytest.importorskip("keras")
+    pytest.importorskip("tf2onnx")
+    keras.utils.set_random_seed(0)
+    layers = keras.layers
+    x = inp = keras.Input((16, 16, 3), name="x")
+    for i in range(2):
+        x = layers.Conv2D(8, 3, padding="same", activation="relu", name=f"block{i}_conv",
+                          bias_initializer="random_normal")(x)
+    x = layers.GlobalAveragePooling2D(name="pool")(x)
+    x = layers.Dense(4, activation="relu", name="head", bias_initializer="random_normal")(x)
+    folder = tmp_path_factory.mktemp("keras_diff")
+    saved, path = str(folder / "cnn"), str(folder / "cnn.onnx")
+    keras.Model(inp, x).export(saved, verbose=False)
+    done = subprocess.run([sys.executable, "-m", "tf2onnx.convert", "--saved-model", saved, "--opset", "17",
+                           "--output", path], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return saved, path
+
+
+def test_savedmodel_vs_tf2onnx_pairs_blocks_across_formats(keras_and_tf2onnx):
+    old, new = keras_and_tf2onnx
+    a, b, notes, rename = analyze_pair(old, new, 2, {})
+    assert (a.graph.format, b.graph.format) == ("savedmodel", "onnx")
+    doc = compare(a, b, DiffOptions(notes=notes, dim_rename=rename))
+    assert_counts_reconcile(doc, old, new, batch=2)
+    counts = [Counter(m.pattern.name for m in x.matches if m.pattern.phase == "forward") for x in (a, b)]
+    assert counts[0] == counts[1] and counts[0]["conv_bias_act"] == 2
+    # every match's scope pairs across the two formats' names: nothing lost, gained or unpaired
+    kinds = {d["kind"] for d in doc["differences"]}
+    assert not kinds & {"fusion_lost", "fusion_gained", "unpaired_scope", "verdict_worse", "verdict_better"}
+    # tf2onnx names its batch dim unk__N: the formulas compare under OLD's name, coefficients as analysed
+    (old_batch,), (new_batch,) = doc["old"]["dims"], doc["new"]["dims"]
+    assert rename == {new_batch: old_batch} and any("named differently" in n for n in notes)
+    p, q = (parse_dim(d["formula"]["saved_bytes"]) for d in (doc["old"], doc["new"]))
+    mono, new_mono = ((old_batch, 1),), ((new_batch, 1),)
+    terms = {d["term"]: (d["old"], d["new"]) for d in of(doc, "formula_term") if d["total"] == "saved_bytes"}
+    if p.terms.get(mono) != q.terms.get(new_mono):
+        assert terms[old_batch] == (p.terms.get(mono), q.terms.get(new_mono))
+    assert new_batch not in terms
