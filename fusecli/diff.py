@@ -151,12 +151,14 @@ def pair_scopes(old: set[str], new: set[str]) -> dict[str, str]:
 
 
 def _scope_sets(a: Analysis) -> tuple[set[str], set[str]]:
-    """Folded scopes holding nodes directly, and those with every prefix of them."""
+    """Folded scopes holding forward nodes directly (those the report lists when unpaired), and every
+    scope with its prefixes, backward nodes' too (those that pair)."""
     direct, every = set(), set()
     scope = scoper(a)
     for n in a.joint.nodes:
         s = scope(n)
-        direct.add(fold(s))
+        if n.phase == "forward":
+            direct.add(fold(s))
         for k in range(len(s) + 1):
             every.add(fold(s[:k]))
     return direct, every

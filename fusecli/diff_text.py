@@ -34,7 +34,9 @@ class Scopes:
 
     def __init__(self, diffs: list[dict]) -> None:
         scopes = [d["scope"].split("/") for d in diffs if d.get("scope")]
-        k = min((len(x) for x in scopes), default=0) - 2  # every scope keeps its last two segments
+        k = min((len(x) for x in scopes), default=0) - 1  # every scope keeps its last segment,
+        if all(x == scopes[0] for x in scopes):
+            k -= 1  # its last two when they are all one
         for x in scopes:
             while k > 0 and x[:k] != scopes[0][:k]:
                 k -= 1
@@ -112,7 +114,7 @@ def saved_lines(diffs: list[dict], width: int, scope: Scopes) -> list[str]:
             for d in diffs if d["kind"] in ("saved_appeared", "saved_vanished")]
     if not rows:
         return []
-    cols = [Column("saved"), Column("op"), Column("scope", flex=2, names=True), Column("n", right=True),
+    cols = [Column("saved"), Column("op"), Column("scope", flex=1, names=True), Column("n", right=True),
             Column("each", right=True), Column("formula", flex=1)]
     return ["", "saved tensors that appeared or vanished (largest)", *table(cols, rows, width)]
 
@@ -124,7 +126,8 @@ def other_lines(doc: dict, width: int) -> list[str]:
             lines += wrap(f"{d['kind'].replace('_', ' ')}: {d['op']} {d['old']} -> {d['new']}", width, "  ")
     p = doc["pairing"]
     unpaired = [f"OLD {s}" for s in p["unpaired_old"]] + [f"NEW {s}" for s in p["unpaired_new"]]
-    text = f"scopes: {p['paired']} of {p['scopes_new']} NEW scopes paired with OLD's ({p['scopes_old']})"
+    text = (f"scopes with ops: {p['paired']} of NEW's {p['scopes_new']} paired with OLD's "
+            f"(OLD has {p['scopes_old']})")
     if unpaired:
         shown = ", ".join(unpaired[:6]) + (f", ... {len(unpaired) - 6} more" if len(unpaired) > 6 else "")
         text += f"; not paired: {shown}"
