@@ -198,13 +198,21 @@ def blocks(a: Analysis, rename: dict[str, str]) -> list[Block]:
 
 
 def _holders(bs: list[Block]) -> dict[int, Block]:
-    """id(block) -> a block of another pattern whose nodes include all of its nodes."""
+    """id(block) -> a block of another pattern whose nodes include all of its nodes (candidates: the
+    blocks holding its first node, so this stays linear in the matches on a big model)."""
+    by_node: dict[int, list[Block]] = defaultdict(list)
+    for b in bs:
+        for n in b.match.nodes:
+            by_node[id(n)].append(b)
     out = {}
-    node_sets = [({id(n) for n in b.match.nodes}, b) for b in bs]
-    for inner, b in node_sets:
-        for outer, c in node_sets:
-            if c is not b and c.match.pattern.name != b.match.pattern.name and len(outer) > len(inner) \
-                    and inner <= outer:
+    for b in bs:
+        if not b.match.nodes:
+            continue
+        inner = {id(n) for n in b.match.nodes}
+        for c in by_node[id(b.match.nodes[0])]:
+            if c is b or c.match.pattern.name == b.match.pattern.name:
+                continue
+            if len(c.match.nodes) > len(inner) and inner <= {id(n) for n in c.match.nodes}:
                 out[id(b)] = c
                 break
     return out

@@ -249,3 +249,22 @@ def test_savedmodel_vs_tf2onnx_pairs_blocks_across_formats(keras_and_tf2onnx):
     if p.terms.get(mono) != q.terms.get(new_mono):
         assert terms[old_batch] == (p.terms.get(mono), q.terms.get(new_mono))
     assert new_batch not in terms
+
+
+def test_loader_keeps_dynamos_module_path(save_model):
+    from onnx import helper
+
+    from fusecli.load import load_model
+    from tests.conftest import make_model, vi
+
+    scopes = {"a": "['', 'inner', 'inner.encoder.layer.0', 'relu']", "b": "['', 'relu_1']",
+              "c": "not a list", "d": "['', '_empty_nn_module_stack_from_metadata_hook', 'x']"}
+    nodes = []
+    for i, (name, value) in enumerate(scopes.items()):
+        node = helper.make_node("Relu", [f"t{i}"], [f"t{i + 1}"], f"node_{name}")
+        helper.set_metadata_props(node, {"pkg.torch.onnx.name_scopes": value})
+        nodes.append(node)
+    g = load_model(save_model(make_model(nodes, [vi("t0", 2)], [vi("t4", 2)])))
+    modules = {n.name: n.meta.get("module") for n in g.nodes}
+    assert modules == {"node_a": "inner.encoder.layer.0", "node_b": None, "node_c": None, "node_d": None}
+    assert [node_scope(n) for n in g.nodes] == [("inner", "encoder", "layer.0"), (), (), ()]
