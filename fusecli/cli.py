@@ -366,8 +366,11 @@ BAD_INPUT_EXIT = 3  # diff: 1 means a regression, so a model that cannot be read
                    "memory (a total grew more than --tolerance).")
 @click.option("--tolerance", default="2%", show_default=True, metavar="PCT",
               help="Memory growth at the given dims that is not a regression.")
+@click.option("--wrt", type=click.Choice(["parameters", "inputs"]), default="parameters",
+              show_default=True,
+              help="Differentiate w.r.t. the trainable parameters, or the float graph inputs too.")
 def diff_command(old: str, new: str, as_json: bool, batch: int | None, dims: tuple[str, ...],
-                 signature: str | None, fail_on: str, tolerance: str) -> None:
+                 signature: str | None, fail_on: str, tolerance: str, wrt: str) -> None:
     """Compare two exports of one model (OLD, NEW): fusions, verdicts, memory, ops. Exit 0: no
     regression; 1: a regression of a kind in --fail-on; 2: usage; 3: a model could not be read."""
     from .diff import DiffOptions, analyze_pair, compare, parse_fail_on, parse_tolerance
@@ -375,7 +378,8 @@ def diff_command(old: str, new: str, as_json: bool, batch: int | None, dims: tup
     options = DiffOptions(tolerance=parse_tolerance(tolerance), fail_on=parse_fail_on(fail_on))
     parsed = _parse_dims(dims)
     try:
-        a, b, options.notes, options.dim_rename = analyze_pair(old, new, batch, parsed, signature)
+        a, b, options.notes, options.dim_rename = analyze_pair(old, new, batch, parsed, signature,
+                                                               wrt == "inputs")
         doc = compare(a, b, options)
     except UsageError:
         raise

@@ -29,7 +29,8 @@ LADDER = ("not fusable", "inference only", "training-safe if recomputed", "train
 FAIL_ON = ("fusions", "verdicts", "memory")
 CATEGORY = {"fusion_lost": "fusions", "verdict_worse": "verdicts", "memory": "memory"}
 KINDS = ("fusion_lost", "fusion_gained", "verdict_worse", "verdict_better", "attention_kernel", "memory",
-         "formula_term", "saved_appeared", "saved_vanished", "unsupported_gained", "unsupported_lost",
+         "formula_term", "saved_appeared", "saved_vanished", "near_miss_gained", "near_miss_lost",
+         "unsupported_gained", "unsupported_lost",
          "unpaired_scope")
 TOTALS = ("saved_bytes", "saved_activation_bytes", "peak_bytes")
 TOP_SAVED = 5  # groups of saved tensors listed as appeared / vanished, per side (largest first)
@@ -38,8 +39,8 @@ _DIGITS = re.compile(r"\d+")
 
 # ---- loading both at the same dims ------------------------------------------------------------------
 
-def analyze_pair(old: str, new: str, batch: int | None, dims: dict[str, int],
-                 signature: str | None = None) -> tuple[Analysis, Analysis, list[str], dict[str, str]]:
+def analyze_pair(old: str, new: str, batch: int | None, dims: dict[str, int], signature: str | None = None,
+                 wrt_inputs: bool = False) -> tuple[Analysis, Analysis, list[str], dict[str, str]]:
     """Both models analyzed at the same --batch / --dim; a --dim only one model has is applied to that
     one (a note says so), a --dim neither has is a UsageError. ``signature`` applies to SavedModels.
     Also returns NEW's batch dim name -> OLD's where the two differ (tf2onnx's ``unk__16`` and a
@@ -72,7 +73,7 @@ def analyze_pair(old: str, new: str, batch: int | None, dims: dict[str, int],
         out = []
         for path, graph, have in zip((old, new), graphs, names, strict=True):
             options = Options(batch=batch, dims={d: v for d, v in dims.items() if d in have},
-                              signature=signature)
+                              signature=signature, wrt_inputs=wrt_inputs)
             out.append(analyze_graph(path, graph, options))
     return out[0], out[1], notes, rename
 
@@ -376,6 +377,28 @@ def compare_saved(old: Analysis, new: Analysis, rename: dict[str, str]) -> list[
     return diffs
 
 
+def compare_near_misses(old: Analysis, new: Analysis, rename: dict[str, str]) -> list[dict]:
+    """Attention-shaped regions that did not match (and the op that broke each) gained or lost, paired
+    by the softmax's scope: a lost attention fusion's reason is often NEW's near miss."""
+    def keyed(a: Analysis, names: dict[str, str]) -> dict[str, list]:
+        out: dict[str, list] = defaultdict(list)
+        for n in a.near_misses:
+            scope = fold(node_scope(n.softmax))
+            out[names.get(scope, scope)].append(n)
+        return out
+
+    o, n = keyed(old, {}), keyed(new, rename)
+    diffs = []
+    for kind, mine, theirs in (("near_miss_lost", o, n), ("near_miss_gained", n, o)):
+        for scope, misses in mine.items():
+            k = len(misses) - len(theirs.get(scope, ()))
+            if k > 0:
+                first = misses[0]
+                diffs.append({"kind": kind, "scope": scope, "count": k, "op": first.node.op_type,
+                              "node": first.node.name, "reason": first.reason, "regression": False})
+    return diffs
+
+
 def compare_unsupported(old: Analysis, new: Analysis) -> list[dict]:
     a, b = Counter(old.unsupported()), Counter(new.unsupported())
     diffs = []
@@ -412,6 +435,7 @@ def compare(old: Analysis, new: Analysis, options: DiffOptions | None = None) ->
     diffs += compare_memory(docs[0]["memory"], docs[1]["memory"], options.tolerance,
                             options.dim_rename)
     diffs += compare_saved(old, new, rename)
+    diffs += compare_near_misses(old, new, rename)
     diffs += compare_unsupported(old, new)
     for side, bs, left in (("OLD", old_blocks, old_every - set(rename.values())),
                            ("NEW", new_blocks, new_every - set(rename))):

@@ -122,6 +122,10 @@ def saved_lines(diffs: list[dict], width: int, scope: Scopes) -> list[str]:
 def other_lines(doc: dict, width: int) -> list[str]:
     lines = []
     for d in doc["differences"]:
+        if d["kind"] in ("near_miss_gained", "near_miss_lost"):
+            what = "attention not matched" if d["kind"] == "near_miss_gained" else "near miss gone"
+            lines += wrap(f"{what} x{d['count']} at {d['scope'] or '(top)'}: {d['op']} ({d['reason']})",
+                          width, "  ")
         if d["kind"] in ("unsupported_gained", "unsupported_lost"):
             lines += wrap(f"{d['kind'].replace('_', ' ')}: {d['op']} {d['old']} -> {d['new']}", width, "  ")
     p = doc["pairing"]

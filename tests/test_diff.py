@@ -38,8 +38,8 @@ def mlps(tmp_path):
     return save
 
 
-def run(old: str, new: str, batch=4, dims=None, **kw) -> dict:
-    a, b, notes, rename = analyze_pair(old, new, batch, dims or {})
+def run(old: str, new: str, batch=4, dims=None, wrt_inputs=False, **kw) -> dict:
+    a, b, notes, rename = analyze_pair(old, new, batch, dims or {}, wrt_inputs=wrt_inputs)
     return compare(a, b, DiffOptions(notes=notes, dim_rename=rename, **kw))
 
 
@@ -268,3 +268,16 @@ def test_loader_keeps_dynamos_module_path(save_model):
     modules = {n.name: n.meta.get("module") for n in g.nodes}
     assert modules == {"node_a": "inner.encoder.layer.0", "node_b": None, "node_c": None, "node_d": None}
     assert [node_scope(n) for n in g.nodes] == [("inner", "encoder", "layer.0"), (), (), ()]
+
+
+def test_lost_attention_comes_with_the_near_miss_that_says_why(save_model):
+    from tests.fusion.test_attention_default import _attention_graph
+
+    old, new = save_model(_attention_graph(None), "old.onnx"), save_model(_attention_graph("Abs"), "new.onnx")
+    doc = run(old, new, batch=None, wrt_inputs=True)
+    assert doc["old"]["backward_nodes"] > 0
+    (lost,) = [d for d in of(doc, "fusion_lost") if d["pattern"] == "attention"]
+    assert lost["regression"] and doc["summary"]["exit"] == 1
+    (miss,) = of(doc, "near_miss_gained")
+    (expected,) = to_json(analyze(new, Options(wrt_inputs=True)))["near_misses"]
+    assert [miss[k] for k in ("node", "op", "reason")] == [expected[k] for k in ("node", "op", "reason")]
