@@ -176,7 +176,6 @@ class Block:
     state: str
     structure: tuple[str, ...]  # the kinds of its nodes, sorted
     attention_kernel: str | None = None
-    within: str | None = None  # a larger match of this model that holds all its nodes
 
     @property
     def rank(self) -> int:

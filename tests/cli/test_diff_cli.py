@@ -87,3 +87,14 @@ def test_bad_input_is_one_line_and_exit_3(models, tmp_path):
         r = run(*args)
         assert r.exit_code == 3, r.output
         assert r.output.startswith("error: ") and r.output.count("\n") == 1 and "Traceback" not in r.output
+
+
+def test_diff_help_imports_no_framework():
+    import subprocess
+    import sys
+
+    code = ("import sys, fusecli.cli; from click.testing import CliRunner; "
+            "r = CliRunner().invoke(fusecli.cli.main, ['diff', '--help']); assert '--fail-on' in r.output; "
+            "print([m for m in ('tensorflow', 'torch', 'onnxruntime', 'onnx') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
