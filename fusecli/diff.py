@@ -253,6 +253,8 @@ def compare_fusions(old: list[Block], new: list[Block], unpaired: set[str]) -> t
 def _fusion_entries(kind: str, bs: list[Block], side: list[Block], other: list[Block]) -> list[dict]:
     """Grouped per (pattern, scope); a block held by a larger match that the other model has too is
     'within' it (the loss of bias_softmax inside an attention that stays is no regression)."""
+    from .rewrite.emit import EMITTERS  # the patterns `fusecli rewrite` has a kernel emitter for
+
     holders = _holders(side)
     kept = {(b.match.pattern.name, b.scope) for b in other}
     rows: dict[tuple, dict] = {}
@@ -262,6 +264,7 @@ def _fusion_entries(kind: str, bs: list[Block], side: list[Block], other: list[B
         key = (b.match.pattern.name, b.scope, within)
         r = rows.setdefault(key, {"kind": kind, "pattern": b.match.pattern.name, "scope": b.scope,
                                   "count": 0, "verdict": b.state, "kernel": b.match.pattern.kernel,
+                                  "rewrite": b.match.pattern.name in EMITTERS,
                                   "within": within, "nodes": [n.name for n in b.match.nodes][:8],
                                   "regression": kind == "fusion_lost" and within is None
                                   and b.state != "not fusable"})

@@ -103,6 +103,10 @@ def test_lost_fusion_exits_1_and_fail_on_selects(mlps):
     assert_counts_reconcile(doc, old, new, batch=4)
     lost = of(doc, "fusion_lost")
     assert lost and all(d["regression"] for d in lost)
+    from fusecli.rewrite.emit import EMITTERS
+
+    assert all(d["rewrite"] == (d["pattern"] in EMITTERS) for d in lost)
+    assert any(d["rewrite"] for d in lost) and any(not d["rewrite"] for d in lost)  # relu_grad_bias_grad
     assert doc["summary"]["exit"] == 1 and doc["summary"]["failing"] == ["fusions"]
     assert run(old, new, fail_on=("memory", "verdicts"))["summary"]["exit"] == 0
     assert run(new, old, fail_on=("fusions",))["summary"]["exit"] == 0  # the other way round: gained
