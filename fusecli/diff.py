@@ -294,11 +294,17 @@ def _verdict_entries(changes: list[tuple[Block, Block]]) -> list[dict]:
 
 # ---- memory -----------------------------------------------------------------------------------------
 
-def _poly(text: str) -> Poly | None:
-    """A saved total's formula as a polynomial (None for max(...) or an unknown part)."""
-    if "unknown" in text or text.startswith("max("):
+def _poly(text: str, values: dict[str, int] | None = None) -> Poly | None:
+    """A total's formula as a polynomial; for a peak's ``max(...)`` the one that is largest at
+    ``values`` (the step that peaks at the given sizes). None for an unknown part or other text."""
+    if "unknown" in text:
         return None
     try:
+        if text.startswith("max(") and text.endswith(")"):
+            if values is None:
+                return None
+            polys = [parse_dim(p) for p in text[4:-1].split(", ")]
+            return max(polys, key=lambda p: p.evaluate(values) or 0) if polys else None
         return parse_dim(text)
     except (DimParseError, RecursionError):
         return None
@@ -320,11 +326,11 @@ def term_name(monomial) -> str:
     return str(Poly({monomial: 1})) if monomial else "1"
 
 
-def compare_memory(old: dict, new: dict, tolerance: float,
-                   rename: dict[str, str] | None = None) -> list[dict]:
-    """Each total at the given dims (a regression above ``tolerance``), then the saved totals' formulas
-    term by term (``old``/``new`` are the analyses' JSON ``memory`` parts; NEW's dims renamed by
-    ``rename``)."""
+def compare_memory(old: dict, new: dict, tolerance: float, rename: dict[str, str] | None = None,
+                   dims: tuple[dict, dict] = ({}, {})) -> list[dict]:
+    """Each total at the given dims (a regression above ``tolerance``), then the formulas term by term
+    (the peak's: of the step that peaks at ``dims``, OLD's and NEW's); ``old``/``new`` are the
+    analyses' JSON ``memory`` parts, NEW's dims renamed by ``rename``."""
     diffs = []
     for total in TOTALS:
         a, b = old[total], new[total]
@@ -333,8 +339,8 @@ def compare_memory(old: dict, new: dict, tolerance: float,
         change = None if not a else (b - a) / a
         diffs.append({"kind": "memory", "total": total, "old": a, "new": b, "change": change,
                       "regression": b > a and (change is None or change > tolerance)})
-    for total in ("saved_bytes", "saved_activation_bytes"):
-        p, q = _poly(old["formula"][total]), _poly(new["formula"][total])
+    for total in TOTALS:
+        p, q = _poly(old["formula"][total], dims[0]), _poly(new["formula"][total], dims[1])
         if p is None or q is None:
             continue
         if rename:
@@ -435,7 +441,7 @@ def compare(old: Analysis, new: Analysis, options: DiffOptions | None = None) ->
     old_blocks, new_blocks = blocks(old, {}), blocks(new, rename)
     diffs, by_structure = compare_fusions(old_blocks, new_blocks, unpaired)
     diffs += compare_memory(docs[0]["memory"], docs[1]["memory"], options.tolerance,
-                            options.dim_rename)
+                            options.dim_rename, (docs[0]["dims"], docs[1]["dims"]))
     diffs += compare_saved(old, new, rename)
     diffs += compare_near_misses(old, new, rename)
     diffs += compare_unsupported(old, new)

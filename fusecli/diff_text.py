@@ -100,11 +100,12 @@ def memory_lines(doc: dict, width: int) -> list[str]:
     lines = ["", "memory at the sizes above ('!' = over the tolerance)",
              *table([Column("total"), Column("OLD", right=True), Column("NEW", right=True),
                      Column("change", right=True)], rows, width)]
-    terms = [d for d in diffs if d["kind"] == "formula_term" and d["total"] == "saved_bytes"]
-    if terms:
-        parts = [f"{'constant' if d['term'] == '1' else d['term']} {d['change']} ({d['old']} -> {d['new']})"
-                 for d in terms]
-        lines += wrap("saved formula: " + "; ".join(parts), width, "  ")
+    for total, label in (("saved_bytes", "saved formula"), ("peak_bytes", "peak formula (the peak step)")):
+        terms = [d for d in diffs if d["kind"] == "formula_term" and d["total"] == total]
+        if terms:
+            parts = [f"{'constant' if d['term'] == '1' else d['term']} {d['change']} ({d['old']} -> "
+                     f"{d['new']})" for d in terms]
+            lines += wrap(f"{label}: " + "; ".join(parts), width, "  ")
     return lines
 
 

@@ -180,6 +180,13 @@ def test_eager_vs_sdpa_names_the_attention_change(hf_onnx):
     assert coef[0] != coef[1]
     (term,) = [d for d in of(doc, "formula_term") if d["total"] == "saved_bytes" and d["term"] == str(square)]
     assert (term["old"], term["new"]) == tuple(coef)
+    # the peak's terms are those of the step that peaks at these sizes, on each side
+    from fusecli.diff import _poly
+
+    for d in docs:
+        assert _poly(d["memory"]["formula"]["peak_bytes"], d["dims"]).evaluate(d["dims"]) == \
+            d["memory"]["peak_bytes"]
+    assert {d["total"] for d in of(doc, "formula_term")} >= {"saved_bytes", "peak_bytes"}
     verdicts = {(d["kind"], d["pattern"]) for d in doc["differences"] if d["kind"].startswith("verdict")}
     states = [Counter(p["verdict"] for p in d["patterns"] if p["pattern"] == "attention") for d in docs]
     assert (states[0] != states[1]) == any(p == "attention" for _, p in verdicts)
