@@ -1,11 +1,8 @@
 """Two exports of one model compared by what matters to a performance engineer (``fusecli diff``).
 
-Exporters name nodes differently (TorchScript's ``/encoder/layer.0/attention/MatMul``, dynamo's
-``node_matmul_2`` with its module path in the node's metadata, a SavedModel's function-body names), so
-nothing is paired by node name: each node has a *scope* (its module path, digits folded: ``layer.*``),
-scopes are paired exactly, then by a unique segment suffix (``StatefulPartitionedCall/model/dense`` and
-``model/dense``), and a fusion match is keyed by its pattern and the scope its nodes share. Matches
-left over on both sides are paired by their op structure. Saved tensors pair by scope and op.
+Exporters name nodes differently, so nothing is paired by node name: scopes are (``fusecli.scopes``),
+and a fusion match is keyed by its pattern and the scope its nodes share. Matches left over on both
+sides where scopes did not pair are paired by their op structure. Saved tensors pair by scope and op.
 
 The differences are a list of dicts, each with a ``kind`` (see ``KINDS``) and ``regression``; the
 document (``compare``) adds a summary whose ``exit`` is what the CLI exits with.
@@ -13,17 +10,16 @@ document (``compare``) adds a summary whose ``exit`` is what the CLI exits with.
 
 from __future__ import annotations
 
-import re
 from collections import Counter, defaultdict
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from . import __version__, progress
 from .dims import DimParseError, Poly, parse_dim
 from .errors import UsageError
 from .fusion.match import Match
-from .ir import Node, gc_paused
+from .ir import gc_paused
 from .pipeline import Analysis, Options, analyze_graph
+from .scopes import fold, node_scope, pair_scopes, scope_sets, scoper, shared
 
 LADDER = ("not fusable", "inference only", "training-safe if recomputed", "training-safe")
 FAIL_ON = ("fusions", "verdicts", "memory")
@@ -34,7 +30,6 @@ KINDS = ("fusion_lost", "fusion_gained", "verdict_worse", "verdict_better", "att
          "unpaired_scope")
 TOTALS = ("saved_bytes", "saved_activation_bytes", "peak_bytes")
 TOP_SAVED = 5  # groups of saved tensors listed as appeared / vanished, per side (largest first)
-_DIGITS = re.compile(r"\d+")
 
 
 # ---- loading both at the same dims ------------------------------------------------------------------
@@ -78,93 +73,6 @@ def analyze_pair(old: str, new: str, batch: int | None, dims: dict[str, int], si
     return out[0], out[1], notes, rename
 
 
-# ---- scopes -----------------------------------------------------------------------------------------
-
-def node_scope(node: Node) -> tuple[str, ...]:
-    """The module path of a node as segments, list indices kept with their list ('layer.0'): dynamo's
-    recorded module, else the node name without its last '/' segment."""
-    module = node.meta.get("module")
-    text = module if module else ".".join(node.name.split("/")[:-1])
-    out: list[str] = []
-    for seg in text.split("."):
-        if not seg:
-            continue
-        if seg.isdigit() and out:
-            out[-1] += "." + seg
-        else:
-            out.append(seg)
-    return tuple(out)
-
-
-def scoper(a: Analysis):
-    """node -> scope for the nodes of ``a``'s joint graph: a backward node is 'gradients' under the scope
-    of the forward node it differentiates (dynamo's backward nodes are named after node names)."""
-    forward = {n.name: n for n in a.graph.nodes}
-    cache: dict[int, tuple[str, ...]] = {}
-
-    def scope(node: Node) -> tuple[str, ...]:
-        s = cache.get(id(node))
-        if s is None:
-            f = forward.get(node.meta.get("forward")) if node.phase != "forward" else None
-            s = cache[id(node)] = ("gradients", *node_scope(f)) if f is not None else node_scope(node)
-        return s
-
-    return scope
-
-
-def fold(scope: Iterable[str]) -> str:
-    """'inner/encoder/layer.*/attention': segments joined by '/', digit runs as '*'."""
-    return "/".join(_DIGITS.sub("*", s) for s in scope)
-
-
-def _common(scopes: list[tuple[str, ...]]) -> tuple[str, ...]:
-    first = scopes[0]
-    k = len(first)
-    for s in scopes[1:]:
-        k = min(k, len(s))
-        for i in range(k):
-            if s[i] != first[i]:
-                k = i
-                break
-    return first[:k]
-
-
-def _suffix(a: str, b: str) -> bool:
-    """One scope ends with the other at a segment boundary."""
-    return a.endswith("/" + b) or b.endswith("/" + a)
-
-
-def pair_scopes(old: set[str], new: set[str]) -> dict[str, str]:
-    """NEW scope -> OLD scope: equal ones, then a unique segment-suffix partner left on both sides."""
-    pairs = {s: s for s in new if s in old}
-    left_old = sorted(old - set(pairs.values()) - {""}, key=len)
-    left_new = sorted(new - set(pairs) - {""}, key=len)
-    by_last: dict[str, list[str]] = defaultdict(list)
-    for o in left_old:
-        by_last[o.rsplit("/", 1)[-1]].append(o)
-    taken = set(pairs.values())
-    for n in left_new:
-        cands = [o for o in by_last.get(n.rsplit("/", 1)[-1], ()) if o not in taken and _suffix(o, n)]
-        if len(cands) == 1:
-            pairs[n] = cands[0]
-            taken.add(cands[0])
-    return pairs
-
-
-def _scope_sets(a: Analysis) -> tuple[set[str], set[str]]:
-    """Folded scopes holding forward nodes directly (those the report lists when unpaired), and every
-    scope with its prefixes, backward nodes' too (those that pair)."""
-    direct, every = set(), set()
-    scope = scoper(a)
-    for n in a.joint.nodes:
-        s = scope(n)
-        if n.phase == "forward":
-            direct.add(fold(s))
-        for k in range(len(s) + 1):
-            every.add(fold(s[:k]))
-    return direct, every
-
-
 # ---- fusion blocks ----------------------------------------------------------------------------------
 
 @dataclass
@@ -190,7 +98,7 @@ def blocks(a: Analysis, rename: dict[str, str]) -> list[Block]:
     scope_of = scoper(a)
     out = []
     for m in a.matches:
-        scope = fold(_common([scope_of(n) for n in m.nodes])) if m.nodes else ""
+        scope = fold(shared([scope_of(n) for n in m.nodes])) if m.nodes else ""
         att = attention_entry(m, kernels)["kernel"] if m.pattern.name == "attention" else None
         state = m.verdict.state if m.verdict is not None else "not fusable"
         out.append(Block(m, rename.get(scope, scope), state, tuple(sorted(n.kind for n in m.nodes)), att))
@@ -433,7 +341,7 @@ def compare(old: Analysis, new: Analysis, options: DiffOptions | None = None) ->
 
     options = options or DiffOptions()
     docs = [to_json(old), to_json(new)]
-    (old_direct, old_every), (new_direct, new_every) = _scope_sets(old), _scope_sets(new)
+    (old_direct, old_every), (new_direct, new_every) = scope_sets(old), scope_sets(new)
     rename = pair_scopes(old_every, new_every)
     unpaired_old = sorted(old_direct - set(rename.values()) - {""})
     unpaired_new = sorted(new_direct - set(rename) - {""})

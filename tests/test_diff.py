@@ -7,11 +7,12 @@ from collections import Counter
 import onnx
 import pytest
 
-from fusecli.diff import DiffOptions, analyze_pair, compare, node_scope, pair_scopes
+from fusecli.diff import DiffOptions, analyze_pair, compare
 from fusecli.dims import parse_dim
 from fusecli.errors import UsageError
 from fusecli.pipeline import Options, analyze
 from fusecli.report import to_json
+from fusecli.scopes import node_scope
 from tests.builders import Net
 
 
@@ -151,14 +152,6 @@ def test_dims_in_one_model_only(mlps):
         analyze_pair(old, new, 4, {"width": 3})
 
 
-def test_scopes_pair_by_unique_suffix():
-    pairs = pair_scopes({"model/dense", "model/dense_*", "model"},
-                        {"StatefulPartitionedCall/model/dense", "StatefulPartitionedCall/model/dense_*",
-                         "StatefulPartitionedCall/model", "StatefulPartitionedCall"})
-    assert pairs == {"StatefulPartitionedCall/model/dense": "model/dense",
-                     "StatefulPartitionedCall/model/dense_*": "model/dense_*",
-                     "StatefulPartitionedCall/model": "model"}
-
 
 def test_eager_vs_sdpa_names_the_attention_change(hf_onnx):
     old, new = hf_onnx("roberta", attn="eager"), hf_onnx("roberta", attn="default")
@@ -261,24 +254,6 @@ def test_savedmodel_vs_tf2onnx_pairs_blocks_across_formats(keras_and_tf2onnx):
         assert terms[old_batch] == (p.terms.get(mono), q.terms.get(new_mono))
     assert new_batch not in terms
 
-
-def test_loader_keeps_dynamos_module_path(save_model):
-    from onnx import helper
-
-    from fusecli.load import load_model
-    from tests.conftest import make_model, vi
-
-    scopes = {"a": "['', 'inner', 'inner.encoder.layer.0', 'relu']", "b": "['', 'relu_1']",
-              "c": "not a list", "d": "['', '_empty_nn_module_stack_from_metadata_hook', 'x']"}
-    nodes = []
-    for i, (name, value) in enumerate(scopes.items()):
-        node = helper.make_node("Relu", [f"t{i}"], [f"t{i + 1}"], f"node_{name}")
-        helper.set_metadata_props(node, {"pkg.torch.onnx.name_scopes": value})
-        nodes.append(node)
-    g = load_model(save_model(make_model(nodes, [vi("t0", 2)], [vi("t4", 2)])))
-    modules = {n.name: n.meta.get("module") for n in g.nodes}
-    assert modules == {"node_a": "inner.encoder.layer.0", "node_b": None, "node_c": None, "node_d": None}
-    assert [node_scope(n) for n in g.nodes] == [("inner", "encoder", "layer.0"), (), (), ()]
 
 
 def test_lost_attention_comes_with_the_near_miss_that_says_why(save_model):
