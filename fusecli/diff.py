@@ -355,10 +355,9 @@ def compare(old: Analysis, new: Analysis, options: DiffOptions | None = None) ->
     diffs += compare_unsupported(old, new)
     for side, bs, left in (("OLD", old_blocks, old_every - set(rename.values())),
                            ("NEW", new_blocks, new_every - set(rename))):
-        for scope in sorted({b.scope for b in bs if b.scope in left} - {""}):
-            n = sum(b.scope == scope for b in bs)
-            diffs.append({"kind": "unpaired_scope", "side": side, "scope": scope, "matches": n,
-                          "regression": False})
+        held = Counter(b.scope for b in bs if b.scope in left and b.scope)
+        diffs += [{"kind": "unpaired_scope", "side": side, "scope": scope, "matches": n, "regression": False}
+                  for scope, n in sorted(held.items())]
     failing = sorted({CATEGORY[d["kind"]] for d in diffs if d["regression"] and d["kind"] in CATEGORY}
                      & set(options.fail_on))
     counts = Counter(d["kind"] for d in diffs)
