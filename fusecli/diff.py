@@ -61,7 +61,7 @@ def analyze_pair(old: str, new: str, batch: int | None, dims: dict[str, int], si
             rename = {batch_new[0]: batch_old[0]}
             notes.append(f"batch dims named differently: OLD {batch_old[0]!r}, NEW {batch_new[0]!r} "
                          "(compared as one)")
-        for d in sorted(set(names[0]) ^ set(names[1]) - set(rename) - set(rename.values())):
+        for d in sorted((set(names[0]) ^ set(names[1])) - set(rename) - set(rename.values())):
             which = "OLD" if d in names[0] else "NEW"
             given = f" (--dim {d}={dims[d]} applies to {which} only)" if d in dims else ""
             notes.append(f"dim {d!r} exists in {which} only{given}")
