@@ -360,3 +360,55 @@ def rewrite_command(model: str, output: str, target: str, mode: str, patterns: t
     click.echo(_dump_json(rewrite_json(result)) if as_json else format_summary(result))
     if result.refused:
         _fail(result.refused)
+
+
+BAD_INPUT_EXIT = 3  # diff: 1 means a regression, so a model that cannot be read exits 3
+
+
+@main.command("diff")
+@click.argument("old", type=click.Path(dir_okay=True, path_type=str))
+@click.argument("new", type=click.Path(dir_okay=True, path_type=str))
+@click.option("--json", "as_json", is_flag=True, help="Print only the JSON document on stdout.")
+@_common_options
+@click.option("--fail-on", "fail_on", default="fusions,verdicts,memory", show_default=True, metavar="KINDS",
+              help="Which regressions exit 1: fusions (a fusion lost), verdicts (a verdict got worse), "
+                   "memory (a total grew more than --tolerance).")
+@click.option("--tolerance", default="2%", show_default=True, metavar="PCT",
+              help="Memory growth at the given dims that is not a regression.")
+@click.option("--wrt", type=click.Choice(["parameters", "inputs"]), default="parameters",
+              show_default=True,
+              help="Differentiate w.r.t. the trainable parameters, or the float graph inputs too.")
+def diff_command(old: str, new: str, as_json: bool, batch: int | None, dims: tuple[str, ...],
+                 signature: str | None, fail_on: str, tolerance: str, wrt: str) -> None:
+    """Compare two exports of one model (OLD, NEW): fusions, verdicts, memory, ops. Exit 0: no
+    regression; 1: a regression of a kind in --fail-on; 2: usage; 3: a model could not be read."""
+    from .diff import DiffOptions, analyze_pair, compare, parse_fail_on, parse_tolerance
+
+    options = DiffOptions(tolerance=parse_tolerance(tolerance), fail_on=parse_fail_on(fail_on))
+    parsed = _parse_dims(dims)
+    try:
+        a, b, options.notes, options.dim_rename = analyze_pair(old, new, batch, parsed, signature,
+                                                               wrt == "inputs")
+        doc = compare(a, b, options)
+    except UsageError:
+        raise
+    except FuseError as e:
+        click.echo(f"error: {' '.join(str(e).split())}", err=True)
+        sys.exit(BAD_INPUT_EXIT)
+    except Exception as e:  # not exit 1, which CI would read as a regression
+        if os.environ.get("FUSECLI_DEBUG"):
+            raise
+        click.echo(f"error: internal error {type(e).__name__}: {' '.join(str(e).split())[:300]} "
+                   "(set FUSECLI_DEBUG=1 for the traceback)", err=True)
+        sys.exit(BAD_INPUT_EXIT)
+    for label, result in (("OLD", a), ("NEW", b)):
+        for w in result.warnings:
+            click.echo(f"warning: {label}: {w}", err=True)
+    if as_json:
+        click.echo(_dump_json(doc))
+    else:
+        from .diff_text import report_lines
+
+        color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+        click.echo("\n".join(report_lines(doc, color=color)))
+    sys.exit(doc["summary"]["exit"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import sys
 from functools import cache
@@ -257,6 +258,10 @@ def build_graph(model: onnx.ModelProto, name: str = "model", constant_weights: b
                     op_type=op_type, kind=kind, inputs=inputs,
                     outputs=[tensors[n] if n else None for n in node_proto.output],
                     attrs=attrs, domain=domain)
+        if node_proto.metadata_props:
+            module = _torch_module(node_proto)
+            if module:
+                node.meta["module"] = module
         graph.add_node(node)
     try:
         graph.nodes = topological_order(graph.nodes)
@@ -272,6 +277,24 @@ def build_graph(model: onnx.ModelProto, name: str = "model", constant_weights: b
     promote_constant_weights(graph, constant_weights)
     mark_parameter_views(graph)
     return graph
+
+
+TORCH_SCOPES = "pkg.torch.onnx.name_scopes"  # torch's dynamo exporter: the module path of each node
+
+
+def _torch_module(node_proto: onnx.NodeProto) -> str | None:
+    """The dotted module path a dynamo export records for a node ('encoder.layer.0.attention'); its
+    node names ('node_linear_4') say nothing of the module, which ``fusecli diff`` pairs blocks by."""
+    for p in node_proto.metadata_props:
+        if p.key == TORCH_SCOPES and len(p.value) < 4096:
+            try:
+                scopes = ast.literal_eval(p.value)
+            except (ValueError, SyntaxError, MemoryError, RecursionError):
+                return None
+            if isinstance(scopes, list) and len(scopes) >= 2 and isinstance(scopes[-2], str) \
+                    and not scopes[-2].startswith("_"):  # '_empty_nn_module_stack...': no module
+                return scopes[-2]  # the last entry is the node's own name
+    return None
 
 
 def _text(value, what: str) -> str:
