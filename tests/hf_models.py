@@ -21,7 +21,7 @@ ALL = TEXT + VISION + AUDIO
 # architectures built with their default attention only (the attention tests): encoders, decoders with and
 # without grouped-query attention, ALiBi (BLOOM), soft-capping (Gemma2), cross-attention (BART), a
 # relative-position bias (BEiT)
-MORE_TEXT = ("roberta", "opt", "gpt_neox", "gemma2", "bloom", "bart", "phi3")
+MORE_TEXT = ("roberta", "opt", "gpt_neox", "gemma2", "bloom", "bart", "phi3", "olmo")
 MORE_VISION = ("beit",)
 ATTENTION = ("eager", "default")  # default: whatever transformers picks (sdpa where the model supports it)
 IMAGE_SIZE = 32
@@ -74,6 +74,9 @@ def _config(name: str):
     if name == "phi3":  # gate and up as one projection, split in two (gate_up_proj)
         return tr.Phi3Config(vocab_size=100, max_position_embeddings=256, num_key_value_heads=2,
                              pad_token_id=0, bos_token_id=0, eos_token_id=0, **small)
+    if name == "olmo":  # LayerNorm without weights, cast to float32 and back around it
+        return tr.OlmoConfig(vocab_size=100, max_position_embeddings=256, pad_token_id=1, bos_token_id=0,
+                             eos_token_id=0, **small)
     if name == "bloom":  # ALiBi position bias
         return tr.BloomConfig(vocab_size=100, hidden_size=64, n_layer=2, n_head=2)
     if name == "bart":  # encoder-decoder: the decoder's cross-attention reads the encoder's output
