@@ -28,6 +28,7 @@ MOE = ("mixtral",)
 # TorchScript exports whose attention reads shapes of interior tensors (Shape(Cast(q)), Shape(Cast(k^T)))
 # and scales by 1 / sqrt(Shape(q)[-1:]): the rewrite tests
 SHAPE_READS = ("falcon", "codegen")
+REWRITE_TEXT = ("olmo",)  # a Cast after each LayerNorm that the next residual reads too: the rewrite tests
 MORE_VISION = ("beit",)
 ATTENTION = ("eager", "default")  # default: whatever transformers picks (sdpa where the model supports it)
 IMAGE_SIZE = 32
@@ -43,7 +44,7 @@ class Spec:
 def spec(name: str) -> Spec:
     if name in ("bert", "distilbert", "roberta", "opt"):
         return Spec(("input_ids", "attention_mask"), True)
-    if name in TEXT or name in MORE_TEXT or name in MOE or name in SHAPE_READS:
+    if name in TEXT or name in MORE_TEXT or name in MOE or name in SHAPE_READS or name in REWRITE_TEXT:
         return Spec(("input_ids",), True)
     if name in AUDIO:
         return Spec(("input_features",), False)
@@ -89,6 +90,9 @@ def _config(name: str):
     if name == "codegen":  # rotary on part of the head; k transposed before its Cast
         return tr.CodeGenConfig(vocab_size=100, n_embd=64, n_layer=2, n_head=2, rotary_dim=16,
                                 n_positions=256, n_ctx=256, bos_token_id=0, eos_token_id=0)
+    if name == "olmo":  # LayerNorm without weights, cast to float32 and back around it
+        return tr.OlmoConfig(vocab_size=100, max_position_embeddings=256, pad_token_id=1, bos_token_id=0,
+                             eos_token_id=0, **small)
     if name == "bloom":  # ALiBi position bias
         return tr.BloomConfig(vocab_size=100, hidden_size=64, n_layer=2, n_head=2)
     if name == "bart":  # encoder-decoder: the decoder's cross-attention reads the encoder's output

@@ -22,7 +22,7 @@ def to_json(r: RewriteResult) -> dict:
         "rewrites": [{"pattern": a.pattern, "kernel": a.kernel, "nodes": a.nodes} for a in r.applied],
         "kernels": r.kernel_counts(),
         "ops": {"before": r.ops_before, "after": r.ops_after},
-        "unchanged": r.unchanged,
+        "unchanged": r.unchanged, "left_out": r.left_out,
         "verification": None if v is None else {
             "ok": v.ok,
             "levels": _levels(v.checks, "output"),
@@ -49,6 +49,8 @@ def format_summary(r: RewriteResult) -> str:
              f"{r.passes} pass{'es' if r.passes != 1 else ''})",
              f"nodes: {r.nodes_before} -> {r.nodes_after}"
              + (f" ({r.folded_constants} constant tensors folded)" if r.folded_constants else "")]
+    if r.left_out:
+        lines.append(f"regions left out: {r.left_out} (see the 'not rewritten' warnings)")
     if r.applied:
         lines.append("rewrites:")
         by = Counter((a.kernel, a.pattern) for a in r.applied)

@@ -99,6 +99,7 @@ class RewriteResult:
     unchanged: bool = False  # nothing rewritten or pruned (then not verified: the graphs are the same)
     dims: dict[str, int] = field(default_factory=dict)  # the input dims' values it was analyzed and run at
     refused: str | None = None  # why nothing was written (a measured slowdown without force)
+    left_out: int = 0  # regions matched and emitted but left unfused (their cut-out failed)
 
     def kernel_counts(self) -> dict[str, int]:
         return dict(Counter(a.kernel for a in self.applied))
@@ -133,7 +134,8 @@ def analyze_model(model: onnx.ModelProto, options: Options, known: dict[str, onn
 
 def rewrite_passes(model: onnx.ModelProto, first: Analysis, options: RewriteOptions,
                    label: str, skipped: list[str] | None = None,
-                   regions: list[list[Case | str]] | None = None) -> tuple[list[Applied], int, int]:
+                   regions: list[list[Case | str]] | None = None,
+                   left_out: list[str] | None = None) -> tuple[list[Applied], int, int]:
     """Plan and emit until a pass finds nothing more (BatchNorm folded in pass 1 makes Conv+Add+ReLU in 2);
     with ``regions``, each pass's emissions are cut out there for verification before they are applied."""
     analysis, known = first, {}
@@ -173,9 +175,10 @@ def rewrite_passes(model: onnx.ModelProto, first: Analysis, options: RewriteOpti
             cutter = Cutter(weights, analysis.graph, analysis.sizes, outputs)
             cases = [cutter.cut(f"{e.pattern} -> {e.kernel}", [protos[n] for n in e.remove], e.nodes,
                                 e.initializers, e.remove) for e in emissions]
-            wiring = next((c for c in cases if isinstance(c, str) and c.startswith("wiring:")), None)
-            if wiring is not None:  # the rest of the graph would read a tensor nothing makes any more
-                raise FuseError(f"verification failed: {wiring.removeprefix('wiring: ')}; nothing written")
+            emissions, cases = _drop_miswired(emissions, cases, skipped, left_out)
+            if not emissions:
+                passes -= 1  # every emission left out: no pass made
+                break
             regions.append(cases)
         apply(model, emissions, protos)
         prune(model)  # what only the replaced nodes read goes before the next analysis
@@ -188,6 +191,24 @@ def rewrite_passes(model: onnx.ModelProto, first: Analysis, options: RewriteOpti
     if rerouted:  # a permuting Gather was appended after its readers where no emission went in
         sort_nodes(model)
     return applied, passes, len(folded)
+
+
+def _drop_miswired(emissions: list, cases: list[Case | str], skipped: list[str] | None,
+                   left_out: list[str] | None) -> tuple[list, list[Case | str]]:
+    """Leave out the emissions whose cut-out says the rest of the graph would read a tensor nothing makes
+    any more (said in ``skipped``, counted in ``left_out``); the others stay, with their cases."""
+    kept: list = []
+    kept_cases: list[Case | str] = []
+    for e, c in zip(emissions, cases, strict=True):
+        if isinstance(c, str) and c.startswith("wiring:"):
+            line = f"{e.pattern} at {e.at}: {c.removeprefix('wiring: ')}"
+            for sink in (skipped, left_out):
+                if sink is not None and line not in sink:
+                    sink.append(line)
+            continue
+        kept.append(e)
+        kept_cases.append(c)
+    return kept, kept_cases
 
 
 def rewrite(path: str, options: RewriteOptions | None = None, output: str | None = None) -> RewriteResult:
@@ -219,8 +240,9 @@ def rewrite(path: str, options: RewriteOptions | None = None, output: str | None
             skipped: list[str] = []
             regions: list[list[Case | str]] | None = \
                 [] if options.verify and options.verify_scope != "model" else None
+            left_out: list[str] = []
             applied, passes, folded = rewrite_passes(model, first, options, source.onnx_path, skipped,
-                                                     regions)
+                                                     regions, left_out)
             prune(model)
         problem = undefined_read(model) if applied or scales else None
         if problem:  # a bug of fusecli's, not the user's: said as what is wrong with the result
@@ -232,7 +254,8 @@ def rewrite(path: str, options: RewriteOptions | None = None, output: str | None
         result = RewriteResult(path, output, options, model, applied, nodes_before, len(model.graph.node),
                                ops_before, op_counts(model), folded, passes,
                                warnings=[*first.warnings, *(f"not rewritten: {s}" for s in skipped)],
-                               dims={n: first.sizes[n] for n in first.sizes.variables})
+                               dims={n: first.sizes[n] for n in first.sizes.variables},
+                               left_out=len(left_out))
         # nothing rewritten and nothing pruned: the output is the input's graph, there is nothing to compare
         # (onnxruntime's sessions would be most of the time on a big graph)
         result.unchanged = not applied and result.nodes_after == nodes_before \

@@ -110,3 +110,15 @@ def test_soft_capped_attention_is_left_unfused_and_said(hf_onnx):
     said = [w for w in r.warnings if w.startswith("not rewritten: attention at") and "soft-cap" in w]
     assert len(said) == 2 and MS + "MultiHeadAttention" not in r.ops_after
     assert r.verification.ok and any(k.startswith(MS) for k in r.ops_after)
+
+
+
+def test_olmo_layer_norm_reading_a_shared_cast_is_left_out_and_the_rest_written(hf_onnx):
+    """OLMo's LayerNorms read a Cast that the next block's residual reads too: the SkipLayerNormalization
+    that would drop it is left unfused with a 'not rewritten' line naming the Cast; the rest is
+    rewritten, verified by onnxruntime, and equal to PyTorch's output."""
+    r = _rewrite(hf_onnx("olmo", "torchscript", attn="default"))
+    said = [w for w in r.warnings if w.startswith("not rewritten: skip_layer_norm at") and "Cast" in w]
+    assert said and r.ops_after.get(MS + "RotaryEmbedding") == 4
+    assert r.verification.ok and r.verification.uncut == []
+    _torch_matches("olmo", r.model, attn="default")
