@@ -3,8 +3,10 @@
 Saved totals are sums of their tensors' byte polynomials (``sizes.tensor_formula``). The peak is the
 largest of the per-step live totals, each a polynomial; which step peaks depends on the sizes (weights
 dominate at small sizes, attention's seq^2 tensors at large ones), so the peak's formula is
-``max(P1, P2, ...)`` over the steps whose polynomial no other step's bounds coefficient by coefficient
-(input dims are >= 1, so such a step can never be the largest alone): exact at every size.
+``max(P1, P2, ...)`` over the steps that no other step bounds at every size. Input dims are >= 1, so each
+step's polynomial is rewritten in d - 1 (``batch = 1 + b``: coefficients of ``(1 + b)^k`` by the binomial
+theorem); a step whose shifted coefficients another's bound, one by one, is never the largest alone and is
+dropped (``18285408 + 58513408*N`` under ``18284800 + 58519552*N``): exact at every size.
 Tensors of unknown size are named in the formula, never dropped silently.
 """
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Mapping
+from math import comb, prod
 
 import numpy as np
 
@@ -71,11 +74,22 @@ def peak_formula(live: Liveness, joint: Graph) -> str:
     for m, c in resident.terms.items():
         base[index[m]] += c
     rows = np.cumsum(delta, axis=0)[1:steps + 1] + base  # liveness's timeline, one polynomial per step
-    front = _pareto_front(_distinct(rows)) if steps else [base + delta[0]]
+    front = candidate_steps(rows, monomials, bound) if steps else [base + delta[0]]
     polys = [Poly({monomials[i]: int(c) for i, c in enumerate(r) if c}) for r in front]
     polys.sort(key=str)
     text = str(polys[0]) if len(polys) == 1 else "max(" + ", ".join(str(p) for p in polys) + ")"
     return text + _unknown_note(missing)
+
+
+def candidate_steps(rows: np.ndarray, monomials: list, bound: int) -> list[np.ndarray]:
+    """The distinct step polynomials (rows over ``monomials``, every |coefficient| sum at most ``bound``)
+    that no other one bounds at every size >= 1: compared in the shifted dims (module docstring)."""
+    rows = _distinct(rows)
+    shift = _shift_matrix(monomials)  # unitriangular, so distinct rows stay distinct
+    exact = rows.dtype == object or bound * max((prod(2 ** e for _, e in m) for m in monomials),
+                                                default=1) >= INT64_SAFE
+    shifted = rows.astype(object) @ shift if exact else rows @ shift.astype(np.int64)
+    return [rows[i] for i in _front_indices(shifted)]
 
 
 def _distinct(rows: np.ndarray) -> np.ndarray:
@@ -83,21 +97,49 @@ def _distinct(rows: np.ndarray) -> np.ndarray:
     return np.array(sorted(set(map(tuple, rows.tolist()))), dtype=rows.dtype).reshape(-1, rows.shape[1])
 
 
-def _pareto_front(rows: np.ndarray) -> list[np.ndarray]:
-    """Rows (distinct) no other row bounds coefficient by coefficient, in order of decreasing total. A
-    row that bounds another has the larger total, so rows are taken in that order, a block at a time:
-    a block's rows are checked against the front so far, then against each other, all vectorised."""
+def _shift_matrix(monomials: list) -> np.ndarray:
+    """Coefficients of each monomial in d - 1 (one column per monomial that divides one of them):
+    x^a = sum_k C(a, k) (x - 1)^k, so a row times this matrix is the step's polynomial in the shifted dims."""
+    columns: dict = {}
+    expansions = []
+    for m in monomials:
+        terms = [((), 1)]
+        for s, e in m:
+            terms = [(t + ((s, k),) if k else t, c * comb(e, k)) for t, c in terms for k in range(e + 1)]
+        expansions.append(terms)
+        for t, _ in terms:
+            columns.setdefault(t, len(columns))
+    out = np.zeros((len(monomials), len(columns)), dtype=object)
+    for i, terms in enumerate(expansions):
+        for t, c in terms:
+            out[i, columns[t]] += c
+    return out
+
+
+def _front_indices(rows: np.ndarray) -> list[int]:
+    """Indices of the rows (distinct) no other row bounds coefficient by coefficient, in order of
+    decreasing total. A row that bounds another has the larger total, so rows are taken in that order, a
+    block at a time: a block's rows are checked against the front so far, then against each other, all
+    vectorised."""
     order = np.argsort(-rows.sum(axis=1), kind="stable")
     rows = rows[order]
-    front = rows[:0]
+    front, kept = rows[:0], []
     for start in range(0, len(rows), PARETO_BLOCK):
-        b = rows[start:start + PARETO_BLOCK]
+        b, idx = rows[start:start + PARETO_BLOCK], order[start:start + PARETO_BLOCK]
         if len(front):
-            b = b[~_bounded_by(b, front)]
+            keep = ~_bounded_by(b, front)
+            b, idx = b[keep], idx[keep]
         if len(b) > 1:
-            b = b[~_bounded_by(b, b)]
+            keep = ~_bounded_by(b, b)
+            b, idx = b[keep], idx[keep]
         front = np.concatenate([front, b])
-    return list(front)
+        kept.extend(int(i) for i in idx)
+    return kept
+
+
+def _pareto_front(rows: np.ndarray) -> list[np.ndarray]:
+    """Rows (distinct) no other row bounds coefficient by coefficient, in order of decreasing total."""
+    return [rows[i] for i in _front_indices(rows)]
 
 
 def _bounded_by(rows: np.ndarray, others: np.ndarray) -> np.ndarray:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from math import prod
+
 import numpy as np
 import pytest
 
-from fusecli.memory import PARETO_BLOCK, _distinct, _pareto_front
+from fusecli.memory import PARETO_BLOCK, _distinct, _pareto_front, candidate_steps
 
 
 def brute_front(rows: np.ndarray) -> set[tuple[int, ...]]:
@@ -47,3 +49,30 @@ def test_the_front_is_exact_past_int64(seed):
     got = {tuple(r.tolist()) for r in _pareto_front(_distinct(big))}
     want = {tuple(int(c) * 2**70 + int(c) for c in r) for r in brute_front(small)}
     assert got == want
+
+
+MONOMIALS = [(), (("batch", 1),), (("seq", 1),), (("batch", 1), ("seq", 1)), (("batch", 1), ("seq", 2))]
+
+
+def _value(row, dims) -> int:
+    return sum(int(c) * prod(dims[s] ** e for s, e in m) for c, m in zip(row, MONOMIALS, strict=True))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_candidate_steps_give_the_exact_peak_at_every_size(seed):
+    """max over the candidates == max over every step, at sizes >= 1; no candidate is bounded at every
+    size by another (checked on a grid), and the candidates are a subset of the coefficient-wise front."""
+    rng = np.random.default_rng(seed)
+    rows = rng.integers(-50, 200, size=(int(rng.integers(1, 3 * PARETO_BLOCK)), len(MONOMIALS)))
+    got = candidate_steps(rows, MONOMIALS, int(np.abs(rows).sum()))
+    grid = [{"batch": b, "seq": s} for b in (1, 2, 3, 8) for s in (1, 2, 5, 64)]
+    for dims in grid:
+        assert max(_value(r, dims) for r in got) == max(_value(r, dims) for r in rows)
+    assert {tuple(r.tolist()) for r in got} <= brute_front(_distinct(rows))
+
+
+def test_a_step_below_another_at_every_size_from_1_is_dropped():
+    """18285408 + 58513408*N is below 18284800 + 58519552*N for every N >= 1 (not coefficient-wise)."""
+    rows = np.array([[18284800, 58519552], [18285408, 58513408]])
+    got = candidate_steps(rows, [(), (("N", 1),)], int(rows.sum()))
+    assert [r.tolist() for r in got] == [[18284800, 58519552]]
