@@ -8,7 +8,8 @@ shape computations on the way (Tensordot's Shape/GatherV2/Prod/ConcatV2, Einsum,
 at the user's point and at more integer points, and the numbers are fitted to integer polynomials
 (``load.dim_fit``), as the ONNX loader does with ONNX's tools. A dim no fit explains keeps an opaque name
 (``unk1``) with its value at the user's sizes. TensorFlow is imported here only, when a SavedModel has a
-dim to size; without it the dims stay unknown and a warning says why.
+dim to size (its import takes seconds; ``FUSECLI_TENSORFLOW_SHAPES=0`` turns this off); without it the dims
+stay unknown and a warning says why.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from ..ir import Graph
 from .dim_fit import fit_polynomials, over_variables, pending_tensors
 from .tf_flat import flat_graphdef
 
+SWITCH = "FUSECLI_TENSORFLOW_SHAPES"  # 0: no TensorFlow import (its seconds), open dims stay unknown
+
 
 def resolve_sizes(graph: Graph, values: Mapping[str, int], variables: tuple[str, ...]) -> dict[str, int]:
     """Fill the graph's open dims in place (the shape TensorFlow recorded stays in
@@ -29,6 +32,10 @@ def resolve_sizes(graph: Graph, values: Mapping[str, int], variables: tuple[str,
     had to name. A warning in ``graph.meta["warnings"]`` when TensorFlow is missing or fails."""
     pending = pending_tensors(graph, variables)
     if not pending or "tf_structure" not in graph.meta:
+        return {}
+    if os.environ.get(SWITCH, "").strip() == "0":
+        _warn(graph, f"TensorFlow's shape inference is off ({SWITCH}=0): {len(pending)} tensors whose dims "
+                     "the SavedModel records as unknown (-1) keep them unknown")
         return {}
     try:
         tf = _tensorflow()

@@ -110,3 +110,9 @@ def test_without_tensorflow_the_dims_stay_unknown_and_a_warning_says_why(monkeyp
     assert a.unknown_sizes
     assert any(w.startswith("TensorFlow is not installed") for w in a.warnings), a.warnings
     assert a.liveness.incomplete()
+
+
+def test_tensorflow_shape_inference_can_be_turned_off(monkeypatch):
+    monkeypatch.setenv("FUSECLI_TENSORFLOW_SHAPES", "0")
+    a = analyze(saved_encoder("relu"), Options(batch=2, dims={"x_dim1": 32}))
+    assert a.unknown_sizes and any("FUSECLI_TENSORFLOW_SHAPES=0" in w for w in a.warnings), a.warnings
