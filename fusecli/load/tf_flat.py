@@ -4,25 +4,23 @@ The SavedModel loader inlines every function call; it keeps, per IR node, the No
 its inputs (``graph.meta["tf_structure"]``). Here each IR node becomes that NodeDef again (renamed
 ``n<k>``: IR names need not be TensorFlow names), reading the IR tensors it reads; a tensor without a
 producer (a graph input, a variable's value, a captured constant) becomes a ``Placeholder`` of its
-dtype and its shape at the given dim values, and a variable handle a ``VarHandleOp``. ``_output_shapes``
-(what TensorFlow recorded at trace time, with -1 for every dynamic dim) is dropped, so that TensorFlow
-infers every shape afresh. No TensorFlow import: the GraphDef is built with ``tf_proto``'s messages.
+dtype and its shape at the given dim values (a ``Const`` where its value is known), and a variable handle
+a ``VarHandleOp``. Internal attrs (``_`` first) are dropped: ``_output_shapes``, what TensorFlow recorded
+at trace time (-1 for every dynamic dim), so that TensorFlow infers every shape afresh, and ``_class``,
+colocation with nodes by their old names. No TensorFlow import: the GraphDef is built with ``tf_proto``'s
+messages.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
+import numpy as np
+
 from ..dims import dim_value
 from ..ir import Graph
 from . import tf_proto
 from .savedmodel import dtype_enum
-
-_RECORDED = ("_output_shapes",)  # attrs holding trace-time shapes: inferred afresh instead
-
-
-def has_structure(graph: Graph) -> bool:
-    return "tf_structure" in graph.meta
 
 
 def flat_graphdef(graph: Graph, values: Mapping[str, int]) -> tuple[bytes, dict[str, tuple[str, int]]]:
@@ -51,6 +49,15 @@ def flat_graphdef(graph: Graph, values: Mapping[str, int]) -> tuple[bytes, dict[
         if x not in refs:
             t = graph.tensors[x]
             refs[x] = f"p{len(refs)}"
+            value = t.meta.get("value")
+            if isinstance(value, np.ndarray) and value.dtype != object:  # a captured constant's value
+                node = gd.node.add(name=refs[x], op="Const")
+                node.attr["dtype"].type = dtype_enum(t.dtype)
+                proto = node.attr["value"].tensor
+                proto.dtype = dtype_enum(t.dtype)
+                _set_shape(proto.tensor_shape, value.shape, {})
+                proto.tensor_content = value.astype(value.dtype.newbyteorder("<")).tobytes()  # little-endian
+                return refs[x]
             node = gd.node.add(name=refs[x], op="Placeholder")
             node.attr["dtype"].type = dtype_enum(t.dtype)
             _set_shape(node.attr["shape"].shape, t.shape, values)
@@ -65,7 +72,7 @@ def flat_graphdef(graph: Graph, values: Mapping[str, int]) -> tuple[bytes, dict[
         nd, inputs = structure[n.name]
         node = gd.node.add(name=f"n{k}", op=nd.op)
         for key, value in nd.attr.items():
-            if key not in _RECORDED:
+            if not key.startswith("_"):  # internal attrs: trace-time shapes, colocation with renamed nodes
                 node.attr[key].CopyFrom(value)
                 needs_library |= value.HasField("func") or bool(value.list.func)
         node.input.extend(ref(x) for x in inputs)
