@@ -110,6 +110,8 @@ def test_without_tensorflow_the_dims_stay_unknown_and_a_warning_says_why(monkeyp
     assert a.unknown_sizes
     assert any(w.startswith("TensorFlow is not installed") for w in a.warnings), a.warnings
     assert a.liveness.incomplete()
+    open_ = next(w for w in a.warnings if "with unknown dims" in w)  # every dim given: no --dim can help
+    assert "--dim" not in open_ and "every dim of the model is given" in open_, open_
 
 
 def test_tensorflow_shape_inference_can_be_turned_off(monkeypatch):
