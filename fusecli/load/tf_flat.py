@@ -76,7 +76,7 @@ def flat_graphdef(graph: Graph, values: Mapping[str, int]) -> tuple[bytes, dict[
                 node.attr[key].CopyFrom(value)
                 needs_library |= value.HasField("func") or bool(value.list.func)
         node.input.extend(ref(x) for x in inputs)
-    if needs_library:  # control flow left as calls: TensorFlow infers through its branch functions
+    if needs_library:  # control flow left as ops (If, While): the functions they name must resolve
         gd.library.CopyFrom(library)
     return gd.SerializeToString(), where
 
