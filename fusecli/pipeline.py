@@ -16,7 +16,7 @@ from .liveness import Liveness, analyze_liveness
 from .load import load_model, resolve_sizes
 from .load.constant_weights import no_parameter_warning
 from .load.routing import ROUTER_OPS, routers_of
-from .sizes import Sizes, bind
+from .sizes import Sizes, bind, model_variables
 
 
 @dataclass
@@ -98,8 +98,11 @@ def size_graph(graph: Graph, options: Options) -> tuple[Sizes, list[str], dict[s
                         + ("; --routing balanced sizes the tokens a mixture-of-experts router sends to each "
                            "expert, assuming it spreads them evenly" if routes else ""))
     if open_:
-        warnings.append(f"{_tensors(open_, 'with unknown dims')} not counted in the byte totals; set "
-                        "--dim NAME=VALUE for the model's dims")
+        variables, batch_dims = model_variables(graph)
+        given = set(options.dims) | (set(batch_dims) if options.batch is not None else set())
+        hint = ("set --dim NAME=VALUE for the model's dims" if set(variables) - given else
+                "every dim of the model is given: the shape tools could not size them")
+        warnings.append(f"{_tensors(open_, 'with unknown dims')} not counted in the byte totals; {hint}")
     return sizes, warnings, unknown
 
 

@@ -1,4 +1,8 @@
-"""``--plot``: live bytes along the schedule, the forward/backward boundary marked (matplotlib)."""
+"""``--plot``: live bytes along the schedule, the forward/backward boundary marked (matplotlib).
+
+A timeline that leaves out tensors of unknown size says so: the title names how many, in red, and the
+peak is labelled as a lower bound (``peak >= ...``), never drawn as if it were the whole.
+"""
 
 from __future__ import annotations
 
@@ -24,6 +28,8 @@ def plot_timeline(live: Liveness, path: str, title: str) -> str:
 
     timeline = [0 if b is None else b for b in live.timeline]
     peak = max(timeline, default=0)
+    missing = missing_note(live)
+    at_least = "\u2265 " if missing else ""  # the drawn bytes are a lower bound when tensors are left out
     unit, size = axis_unit(peak)
     fig, ax = plt.subplots(figsize=(10, 4))
     steps = range(len(timeline))
@@ -41,16 +47,24 @@ def plot_timeline(live: Liveness, path: str, title: str) -> str:
         ax.plot([x], [y[x]], "o", color="#d62728")
         # the label goes to the side with more room, below the phase names
         right = x < len(timeline) / 2
-        ax.annotate(f"peak {format_bytes(timeline[x])}", (x, y[x]), textcoords="offset points",
+        ax.annotate(f"peak {at_least}{format_bytes(timeline[x])}", (x, y[x]), textcoords="offset points",
                     xytext=(8 if right else -8, 6), ha="left" if right else "right", va="bottom",
                     bbox={"boxstyle": "square,pad=0.1", "facecolor": "white", "edgecolor": "none"})
     ax.set_xlabel("schedule step (op)")
     ax.set_ylabel(f"live {unit}")
-    ax.set_title(title)
+    ax.set_title(title if not missing else f"{title}\nincomplete: {missing}",
+                 color="black" if not missing else "#d62728")
     ax.margins(x=0.01)
     fig.tight_layout()
     fmt = path.rsplit(".", 1)[-1].lower()
     with atomic_write(path) as f:
         fig.savefig(f, format=fmt, dpi=120)
     plt.close(fig)
-    return f"live memory over {len(timeline)} steps, peak {format_bytes(peak)}"
+    note = f"live memory over {len(timeline)} steps, peak {at_least}{format_bytes(peak)}"
+    return note if not missing else f"{note}; incomplete: {missing}"
+
+
+def missing_note(live: Liveness) -> str:
+    """'3 tensors of unknown size not drawn' when the timeline leaves tensors out, else ''."""
+    n = len(live.unknown)
+    return f"{n} tensor{'s' if n > 1 else ''} of unknown size not drawn" if n else ""

@@ -36,10 +36,9 @@ def resolve_sizes(graph: Graph, sizes, routing: str | None = None) -> dict[str, 
     the values of dims that could be sized only as numbers (opaque names in the formulas). ``routing``:
     the user's assumption for mixture-of-experts routers (``load.routing``)."""
     if graph.format == "savedmodel":
-        from .savedmodel import leading_dims_as_batch
+        from .tf_sizes import resolve_sizes as resolve_savedmodel
 
-        leading_dims_as_batch(graph, sizes)
-        return {}
+        return resolve_savedmodel(graph, sizes, sizes.variables)
     structure = graph.meta.get("onnx_structure")
     if structure is None:
         return {}

@@ -21,24 +21,22 @@ from __future__ import annotations
 
 import contextlib
 import io
-import itertools
 import os
-import random
 from collections.abc import Mapping
 
 import numpy as np
 import onnx
 from onnx import helper
 
-from ..dims import Poly, dim_poly, dim_value
+from ..dims import dim_poly, dim_value
 from ..ir import Graph
 from ..kinds import data_dependent_origins
 from ..sizes import input_dim_name
+from .dim_fit import fit_polynomials, over_variables, pending_tensors
 from .routing import SIZED_BY_VALUES, balanced, find_routers
 from .shape_tools import huge_shape_value, infer_shapes, value_shapes
 
 Shape = tuple | None
-MAX_FIT_VARIABLES = 4  # degree-2 fits in more variables need too many inference runs
 MAX_FOLD_ROUNDS = 16  # rounds of evaluating shape computations (fold_shape_values), each followed by ONNX's
 MAX_SYMBOLIC_PASSES = 64  # onnxruntime's loop re-runs after each merge of dims; a bound on it
 
@@ -48,7 +46,7 @@ def resolve_sizes(graph: Graph, values: Mapping[str, int], variables: tuple[str,
     """Fill the graph's open dims in place; returns the values of the opaque dims it had to name.
     ``routing="balanced"``: mixture-of-experts routers are taken as spreading tokens evenly
     (``load.routing``); the dims that follow from it are named ``routed1``, ... (one per value)."""
-    pending = _pending(graph, variables)
+    pending = pending_tensors(graph, variables)
     if not pending:
         return {}
     runner = _Runner(model, omitted, variables, routing)
@@ -85,9 +83,9 @@ def resolve_sizes(graph: Graph, values: Mapping[str, int], variables: tuple[str,
         if t.shape is None:
             t.shape = (None,) * len(got)
         for axis, (d, g) in enumerate(zip(t.shape, got, strict=True)):
-            if g is not None and (d is None or dim_poly(d) is None or not _over(d, variables)):
+            if g is not None and (d is None or dim_poly(d) is None or not over_variables(d, variables)):
                 positions.append((name, axis))
-    fitted = _fit(runner, positions, values, at_user, variables)
+    fitted = fit_polynomials(runner.numbers, positions, values, at_user, variables)
     routed = data_dependent_origins(graph, lambda u: u.name in pending) if runner.routers else {}
     opaque: dict[str, int] = {}
     symbol_of: dict[object, str] = {}  # one opaque name per open dim of the tools (unk__7), else per place
@@ -118,23 +116,6 @@ def resolve_sizes(graph: Graph, values: Mapping[str, int], variables: tuple[str,
 
 def _is_variable(d, variables: tuple[str, ...]) -> bool:
     return isinstance(d, str) and d in variables
-
-
-def _over(d, variables: tuple[str, ...]) -> bool:
-    """Whether the dim is an int or a polynomial over the input variables only."""
-    p = dim_poly(d)
-    return p is not None and p.symbols() <= set(variables)
-
-
-def _pending(graph: Graph, variables: tuple[str, ...]) -> set[str]:
-    """Tensors made by a node whose rank or some dim is not a polynomial over the input dims."""
-    out = set()
-    for t in graph.tensors.values():
-        if t.producer is None:
-            continue
-        if t.shape is None or not all(_over(d, variables) for d in t.shape):
-            out.add(t.name)
-    return out
 
 
 def _usable(shape: Shape, variables: tuple[str, ...], current: Shape) -> Shape:
@@ -451,75 +432,3 @@ def _symbolic_shape_inference():
         sys.modules[name] = module
         file_spec.loader.exec_module(module)
     return module.SymbolicShapeInference
-
-
-# -- fitting ----------------------------------------------------------------------------------------------
-def _monomials(variables: tuple[str, ...]) -> list[tuple[str, ...]]:
-    mons: list[tuple[str, ...]] = [()]
-    mons += [(v,) for v in variables]
-    mons += [pair for pair in itertools.combinations_with_replacement(variables, 2)]
-    return mons
-
-
-def _probe_points(variables: tuple[str, ...], count: int) -> list[dict[str, int]]:
-    """Distinct small points (3..40: under any model's position limit, above broadcast's special 1)."""
-    rng = random.Random(0x5EED)
-    points, seen = [], set()
-    while len(points) < count:
-        p = tuple(rng.randint(3, 40) for _ in variables)
-        if p not in seen:
-            seen.add(p)
-            points.append(dict(zip(variables, p, strict=True)))
-    return points
-
-
-def _fit(runner: _Runner, positions: list[tuple[str, int]], values: Mapping[str, int],
-         at_user: dict, variables: tuple[str, ...]) -> dict[tuple[str, int], str]:
-    """Integer polynomials (degree <= 2 in the input dims) for the dims known only as numbers."""
-    free = variables
-    if not positions or not free or len(free) > MAX_FIT_VARIABLES:
-        return {}
-    mons = _monomials(free)
-    points = _probe_points(free, len(mons) + 2)
-    columns: list[dict] = []
-    need = {name for name, _ in positions}
-    for p in points:
-        columns.append(runner.numbers({**values, **p}, need))
-    design = np.array([[_mono_value(m, p) for m in mons] for p in points], dtype=np.float64)
-    if np.linalg.matrix_rank(design) < len(mons):
-        return {}
-    ys = np.array([[_at(col, pos) for pos in positions] for col in columns], dtype=np.float64)
-    ok_rows = ~np.isnan(ys).any(axis=0)
-    coef, *_ = np.linalg.lstsq(design, np.nan_to_num(ys), rcond=None)
-    out: dict[tuple[str, int], str] = {}
-    for j, pos in enumerate(positions):
-        if not ok_rows[j]:
-            continue
-        c = np.rint(coef[:, j]).astype(np.int64)
-        poly = Poly()
-        for m, k in zip(mons, c, strict=True):
-            if k:
-                term = Poly.const(int(k))
-                for v in m:
-                    term = term * Poly.var(v)
-                poly = poly + term
-        exact = all(poly.evaluate({**values, **p}) == _at(col, pos) for p, col in zip(points, columns,
-                                                                                        strict=True))
-        if exact and poly.evaluate(values) == at_user[pos[0]][pos[1]]:
-            out[pos] = str(poly) if poly.constant is None else poly.constant
-    return out
-
-
-def _mono_value(m: tuple[str, ...], p: Mapping[str, int]) -> float:
-    v = 1.0
-    for s in m:
-        v *= p[s]
-    return v
-
-
-def _at(col: dict, pos: tuple[str, int]) -> float:
-    s = col.get(pos[0])
-    if s is None or pos[1] >= len(s) or s[pos[1]] is None:
-        return float("nan")
-    return float(s[pos[1]])
-

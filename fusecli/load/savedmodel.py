@@ -77,6 +77,14 @@ def dtype_name(enum: int) -> str:
     return _DTYPES.get(enum - 100 if enum > 100 else enum, "float32")
 
 
+_ENUMS = {name: enum for enum, name in reversed(_DTYPES.items())}  # the plain type of each name
+
+
+def dtype_enum(name: str) -> int:
+    """A numpy-style dtype name -> TensorFlow's DataType enum (the plain type, not the quantized twin)."""
+    return _ENUMS[name]
+
+
 def shape_of(shape) -> tuple | None:
     """A TensorShapeProto -> IR shape: -1 dims are None, an unknown rank is None."""
     if shape.unknown_rank:
@@ -241,6 +249,7 @@ class _Loader:
         self.registered = {g.registered_op_type: g.gradient_func  # tf.custom_gradient: op type -> function
                            for g in meta.graph_def.library.registered_gradients}
         self.custom_gradients: list[dict] = []
+        self.structure: dict[str, tuple] = {}  # node name -> (its NodeDef, its inputs), for load.tf_flat
 
     def fail(self, why: str) -> FuseError:
         return FuseError(f"{self.path}: {why}")
@@ -521,6 +530,7 @@ class _Loader:
         if op == "NoOp" or (not dtypes and op != "Const"):
             return []
         name = self.unique(f"{prefix}{nd.name}")
+        self.structure[name] = (nd, [self.reference(v) for v in ins])
         if op == "ResourceGather" and ins and isinstance(ins[0], _Resource):
             ins = [self.read(ins[0], f"{name}/ReadVariableOp:0", None), *ins[1:]]
         tensor_ins = [self.as_tensor(v, f"{name}/resource:0") for v in ins]
@@ -549,6 +559,14 @@ class _Loader:
             node.kind = "unknown"  # control flow and other function-valued ops: not inlined
         self.nodes.append(node)
         return outs
+
+    @staticmethod
+    def reference(v):
+        """An input as the flat GraphDef takes it (``load.tf_flat``): a tensor's name, a variable handle's
+        (name, dtype, shape), or None."""
+        if isinstance(v, _Resource):
+            return (v.name, v.dtype, v.shape)
+        return v.name if isinstance(v, Tensor) else None
 
     def shapes(self, nd) -> list:
         if "_output_shapes" not in nd.attr:
@@ -591,6 +609,7 @@ class _Loader:
         for n in needed:
             graph.add_node(n)
         graph.meta["custom_gradients"] = self.custom_gradients
+        graph.meta["tf_structure"] = (self.structure, self.meta.graph_def.library)
         graph.meta.update(signature=self.signature, signatures=signature_names(self.meta),
                           output_names=out_names,
                           tensorflow_version=self.meta.meta_info_def.tensorflow_version)
@@ -612,22 +631,3 @@ class _Loader:
             stack.extend(producer.get(id(t)) for t in n.inputs if t is not None)
         return [n for n in self.nodes if id(n) in live]
 
-
-def leading_dims_as_batch(graph: Graph, sizes) -> int:
-    """TensorFlow writes an unknown batch as -1 in each op's ``_output_shapes``; with no shape tool that
-    runs without TensorFlow, an unknown first dim of an intermediate tensor is taken as the model's one
-    batch dim (other unknown dims stay unknown). Returns how many tensors that touched."""
-    batch_dims = [t.shape[0] for t in graph.inputs if t.shape and isinstance(t.shape[0], str)]
-    if len(set(batch_dims)) != 1 or batch_dims[0] not in sizes.variables:
-        return 0
-    name, count = batch_dims[0], 0
-    for t in graph.tensors.values():
-        if t.producer is not None and t.shape and t.shape[0] is None:
-            t.meta["graph_shape"] = t.shape  # as TensorFlow's graph has it (its autodiff habits read it)
-            t.shape = (name, *t.shape[1:])
-            count += 1
-    if count:
-        graph.meta.setdefault("size_notes", []).append(
-            f"{count} intermediate tensors with an unknown first dim are taken to have the batch dim "
-            f"{name!r} there (TensorFlow records -1)")
-    return count

@@ -1,4 +1,5 @@
-"""Keras applications (weights=None, 32x32 inputs, 10 classes) saved as SavedModels, once per process.
+"""Keras applications (weights=None, 32x32 inputs, 10 classes) and a Keras 3 transformer encoder saved as
+SavedModels, once per process.
 
 Keras 3's are exported with ``model.export``; tf-keras's with ``tf.saved_model.save``. Their swish
 activations are ``tf.custom_gradient``s (registered gradients in the SavedModel); ConvNeXtTiny's
@@ -48,4 +49,30 @@ def saved_app(name: str) -> str:
         model.export(path, verbose=False)
     else:
         tf.saved_model.save(model, path)
+    return path
+
+
+ENCODER_DIM = 64  # the model width; 4 heads of 16, an FFN of 4 * 64
+
+
+@functools.cache
+def saved_encoder(activation: str = "relu", seq: int | None = None, blocks: int = 2) -> str:
+    """A Keras 3 transformer encoder built the usual way, exported with ``model.export``: input
+    ``keras.Input((seq, 64), name="x")`` (``seq`` None: a dynamic sequence), then per block
+    MultiHeadAttention + residual + LayerNormalization and a Dense FFN (``activation``) + residual +
+    LayerNormalization."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import keras
+
+    layers = keras.layers
+    keras.backend.clear_session()
+    keras.utils.set_random_seed(0)
+    x = inp = keras.Input((seq, ENCODER_DIM), name="x")
+    for _ in range(blocks):
+        h = layers.MultiHeadAttention(num_heads=4, key_dim=ENCODER_DIM // 4)(x, x)
+        x = layers.LayerNormalization()(layers.Add()([x, h]))
+        f = layers.Dense(ENCODER_DIM)(layers.Dense(4 * ENCODER_DIM, activation=activation)(x))
+        x = layers.LayerNormalization()(layers.Add()([x, f]))
+    path = os.path.join(_root(), f"encoder_{activation}_{seq or 'dynamic'}")
+    keras.Model(inp, x).export(path, verbose=False)
     return path

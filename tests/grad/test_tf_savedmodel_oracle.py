@@ -82,11 +82,29 @@ def _output_index(node, out_arg: str, k: int) -> int:
     raise KeyError(out_arg)
 
 
-@functools.cache
 def tf_saved(path: str, signature: str = "serving_default") -> dict[str, tuple[str, frozenset]]:
     """TensorFlow's saved tensors: fusecli's name (``node:index``) -> (producer op type or 'arg', the op
     types in the backward functions that read it)."""
-    loaded = tf.saved_model.load(path)  # keeps the variables alive while the function is traced
+    return _traced(path, signature)[0]
+
+
+def tf_saved_bytes(path: str, feeds: dict, signature: str = "serving_default") -> dict[str, int]:
+    """The bytes of each tensor TensorFlow keeps for backward (fusecli's name -> bytes) when the
+    ``__forward_*`` function runs on ``feeds`` (input name -> array), pruned out of the traced training
+    step: its extra outputs, and those of its own outputs that the tape's gradient ops read (the
+    ``Shape`` of an output of unknown shape, for ``reduce_sum``'s gradient)."""
+    _, forward = _traced(path, signature)
+    values = forward(feeds)
+    return {name: values[i].numpy().nbytes for name, i in forward.indices.items()}
+
+
+@functools.cache
+def _traced(path: str, signature: str):
+    """(``tf_saved``'s answer, the forward function: feeds -> its outputs, with ``indices``: fusecli's
+    name -> its output index)."""
+    from tensorflow.python.eager import wrap_function
+
+    loaded = tf.saved_model.load(path)  # kept alive by the forward function below: its variables
     fn = loaded.signatures[signature]
     trainable = [v for v in fn.variables if v.trainable]
     specs = fn.structured_input_signature[1]
@@ -97,9 +115,9 @@ def tf_saved(path: str, signature: str = "serving_default") -> dict[str, tuple[s
             loss = tf.add_n([tf.reduce_sum(tf.cast(y, tf.float32)) for y in fn(**inputs).values()])
         return tape.gradient(loss, trainable)
 
-    graph_def = train_step.get_concrete_function(**specs).graph.as_graph_def()
+    concrete = train_step.get_concrete_function(**specs)
+    graph_def = concrete.graph.as_graph_def()
     n_outputs = len(fn.structured_outputs)
-    del loaded
     library = {f.signature.name: f for f in graph_def.library.function}
 
     def called(prefix: str):
@@ -153,12 +171,27 @@ def tf_saved(path: str, signature: str = "serving_default") -> dict[str, tuple[s
         name, _, k = ref.partition(":")
         if name == forward_call.name:
             read_by[int(k or 0)] = frozenset(readers(backward, backward.signature.input_arg[j].name))
-    saved = {}
+    saved, indices = {}, {}
     for i in range(n_outputs, len(forward.signature.output_arg)):
         op, name = producer(forward, i, "")
         saved[name] = (op, read_by.get(i, frozenset()))
+        indices.setdefault(name, i)
         assert saved[name][1], f"{name}: a forward output that no backward op reads"
-    return saved
+    for node in graph_def.node:  # the loss's gradient, outside the backward function
+        for ref in node.input if node.name.startswith("gradient_tape/") else ():
+            name, _, k = ref.partition(":")
+            if name == forward_call.name and int(k or 0) < n_outputs:
+                indices.setdefault(producer(forward, int(k or 0), "")[1], int(k or 0))
+    feeds = [t for t in concrete.inputs if t.dtype != tf.resource]  # the signature's inputs
+    op = concrete.graph.get_operation_by_name(forward_call.name)
+    pruned = wrap_function.WrappedFunction(concrete.graph, variable_holder=None).prune(
+        feeds=feeds, fetches=list(op.outputs))
+
+    def run(values: dict) -> list:
+        return pruned(*[tf.constant(values[t.name.split(":")[0]]) for t in feeds])
+
+    run.indices, run.loaded = indices, loaded
+    return saved, run
 
 
 def compare(path: str, profile: Profile | None = None) -> dict:

@@ -1,0 +1,144 @@
+"""Every dim of a SavedModel sized with TensorFlow's own shape inference, as a polynomial in its input dims.
+
+A SavedModel records each op's shapes as TensorFlow traced them: a dynamic batch or sequence is -1 in
+every tensor after it, and a Dense layer's Tensordot ``Reshape`` to ``[prod(free dims), d]`` has no known
+dim at all. Here the forward graph, flattened (``load.tf_flat``) with its inputs bound to numbers, is
+imported into a ``tf.Graph``: TensorFlow's C++ shape inference runs on every node and evaluates the small
+shape computations on the way (Tensordot's Shape/GatherV2/Prod/ConcatV2, Einsum, BatchMatMul...). It runs
+at the user's point and at more integer points, and the numbers are fitted to integer polynomials
+(``load.dim_fit``), as the ONNX loader does with ONNX's tools. A dim no fit explains keeps an opaque name
+(``unk1``) with its value at the user's sizes. TensorFlow is imported here only, when a SavedModel has a
+dim to size (its import takes seconds; ``FUSECLI_TENSORFLOW_SHAPES=0`` turns this off); without it the dims
+stay unknown and a warning says why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Mapping
+
+from ..dims import dim_poly
+from ..ir import Graph
+from .dim_fit import fit_polynomials, over_variables, pending_tensors
+from .tf_flat import flat_graphdef
+
+SWITCH = "FUSECLI_TENSORFLOW_SHAPES"  # 0: no TensorFlow import (its seconds), open dims stay unknown
+
+
+def resolve_sizes(graph: Graph, values: Mapping[str, int], variables: tuple[str, ...]) -> dict[str, int]:
+    """Fill the graph's open dims in place (the shape TensorFlow recorded stays in
+    ``meta["graph_shape"]``: its autodiff habits depend on it); returns the values of the opaque dims it
+    had to name. A warning in ``graph.meta["warnings"]`` when TensorFlow is missing or fails."""
+    pending = pending_tensors(graph, variables)
+    if not pending or "tf_structure" not in graph.meta:
+        return {}
+    if os.environ.get(SWITCH, "").strip() == "0":
+        _warn(graph, f"TensorFlow's shape inference is off ({SWITCH}=0): {len(pending)} tensors whose dims "
+                     "the SavedModel records as unknown (-1) keep them unknown")
+        return {}
+    try:
+        tf = _tensorflow()
+    except ImportError:
+        _warn(graph, f"TensorFlow is not installed: {len(pending)} tensors whose dims the SavedModel "
+                     "records as unknown (-1) keep them unknown (pip install tensorflow to size them)")
+        return {}
+    except Exception as e:  # an installed TensorFlow that fails to import (a protobuf mismatch...)
+        _warn(graph, f"TensorFlow failed to import ({_first_line(e)}): {len(pending)} tensors whose dims "
+                     "the SavedModel records as unknown (-1) keep them unknown")
+        return {}
+    cache: dict[tuple, dict[str, tuple | None]] = {}
+
+    def numbers(at: Mapping[str, int], need=None) -> dict[str, tuple | None]:
+        key = tuple(sorted(at.items()))
+        if key not in cache:
+            cache[key] = tensorflow_shapes(tf, graph, at)
+        return cache[key]
+
+    try:
+        at_user = numbers(values)
+    except Exception as e:  # TensorFlow's importer raises several types for a graph it refuses
+        _warn(graph, f"TensorFlow's shape inference failed on the SavedModel's graph ({_first_line(e)}): "
+                     f"{len(pending)} tensors keep unknown dims")
+        return {}
+    positions: list[tuple[str, int]] = []
+    for name in sorted(pending):
+        t = graph.tensors[name]
+        got = at_user.get(name)
+        if got is None or (t.shape is not None and len(got) != len(t.shape)):
+            continue
+        for axis, g in enumerate(got):
+            d = None if t.shape is None else t.shape[axis]
+            if g is not None and (d is None or dim_poly(d) is None or not over_variables(d, variables)):
+                positions.append((name, axis))
+    fitted = fit_polynomials(numbers, positions, values, at_user, variables)
+    opaque: dict[str, int] = {}
+    for name, axis in positions:
+        t = graph.tensors[name]
+        expr = fitted.get((name, axis))
+        if expr is None and not variables:  # fixed sizes: the number is the dim
+            expr = at_user[name][axis]
+        elif expr is None:  # a dim no polynomial explains: named, with its value at the user's sizes
+            expr = f"unk{len(opaque) + 1}"
+            opaque[expr] = at_user[name][axis]
+        t.meta.setdefault("graph_shape", t.shape)
+        dims = list(t.shape) if t.shape is not None else [None] * len(at_user[name])
+        dims[axis] = expr
+        t.shape = tuple(dims)
+    return opaque
+
+
+def tensorflow_shapes(tf, graph: Graph, values: Mapping[str, int]) -> dict[str, tuple | None]:
+    """IR tensor name -> its dims as TensorFlow infers them with the graph's inputs at ``values`` (None
+    for an unknown rank or dim)."""
+    data, where = flat_graphdef(graph, values)
+    gd = tf.compat.v1.GraphDef.FromString(data)
+    with tf.Graph().as_default() as g:
+        tf.graph_util.import_graph_def(gd, name="")
+    out = {}
+    for name, (node, i) in where.items():
+        s = g.get_operation_by_name(node).outputs[i].shape
+        out[name] = None if s.rank is None else tuple(s.as_list())
+    return out
+
+
+def _tensorflow():
+    """``import tensorflow``, its C++ start-up lines kept off the user's stderr."""
+    import sys
+
+    if sys.modules.get("tensorflow") is not None:
+        return sys.modules["tensorflow"]
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    with _stderr_silenced():
+        import tensorflow as tf
+    return tf
+
+
+@contextlib.contextmanager
+def _stderr_silenced():
+    """File descriptor 2 to /dev/null for the duration (C++ logging writes there, not to sys.stderr)."""
+    import sys
+
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):  # no real descriptor 2 (an embedding host): nothing to silence
+        yield
+        return
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0][:160] if text else type(e).__name__
+
+
+def _warn(graph: Graph, text: str) -> None:
+    graph.meta.setdefault("warnings", []).append(text)
