@@ -262,7 +262,7 @@ def make_plan(analysis, options: PlanOptions) -> Plan:
                       "what backward keeps from the forward"))
     backward = [p - extra for p in polys0]
     lines.append(Line("backward peak", peak0 - (extra.evaluate({}) or 0), max_text(backward),
-                      "liveness: weights, gradients as backward makes them, activations alive"))
+                      "liveness: weights, gradients so far, live activations"))
     notes = [f"{model.unknown} tensors of unknown size are left out"] if model.unknown else []
     plan = Plan(options, dims, solve_dim, lines, floor,
                 Line("step peak", peak0, max_text(polys0), "backward peak + optimizer state"),
@@ -299,7 +299,10 @@ def recompute_sequence(analysis, model: StepModel, which: str = "all") -> list[S
 
     worth = [(c, net(c)) for c in cands]
     worth = [(c, b) for c, b in worth if b > 0]
-    worth.sort(key=lambda cb: ((cb[0].flops or 0) / cb[1], cb[0].kind != "fusion", cb[0].index))
+    # costs equal to two significant digits are ties, taken in model order: an earlier block's re-run
+    # comes later in backward, when less is alive
+    worth.sort(key=lambda cb: (float(f"{(cb[0].flops or 0) / cb[1]:.2g}"), cb[0].kind != "fusion",
+                               cb[0].index))
     chosen: list[Candidate] = []
     steps: list[Step] = []
     peak, saved = model.peak_bytes([]), saved_now

@@ -28,7 +28,7 @@ def short_formula(text: str, dims: dict[str, int]) -> str:
         return text
     parts = text[4:-1].split(", ")
     top = max(parts, key=lambda p: evaluate_formula(p, dims) or 0)
-    return f"{top}  [the largest of {len(parts)} step totals at these dims; --json has the max]"
+    return f"{top}  [peaks here; --json: max of {len(parts)}]"
 
 
 def _largest(plan: Plan, value: int | None) -> str:
