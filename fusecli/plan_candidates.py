@@ -49,14 +49,27 @@ class Candidate:
 
 
 def block_scopes(graph: Graph) -> dict[tuple[str, ...], list[Node]]:
-    """Outermost list-indexed scope -> its forward nodes, in model order ('inner','h','0' -> h.0)."""
-    out: dict[tuple[str, ...], list[Node]] = {}
+    """Outermost list-indexed scope -> its forward nodes, in model order ('inner','h','0' -> h.0). A node
+    with no scope at all (the dynamo exporter drops the module of some: attention's q/k/v Split) whose
+    consumers all lie in one block, and that reads an activation, is that block's."""
+    block: dict[int, tuple[str, ...]] = {}
     for n in graph.nodes:
         s = node_scope(n)
         for k, seg in enumerate(s):
             if LIST_INDEX.search(seg):
-                out.setdefault(s[:k + 1], []).append(n)
+                block[id(n)] = s[:k + 1]
                 break
+    for n in reversed(graph.nodes):  # consumers first, so chains of unscoped nodes are taken whole
+        if id(n) in block or node_scope(n) or not any(t is not None and t.kind == "activation"
+                                                      for t in n.inputs):
+            continue
+        owners = {block.get(id(c)) for t in n.outputs if t is not None for c in t.consumers}
+        if len(owners) == 1 and None not in owners:
+            block[id(n)] = owners.pop()
+    out: dict[tuple[str, ...], list[Node]] = {}
+    for n in graph.nodes:
+        if id(n) in block:
+            out.setdefault(block[id(n)], []).append(n)
     return out
 
 
