@@ -16,6 +16,7 @@ liveness's own timeline with those lifetimes, not a guess.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -27,6 +28,7 @@ from .scopes import node_scope
 from .sizes import tensor_formula
 
 LIST_INDEX = re.compile(r"\.\d+$")  # a module-list entry: 'layers.3', 'h.0' (scopes keep the index)
+NUMBERED = re.compile(r"(?:_\d+)+$")  # Keras' numbered names: block, block_1 (Keras 3 scope: block_1_1)
 ROW_STATS = ".row_stats"  # fusion.recompute names a softmax's kept row statistics '<output>.row_stats'
 
 Interval = tuple[int, int]  # first and last schedule step a tensor is alive (inclusive; -1: before step 0)
@@ -45,7 +47,8 @@ class Candidate:
     flops: int | None = 0  # FLOPs backward adds, at the analysed sizes (None: a size is unknown)
     recompute_at: int | None = None  # blocks: the schedule step where the re-run happens
     recipe: str = ""
-    scope: tuple[str, ...] = ()  # blocks: the scope's segments (a Keras layer name is the last)
+    scope: tuple[str, ...] = ()  # blocks: the scope's segments
+    layer: str = ""  # blocks: the framework's layer name (Keras: for get_layer)
 
 
 def block_scopes(graph: Graph) -> dict[tuple[str, ...], list[Node]]:
@@ -59,6 +62,8 @@ def block_scopes(graph: Graph) -> dict[tuple[str, ...], list[Node]]:
             if LIST_INDEX.search(seg):
                 block[id(n)] = s[:k + 1]
                 break
+    if not block:
+        block = _numbered_blocks(graph)
     for n in reversed(graph.nodes):  # consumers first, so chains of unscoped nodes are taken whole
         if id(n) in block or node_scope(n) or not any(t is not None and t.kind == "activation"
                                                       for t in n.inputs):
@@ -73,10 +78,37 @@ def block_scopes(graph: Graph) -> dict[tuple[str, ...], list[Node]]:
     return out
 
 
+def _numbered_blocks(graph: Graph) -> dict[int, tuple[str, ...]]:
+    """Keras' repeated layers (no list index in their scopes): the outermost sibling scopes that differ
+    only by a number ('block', 'block_1', ...), each holding scopes of its own (a layer of layers)."""
+    scopes = [node_scope(n) for n in graph.nodes]
+    groups: dict[tuple[tuple[str, ...], str], set[str]] = {}
+    for s in scopes:
+        for k in range(len(s) - 1):  # s[k] holds a deeper scope
+            groups.setdefault((s[:k], NUMBERED.sub("", s[k])), set()).add(s[k])
+    repeated = {key for key, members in groups.items() if len(members) > 1}
+    block: dict[int, tuple[str, ...]] = {}
+    for n, s in zip(graph.nodes, scopes, strict=True):
+        for k in range(len(s) - 1):
+            if (s[:k], NUMBERED.sub("", s[k])) in repeated:
+                block[id(n)] = s[:k + 1]
+                break
+    return block
+
+
+def layer_name(nodes: list[Node], scope: tuple[str, ...]) -> str:
+    """The framework's name for a block: the first segment its weights' variables share (Keras:
+    'block_3/fc1/kernel' -> 'block_3'), else its scope's last segment."""
+    heads = Counter(t.meta["variable"].split("/")[0] for n in nodes for t in n.inputs
+                    if t is not None and t.kind == "parameter" and t.meta.get("variable"))
+    return heads.most_common(1)[0][0] if heads else scope[-1]
+
+
 def block_candidates(graph: Graph, joint: Graph, live: Liveness,
                      sizes: Mapping[str, int]) -> list[Candidate]:
     """One checkpoint candidate per list-indexed block that backward differentiates."""
     step = {id(n): i for i, n in enumerate(live.schedule)}
+    at = {n.name: i for i, n in enumerate(live.schedule[:live.boundary])}
     backward_of: dict[str, list[int]] = {}
     for n in live.schedule:
         f = n.meta.get("forward") if n.phase == "backward" else None
@@ -84,8 +116,11 @@ def block_candidates(graph: Graph, joint: Graph, live: Liveness,
             backward_of.setdefault(f, []).append(step[id(n)])
     saved = {s.tensor.name: s for s in live.saved}
     out = []
-    for index, (scope, nodes) in enumerate(block_scopes(graph).items()):
+    for scope, nodes in block_scopes(graph).items():
         names = {n.name for n in nodes}
+        # where it starts: its first node that reads an activation (constants are scheduled anywhere)
+        index = min((at[n.name] for n in nodes if n.name in at and any(
+            t is not None and t.kind in ("activation", "input") for t in n.inputs)), default=len(at))
         starts = [i for n in names for i in backward_of.get(n, ())]
         if not starts:
             continue
@@ -107,9 +142,11 @@ def block_candidates(graph: Graph, joint: Graph, live: Liveness,
         for n in nodes:
             f = node_flops(n, sizes) if n.outputs and n.outputs[0] is not None else 0
             flops = None if flops is None or f is None else flops + f
-        out.append(Candidate("block", ".".join(scope), index, freed, kept, [], flops, min(starts),
+        layer = layer_name(nodes, scope)
+        path = ".".join(scope) if LIST_INDEX.search(scope[-1]) else layer  # Keras: the layer's name
+        out.append(Candidate("block", path, index, freed, kept, [], flops, min(starts),
                              "activation checkpointing: re-run the block's forward when its backward begins",
-                             scope))
+                             scope, layer))
     return out
 
 

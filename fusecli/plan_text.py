@@ -78,7 +78,7 @@ def plan_lines(plan: Plan, model: str) -> list[str]:
 def apply_lines(plan: Plan) -> list[str]:
     """How the checkpoints are applied, by the framework that made the model."""
     if plan.framework == "tensorflow":
-        names = [s.candidate.scope[-1] for s in plan.steps if s.candidate.kind == "block"]
+        names = [s.candidate.layer for s in plan.steps if s.candidate.kind == "block"]
         return ["apply in Keras (layer names):", *("  " + x for x in keras_lines(names))]
     head = "apply in PyTorch (module paths of the exported module; --emit-pytorch FILE.py writes a helper):"
     return [head, *("  " + x for x in pytorch_lines(plan.checkpoints))]

@@ -155,3 +155,37 @@ def test_a_model_that_fits_says_so_and_the_floor_is_an_error(hf_onnx):
     assert f"{plan.floor:,}" in str(e.value)
     make_plan(a, PlanOptions(plan.floor))  # the floor itself is a budget, if one nothing fits in
 
+
+
+def test_keras_blocks_are_named_as_the_layers_recompute_grad_wraps(tmp_path):
+    """A Keras 3 SavedModel of four residual blocks (each a layer of layers): the plan names them by the
+    names ``model.get_layer`` takes, the first block first."""
+    pytest.importorskip("tensorflow")
+    keras = pytest.importorskip("keras")
+
+    class Block(keras.layers.Layer):
+        def __init__(self, width, **kw):
+            super().__init__(**kw)
+            self.norm = keras.layers.LayerNormalization(name="norm")
+            self.fc1 = keras.layers.Dense(4 * width, activation="gelu", name="fc1")
+            self.fc2 = keras.layers.Dense(width, name="fc2")
+
+        def call(self, x):
+            return x + self.fc2(self.fc1(self.norm(x)))
+
+    inp = keras.Input((16, 32))
+    x = inp
+    for i in range(4):
+        x = Block(32, name=f"block_{i}")(x)
+    model = keras.Model(inp, x)
+    model.export(str(tmp_path / "stack"), verbose=False)
+    a = analyze(str(tmp_path / "stack"), Options(batch=64))
+    assert a.profile.name == "tensorflow"
+    base = make_plan(a, PlanOptions(HUGE, "none"))
+    plan = make_plan(a, PlanOptions(_budget(base, 0.6), "none"))
+    assert plan.fits and plan.checkpoints and plan.checkpoints[0] == "block_0"
+    for name in plan.checkpoints:
+        assert isinstance(model.get_layer(name), Block)
+    from fusecli.plan_text import apply_lines
+
+    assert "tf.recompute_grad" in "\n".join(apply_lines(plan))

@@ -82,11 +82,16 @@ def _contracted(node: Node, dims: Mapping[str, int] | None) -> int | None:
         if not out or a is None or a.shape is None or len(first) != len(a.shape):
             return None
         return _prod([a.shape[first.index(c)] for c in summed], dims)
-    return _dim(a.shape[-1], dims) if a is not None and a.shape else None
+    k = _dim(a.shape[-1], dims) if a is not None and a.shape else None
+    if k is None and node.kind == "matmul" and w is not None and w.shape and len(w.shape) >= 2:
+        k = _dim(w.shape[-2], dims)  # x @ w: x's last dim is w's second to last (TF's Tensordot hides x's)
+    return k
 
 
 def node_flops(node: Node, dims: Mapping[str, int] | None) -> int | None:
     """FLOPs of one forward run of ``node`` at ``dims`` (None when a size is unknown)."""
+    if node.kind in FREE:
+        return 0
     out = node.outputs[0]
     n = _numel(out, dims)
     if n is None:
