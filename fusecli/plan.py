@@ -18,7 +18,7 @@ from .dims import Poly
 from .errors import FuseError, UsageError
 from .ir import FLOAT_DTYPES, Tensor, dtype_size
 from .liveness import Liveness
-from .memory import max_text, peak_polys
+from .memory import INT64_SAFE, max_text, peak_polys
 from .plan_candidates import (
     Candidate,
     Interval,
@@ -124,7 +124,9 @@ class StepModel:
             elif t.name in live.lifetimes:
                 self.formula[t.name] = f
         self.value = {n: f.evaluate(self.sizes) or 0 for n, f in self.formula.items()}
-        self.base = np.zeros(self.steps + 2, dtype=object)
+        # every partial sum is at most twice the sum of all sizes: int64 below that bound, else Python ints
+        self.dtype_ = np.int64 if 2 * sum(self.value.values()) < INT64_SAFE else object
+        self.base = np.zeros(self.steps + 2, dtype=self.dtype_)
         for n, v in self.value.items():
             self._add(self.base, live.lifetimes[n], v)
         self.fwd_last = forward_last_use(live)

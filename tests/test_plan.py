@@ -3,7 +3,7 @@
 
 Models: GPT-2, Llama and BERT from small configs (4 layers so that there are blocks to choose, hidden
 64; tests/hf_models.py), transformers' default attention (sdpa), exported by both torch exporters. The
-plan is made at budgets that leave 55% to 90% of the unplanned saved activations (30% cannot fit: the
+plan is made at budgets that leave 52% to 90% of the unplanned saved activations (30% cannot fit: the
 plan must say so), with blocks only
 (``--recompute blocks``: what torch.utils.checkpoint applies). The judge is autograd:
 ``hf_models.saved_storages`` counts distinct non-parameter storages saved for backward
@@ -30,7 +30,7 @@ LAYERS, BATCH, SEQ = 4, 4, 32
 # of the unplanned saved activations, left to them by the budget. With 4 blocks the lowest step peak
 # leaves them 42-51% (the first block's activations are re-made in backward while the gradients are alive):
 # below that the plan must say that it does not fit
-FRACTIONS = (0.55, 0.7, 0.9)
+FRACTIONS = (0.52, 0.7, 0.9)
 UNREACHABLE = 0.3
 HUGE = 1 << 50
 NO_EXPORT = {("llama", "torchscript"): "TorchScript cannot convert sdpa with enable_gqa (grouped-query "
@@ -189,3 +189,21 @@ def test_keras_blocks_are_named_as_the_layers_recompute_grad_wraps(tmp_path):
     from fusecli.plan_text import apply_lines
 
     assert "tf.recompute_grad" in "\n".join(apply_lines(plan))
+
+
+def test_recomputable_fusions_come_first_priced_by_their_verdict(hf_onnx):
+    """Llama's SwiGLU is training-safe if recomputed (the fused backward re-runs SiLU): cheaper per byte
+    than a block, so the sequence takes it first, freeing what its verdict says."""
+    a = _analysis(hf_onnx("llama", "dynamo", attn="default", layers=LAYERS), BATCH, SEQ)
+    plan = make_plan(a, PlanOptions(HUGE, "none"))
+    kinds = [s.candidate.kind for s in plan.sequence]
+    assert "fusion" in kinds and "block" in kinds
+    assert kinds == sorted(kinds, key=lambda k: k != "fusion")  # every fusion before every block
+    verdicts = {f"{m.pattern.name} at {m.root.name}": m.verdict.recompute for m in a.matches
+                if m.verdict.recompute is not None}
+    for s in plan.sequence:
+        if s.candidate.kind == "fusion":
+            rc = verdicts[s.candidate.name]
+            assert s.freed_bytes == rc.bytes_freed - rc.bytes_kept and s.flops == rc.flops
+    per_byte = [s.flops / s.freed_bytes for s in plan.sequence]
+    assert max(per_byte[:kinds.count("fusion")]) < min(per_byte[kinds.count("fusion"):])
