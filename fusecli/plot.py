@@ -71,7 +71,7 @@ def plot_plan_curve(points: list[tuple[int, int]], budget: int, chosen: int, pat
     ax.step(xs, ys, where="post", color="#1f77b4", lw=1.2)
     ax.plot(xs, ys, "o", color="#1f77b4", ms=4)
     ax.axhline(budget / size, color="#d62728", ls="--", lw=1)
-    ax.text(xs[-1], budget / size, " budget", color="#d62728", va="bottom", ha="right")
+    ax.text(xs[0], budget / size, " budget", color="#d62728", va="top", ha="left")
     ax.plot([xs[chosen]], [ys[chosen]], "o", color="#d62728", ms=8, mfc="none")
     ax.set_xlabel("FLOPs added to backward (GFLOP)")
     ax.set_ylabel(f"step peak ({unit})")
