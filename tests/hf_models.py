@@ -130,11 +130,13 @@ def _config(name: str):
     raise KeyError(name)
 
 
-def build(name: str, seed: int = 0, attn: str = "eager", layers: int = 2):
+def build(name: str, seed: int = 0, attn: str = "eager", layers: int = 2, kv_heads: int | None = None):
     """The model in eval() mode with non-trivial random weights, wrapped so that forward() takes the spec's
     inputs positionally and returns plain tensors. ``attn``: "eager" (matmul/softmax attention) or
     "default" (what `transformers` picks when the user says nothing: sdpa where the model supports it);
-    ``layers``: the text models' layer count (2 unless a test needs more blocks to choose from)."""
+    ``layers``: the text models' layer count (2 unless a test needs more blocks to choose from);
+    ``kv_heads``: Llama-like models' K/V heads (default 1: grouped-query attention; 2: one per query head,
+    which TorchScript can export under sdpa)."""
     import torch
     import transformers as tr
 
@@ -142,6 +144,8 @@ def build(name: str, seed: int = 0, attn: str = "eager", layers: int = 2):
     config = _config(name)
     if layers != 2:
         config.num_hidden_layers = layers  # GPT-2's n_layer through its attribute_map
+    if kv_heads is not None:
+        config.num_key_value_heads = kv_heads
     kw = {"attn_implementation": "eager"} if attn == "eager" else {}
     if name in MOE:
         kw["experts_implementation"] = "eager"
@@ -197,12 +201,14 @@ def attention_of(name: str, attn: str = "default") -> str:
 
 
 def export(name: str, path: str, exporter: str = "torchscript", dynamic: bool = True,
-           batch: int = 2, seq: int = 16, opset: int = 17, attn: str = "eager", layers: int = 2) -> str:
+           batch: int = 2, seq: int = 16, opset: int = 17, attn: str = "eager", layers: int = 2,
+           kv_heads: int | None = None) -> str:
     """Write the ONNX export of `name` to `path` and return it. Dynamic dims are named `batch` and
     `seq` (text models) as users name them in `dynamic_axes`."""
     import torch
 
-    model, args, s = build(name, attn=attn, layers=layers), example_inputs(name, batch, seq), spec(name)
+    model, s = build(name, attn=attn, layers=layers, kv_heads=kv_heads), spec(name)
+    args = example_inputs(name, batch, seq)
     axes = {0: "batch", 1: "seq"} if s.seq_axis else {0: "batch"}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
