@@ -428,7 +428,7 @@ def _parse_budget(ctx, param, value: str) -> int:
 @main.command("plan")
 @click.argument("model", type=click.Path(dir_okay=True, path_type=str))
 @click.option("--budget", required=True, callback=_parse_budget, metavar="SIZE",
-              help="Memory for the whole training step: 24GiB, 500MB (decimal) or plain bytes.")
+              help="Memory for the whole training step: 24GiB (binary), 500MB (decimal) or plain bytes.")
 @_common_options
 @click.option("--optimizer", type=click.Choice(["adamw", "adam", "sgd", "sgd-momentum", "none"]),
               default="adamw", show_default=True,

@@ -17,9 +17,13 @@ def _flops(n: int | None) -> str:
     return f"{n} FLOP"
 
 
+WIDTH = 110  # a line's note is left to the JSON when the line would be wider
+
+
 def _line(line: Line, dims: dict[str, int]) -> str:
+    text = f"  {line.name:<18} {format_bytes(line.bytes):>10}   {short_formula(line.formula, dims)}"
     note = f"  ({line.note})" if line.note else ""
-    return f"  {line.name:<18} {format_bytes(line.bytes):>10}   {short_formula(line.formula, dims)}{note}"
+    return text + note if len(text + note) <= WIDTH else text
 
 
 def short_formula(text: str, dims: dict[str, int]) -> str:
