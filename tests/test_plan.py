@@ -128,8 +128,8 @@ def test_planned_peak_is_monotone_in_the_budget(hf_onnx, name, exporter):
     assert peaks == sorted(peaks), peaks  # budgets ascend: a smaller budget never gives a larger peak
 
 
-@pytest.mark.parametrize(("name", "exporter"), [("gpt2", "torchscript"), ("bert", "dynamo")])
-def test_largest_batch_fits_by_the_measured_bytes(hf_onnx, name, exporter):
+@pytest.mark.parametrize(("name", "exporter"), list(_cases()))
+def test_largest_batch_fits_by_the_measured_bytes(hf_onnx, tmp_path, name, exporter):
     a = _analysis(_export(hf_onnx, name, exporter), BATCH, SEQ)
     base = make_plan(a, PlanOptions(HUGE, "none"))
 
@@ -145,6 +145,19 @@ def test_largest_batch_fits_by_the_measured_bytes(hf_onnx, name, exporter):
     rest = at(plan.peak.formula, 3) - at(plan.saved.formula, 3)  # the peak less its saved activations
     assert rest + measured <= budget
     assert at(plan.peak.formula, 4) > budget
+    # with a plan: the largest batch it reports, its checkpoints applied, measured there
+    plan = make_plan(a, PlanOptions(_budget(base, 0.7), "none", recompute="blocks"))
+    largest = plan.planned_largest
+    assert largest >= BATCH
+    helper = tmp_path / "plan.py"
+    write_pytorch_helper(str(helper), plan, "model.onnx")
+    model = _model(name, exporter)
+    wrapped = _import(str(helper)).apply(model)
+    args = hf_models.example_inputs(name, largest, SEQ)
+    measured = sum(b for _, _, b in hf_models.saved_storages(model, args, held_by=wrapped))
+    rest = at(plan.planned_peak.formula, largest) - at(plan.planned_saved.formula, largest)
+    assert rest + measured <= plan.options.budget
+    assert at(plan.planned_peak.formula, largest + 1) > plan.options.budget
 
 
 def test_a_model_that_fits_says_so_and_the_floor_is_an_error(hf_onnx):
