@@ -164,6 +164,10 @@ def test_a_model_that_fits_says_so_and_the_floor_is_an_error(hf_onnx):
     a = _analysis(_export(hf_onnx, "gpt2", "torchscript"), BATCH, SEQ)
     plan = make_plan(a, PlanOptions(HUGE))
     assert plan.fits and plan.chosen == 0 and plan.planned_peak is None
+    bare = make_plan(a, PlanOptions(HUGE, "none"))  # no optimizer state: liveness's own peak and saved
+    assert bare.peak.bytes == a.liveness.peak_bytes and bare.saved.bytes == a.liveness.saved_activation_bytes
+    assert plan.peak.bytes - bare.peak.bytes == 8 * plan.lines[0].bytes // 4  # AdamW: two fp32 moments
+    assert evaluate_formula(plan.peak.formula, plan.dims) == plan.peak.bytes
     assert plan.largest > BATCH
     with pytest.raises(FuseError, match="below the parameters' own memory") as e:
         make_plan(a, PlanOptions(plan.floor - 1))
