@@ -412,3 +412,74 @@ def diff_command(old: str, new: str, as_json: bool, batch: int | None, dims: tup
         color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
         click.echo("\n".join(report_lines(doc, color=color)))
     sys.exit(doc["summary"]["exit"])
+
+
+def _parse_budget(ctx, param, value: str) -> int:
+    """--budget: '24GiB', '500MB' or plain bytes (a usage error otherwise)."""
+    from .units import parse_bytes
+
+    n = parse_bytes(value)
+    if n is None:
+        raise click.BadParameter(f"{value!r}: expected a positive size such as 24GiB, 500MB or 1048576 "
+                                 "(bytes)")
+    return n
+
+
+@main.command("plan")
+@click.argument("model", type=click.Path(dir_okay=True, path_type=str))
+@click.option("--budget", required=True, callback=_parse_budget, metavar="SIZE",
+              help="Memory for the whole training step: 24GiB (binary), 500MB (decimal) or plain bytes.")
+@_common_options
+@click.option("--optimizer", type=click.Choice(["adamw", "adam", "sgd", "sgd-momentum", "none"]),
+              default="adamw", show_default=True,
+              help="Optimizer state: Adam(W) two moments, sgd none (sgd-momentum one buffer).")
+@click.option("--dtype", "dtype", type=click.Choice(["fp32", "bf16", "mixed"]), default="fp32",
+              show_default=True, help="Training precision: mixed = bf16 weights, gradients and activations "
+              "with fp32 master weights and optimizer state.")
+@click.option("--solve", type=click.Choice(["batch", "seq"]), default="batch", show_default=True,
+              help="Which dim the largest-that-fits answer solves for.")
+@click.option("--recompute", type=click.Choice(["all", "blocks"]), default="all", show_default=True,
+              help="What the plan may recompute: fused kernels and checkpointed blocks, or blocks only "
+                   "(what a framework's activation checkpointing applies).")
+@click.option("--json", "as_json", is_flag=True, help="Print only the JSON document on stdout.")
+@click.option("--plot", "plot_path", default=None, metavar="FILE",
+              help="Draw the step peak against the FLOPs recomputation adds (.png, .svg or .pdf).")
+@click.option("--emit-pytorch", "emit_path", default=None, metavar="FILE.py",
+              help="Write a helper module whose apply(model) checkpoints the planned submodules.")
+def plan_command(model: str, budget: int, batch: int | None, dims: tuple[str, ...], signature: str | None,
+                 optimizer: str, dtype: str, solve: str, recompute: str, as_json: bool,
+                 plot_path: str | None, emit_path: str | None) -> None:
+    """Fit MODEL's training step into --budget: its memory as formulas, the largest batch that fits,
+    and what to recompute (checkpoint) when it does not. Exit 1 when it cannot fit."""
+    from . import progress
+    from .output import check_output
+    from .pipeline import Options
+    from .pipeline import analyze as run_analysis
+    from .plan import PlanOptions, make_plan
+    from .plan_text import curve, plan_json, plan_lines
+
+    if plot_path:
+        _check_plot(plot_path, model)
+    if emit_path:
+        check_output(emit_path, [model], ("py",), "--emit-pytorch")
+    options = Options(batch=batch, dims=_parse_dims(dims), signature=signature)
+    with progress.stages() as stage:
+        result = run_analysis(model, options)
+        stage("planning")
+        plan = make_plan(result, PlanOptions(budget, optimizer, dtype, solve, recompute))
+    for w in result.warnings:
+        click.echo(f"warning: {w}", err=True)
+    name = os.path.basename(os.path.normpath(model))
+    if plot_path:
+        from .plot import plot_plan_curve
+
+        note = plot_plan_curve(curve(plan), budget, plan.chosen, plot_path, f"{name}: step peak vs recompute")
+        click.echo(f"wrote {plot_path} ({note})", err=True)
+    if emit_path:
+        from .plan_emit import write_pytorch_helper
+
+        note = write_pytorch_helper(emit_path, plan, name)
+        click.echo(f"wrote {emit_path} ({note})", err=True)
+    click.echo(_dump_json(plan_json(plan)) if as_json else "\n".join(plan_lines(plan, name)))
+    if not plan.fits:
+        sys.exit(1)

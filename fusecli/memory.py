@@ -58,9 +58,20 @@ def peak_formula(live: Liveness, joint: Graph) -> str:
         elif t.name in live.lifetimes:
             born, last = live.lifetimes[t.name]
             changes.append((born, last, f))
+    steps = len(live.schedule)
+    return max_text(peak_polys(resident, changes, steps)) + _unknown_note(missing)
+
+
+def max_text(polys: list[Poly]) -> str:
+    """One polynomial as itself, several as ``max(P1, P2, ...)`` (what ``evaluate_formula`` reads)."""
+    return str(polys[0]) if len(polys) == 1 else "max(" + ", ".join(str(p) for p in polys) + ")"
+
+
+def peak_polys(resident: Poly, changes: list[tuple[int, int, Poly]], steps: int) -> list[Poly]:
+    """The step totals that can be the peak at some size: ``resident`` plus each interval's bytes
+    (alive at steps born..last inclusive, born -1 before the first step), Pareto-reduced, sorted."""
     monomials = sorted({m for _, _, f in changes for m in f.terms} | set(resident.terms))
     index = {m: i for i, m in enumerate(monomials)}
-    steps = len(live.schedule)
     # every step total, row sum and difference is at most the sum of all |coefficients|
     bound = sum(abs(c) for _, _, f in changes for c in f.terms.values()) + \
         sum(abs(c) for c in resident.terms.values())
@@ -77,8 +88,7 @@ def peak_formula(live: Liveness, joint: Graph) -> str:
     front = candidate_steps(rows, monomials, bound) if steps else [base + delta[0]]
     polys = [Poly({monomials[i]: int(c) for i, c in enumerate(r) if c}) for r in front]
     polys.sort(key=str)
-    text = str(polys[0]) if len(polys) == 1 else "max(" + ", ".join(str(p) for p in polys) + ")"
-    return text + _unknown_note(missing)
+    return polys
 
 
 def candidate_steps(rows: np.ndarray, monomials: list, bound: int) -> list[np.ndarray]:

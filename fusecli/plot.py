@@ -68,3 +68,32 @@ def missing_note(live: Liveness) -> str:
     """'3 tensors of unknown size not drawn' when the timeline leaves tensors out, else ''."""
     n = len(live.unknown)
     return f"{n} tensor{'s' if n > 1 else ''} of unknown size not drawn" if n else ""
+
+
+def plot_plan_curve(points: list[tuple[int, int]], budget: int, chosen: int, path: str, title: str) -> str:
+    """``plan --plot``: the step peak against the FLOPs recomputation adds, one point per step of the
+    plan's sequence, the budget as a line and the chosen point marked; a short note of what was drawn."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    unit, size = axis_unit(max([p for _, p in points] + [budget]))
+    fig, ax = plt.subplots(figsize=(7, 4))
+    xs = [f / 1e9 for f, _ in points]
+    ys = [p / size for _, p in points]
+    ax.step(xs, ys, where="post", color="#1f77b4", lw=1.2)
+    ax.plot(xs, ys, "o", color="#1f77b4", ms=4)
+    ax.axhline(budget / size, color="#d62728", ls="--", lw=1)
+    ax.text(xs[0], budget / size, " budget", color="#d62728", va="top", ha="left")
+    ax.plot([xs[chosen]], [ys[chosen]], "o", color="#d62728", ms=8, mfc="none")
+    ax.set_xlabel("FLOPs added to backward (GFLOP)")
+    ax.set_ylabel(f"step peak ({unit})")
+    ax.set_ylim(0, max(ys + [budget / size]) * 1.15)
+    ax.set_title(title)
+    fig.tight_layout()
+    fmt = path.rsplit(".", 1)[-1].lower()
+    with atomic_write(path) as f:
+        fig.savefig(f, format=fmt, dpi=120)
+    plt.close(fig)
+    return f"step peak over {len(points)} plan points, {chosen} chosen"

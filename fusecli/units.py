@@ -29,3 +29,22 @@ def format_shape(shape) -> str:
     if shape is None:
         return "?"
     return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
+
+
+# decimal units are powers of 1000, binary ones (KiB...) of 1024, as IEC 80000-13 writes them
+BYTE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+              "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_bytes(text: str) -> int | None:
+    """'24GiB' -> 25769803776, '500MB' -> 500000000, '1.5 GiB', '4096' (plain bytes); None when the text
+    is not a positive size (no number, an unknown unit, zero or less)."""
+    s = text.strip().lower().replace("_", "")
+    i = 0
+    while i < len(s) and (s[i].isdigit() or s[i] == "."):
+        i += 1
+    number, unit = s[:i], s[i:].strip()
+    if not number or number.count(".") > 1 or number == "." or unit not in BYTE_UNITS:
+        return None
+    value = int(float(number) * BYTE_UNITS[unit]) if "." in number else int(number) * BYTE_UNITS[unit]
+    return value if value > 0 else None

@@ -130,15 +130,22 @@ def _config(name: str):
     raise KeyError(name)
 
 
-def build(name: str, seed: int = 0, attn: str = "eager"):
+def build(name: str, seed: int = 0, attn: str = "eager", layers: int = 2, kv_heads: int | None = None):
     """The model in eval() mode with non-trivial random weights, wrapped so that forward() takes the spec's
     inputs positionally and returns plain tensors. ``attn``: "eager" (matmul/softmax attention) or
-    "default" (what `transformers` picks when the user says nothing: sdpa where the model supports it)."""
+    "default" (what `transformers` picks when the user says nothing: sdpa where the model supports it);
+    ``layers``: the text models' layer count (2 unless a test needs more blocks to choose from);
+    ``kv_heads``: Llama-like models' K/V heads (default 1: grouped-query attention; 2: one per query head,
+    which TorchScript can export under sdpa)."""
     import torch
     import transformers as tr
 
     torch.manual_seed(seed)
     config = _config(name)
+    if layers != 2:
+        config.num_hidden_layers = layers  # GPT-2's n_layer through its attribute_map
+    if kv_heads is not None:
+        config.num_key_value_heads = kv_heads
     kw = {"attn_implementation": "eager"} if attn == "eager" else {}
     if name in MOE:
         kw["experts_implementation"] = "eager"
@@ -194,12 +201,14 @@ def attention_of(name: str, attn: str = "default") -> str:
 
 
 def export(name: str, path: str, exporter: str = "torchscript", dynamic: bool = True,
-           batch: int = 2, seq: int = 16, opset: int = 17, attn: str = "eager") -> str:
+           batch: int = 2, seq: int = 16, opset: int = 17, attn: str = "eager", layers: int = 2,
+           kv_heads: int | None = None) -> str:
     """Write the ONNX export of `name` to `path` and return it. Dynamic dims are named `batch` and
     `seq` (text models) as users name them in `dynamic_axes`."""
     import torch
 
-    model, args, s = build(name, attn=attn), example_inputs(name, batch, seq), spec(name)
+    model, s = build(name, attn=attn, layers=layers, kv_heads=kv_heads), spec(name)
+    args = example_inputs(name, batch, seq)
     axes = {0: "batch", 1: "seq"} if s.seq_axis else {0: "batch"}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -226,9 +235,16 @@ def pytorch_saved(name: str, batch: int = 2, seq: int = 16, attn: str = "eager",
                   seed: int = 0) -> list[tuple[tuple[int, ...], str, int]]:
     """What PyTorch's autograd saves for backward of `sum(output)`, one entry per distinct storage that is
     neither a parameter nor a model input: (shape, dtype, storage bytes); ``seed`` draws the input."""
+    return saved_storages(build(name, attn=attn), example_inputs(name, batch, seq, seed))
+
+
+def saved_storages(model, args, held_by=()) -> list[tuple[tuple[int, ...], str, int]]:
+    """``pytorch_saved`` of a given model (eval() mode) and inputs. ``held_by``: submodules run under
+    activation checkpointing; the tensors they are called with count too, as the checkpoint holds them
+    for its re-run whether or not torch routes them through saved_tensors_hooks (non-reentrant
+    checkpoint's own hooks hide everything saved inside the region from the outer hooks)."""
     import torch
 
-    model, args = build(name, attn=attn), example_inputs(name, batch, seq, seed)
     skip = {p.untyped_storage().data_ptr() for p in model.parameters()}
     skip |= {b.untyped_storage().data_ptr() for b in model.buffers()}
     skip |= {a.untyped_storage().data_ptr() for a in args}
@@ -241,9 +257,19 @@ def pytorch_saved(name: str, batch: int = 2, seq: int = 16, attn: str = "eager",
             seen[ptr] = (tuple(t.shape), str(t.dtype).removeprefix("torch."), storage.nbytes())
         return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = model(*args)
-    out.float().sum().backward()
+    def held(module, args, kwargs):
+        for t in (*args, *kwargs.values()):
+            if isinstance(t, torch.Tensor):
+                pack(t)
+
+    handles = [m.register_forward_pre_hook(held, with_kwargs=True) for m in held_by]
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = model(*args)
+        out.float().sum().backward()
+    finally:
+        for h in handles:
+            h.remove()
     return list(seen.values())
 
 

@@ -82,10 +82,16 @@ def _contracted(node: Node, dims: Mapping[str, int] | None) -> int | None:
         if not out or a is None or a.shape is None or len(first) != len(a.shape):
             return None
         return _prod([a.shape[first.index(c)] for c in summed], dims)
-    return _dim(a.shape[-1], dims) if a is not None and a.shape else None
+    k = _dim(a.shape[-1], dims) if a is not None and a.shape else None
+    if k is None and node.kind == "matmul" and w is not None and w.shape and len(w.shape) >= 2:
+        k = _dim(w.shape[-2], dims)  # x @ w: x's last dim is w's second to last (TF's Tensordot hides x's)
+    return k
 
 
-def _flops(node: Node, dims: Mapping[str, int] | None) -> int | None:
+def node_flops(node: Node, dims: Mapping[str, int] | None) -> int | None:
+    """FLOPs of one forward run of ``node`` at ``dims`` (None when a size is unknown)."""
+    if node.kind in FREE:
+        return 0
     out = node.outputs[0]
     n = _numel(out, dims)
     if n is None:
@@ -126,7 +132,7 @@ def plan(m: Match, blocking: list, live: Liveness,
         if id(p) in rerun:
             return None
         if p.kind in CONTRACTIONS and p is not attention_qk:
-            f = _flops(p, dims)
+            f = node_flops(p, dims)
             cost = f"{f:,} FLOPs" if f is not None else "a size fusecli does not know"
             return (f"recomputing {t.name} would re-run {p.op_type} {p.name} in backward ({cost}), "
                     "so no fused backward recomputes it")
@@ -144,7 +150,7 @@ def plan(m: Match, blocking: list, live: Liveness,
             return why
     flops: int | None = 0
     for n in rerun.values():
-        flops = _add(flops, _flops(n, dims))
+        flops = _add(flops, node_flops(n, dims))
     # a view (reshape, transpose, no-op cast) is the storage it views: keeping k instead of k^T frees nothing
     before = {id(storage(b.tensor, inside)): storage(b.tensor, inside) for b in blocking}
     after: dict[int, Tensor] = {}

@@ -171,8 +171,10 @@ def build_backward(forward: Graph, wrt_inputs: bool = False, profile: Profile = 
             node.meta["unsupported"] = True
             continue
         groups: dict[str, list[tuple[int, Grad]]] = {}
+        # Add(bias, x), as the TorchScript exporter writes it: the rule's x is input 1, its bias input 0
+        swap = grad_kind(node) == "bias_add" and node.meta.get("bias_input", 1) == 0
         for i in wanted:
-            g = grad_for_input(rule, i)
+            g = grad_for_input(rule, 1 - i if swap else i)
             x = node.inputs[i]
             if g.op is None or (g.broadcast_only and len(dys) == 1
                                 and not _broadcast(x, node.outputs[0])):
@@ -184,6 +186,8 @@ def build_backward(forward: Graph, wrt_inputs: bool = False, profile: Profile = 
             shapes: dict[str, Tensor] = {}
             for _, g in items:
                 for read in g.reads:
+                    if swap and read[:2] in ("x0", "x1"):
+                        read = f"x{1 - int(read[1])}{read[2:]}"
                     for t, shape_only in _resolve(node, read):
                         if not shape_only:
                             t = profile.storage_of(t)

@@ -63,6 +63,22 @@ def test_conv_with_its_own_bias_reads_x_w_and_y(save_model):
     assert grad_node(joint, "b").op_type == "BiasAddGrad"
 
 
+@pytest.mark.parametrize("bias_first", [False, True])
+def test_a_bias_gets_a_bias_sized_gradient_whichever_operand_it_is(save_model, bias_first):
+    """Add(bias, x), as the TorchScript exporter writes a Linear's bias, as well as Add(x, bias): the bias's
+    gradient is its BiasAddGrad (bias-sized), x's the pass-through."""
+    ins = ["b", "h"] if bias_first else ["h", "b"]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], "mm"), helper.make_node("Add", ins, ["y"], "add")]
+    inits = [numpy_helper.from_array(np.ones((16, 32), np.float32), "w"),
+             numpy_helper.from_array(np.ones(32, np.float32), "b")]
+    joint = build_backward(load_model(save_model(make_model(
+        nodes, [vi("x", "N", 16)], [vi("y", "N", 32)], inits))), wrt_inputs=False)
+    joint.lint()
+    grads = {t.meta["grad_of"]: t for t in joint.outputs if t.meta.get("grad_of")}
+    assert grads["b"].shape == (32,) and grads["b"].producer.op_type == "BiasAddGrad"
+    assert grads["w"].shape == (16, 32)
+
+
 def test_two_consumers_have_their_gradients_summed_by_addn(sample):
     joint = build_backward(load_model(sample("bn_add_relu")), wrt_inputs=True)
     total = grad_node(joint, "x")

@@ -1,0 +1,161 @@
+"""``fusecli plan``: budgets parsed or refused, a model that fits, the floor, a plan, its files and JSON.
+
+The model is a small residual MLP stack written as the TorchScript exporter names nodes
+(``/layers.3/fc1/MatMul``): each block keeps its ReLU output for backward, which checkpointing frees.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+from onnx import TensorProto, helper, numpy_helper
+
+from fusecli.cli import main
+from fusecli.memory import evaluate_formula
+
+LAYERS, WIDTH = 4, 16
+
+
+def stack(layers: int = LAYERS, width: int = WIDTH) -> onnx.ModelProto:
+    """x -> [x + relu(x W1 + b1) W2 + b2] per block, named under /layers.N/; dims batch and seq."""
+    rng = np.random.default_rng(0)
+    nodes, inits, x = [], [], "x"
+    for i in range(layers):
+        p = f"/layers.{i}"
+        for name, shape in ((f"layers.{i}.w1", (width, 4 * width)), (f"layers.{i}.b1", (4 * width,)),
+                            (f"layers.{i}.w2", (4 * width, width)), (f"layers.{i}.b2", (width,))):
+            inits.append(numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name))
+        nodes += [helper.make_node("MatMul", [x, f"layers.{i}.w1"], [f"{p}/h0"], name=f"{p}/fc1/MatMul"),
+                  helper.make_node("Add", [f"{p}/h0", f"layers.{i}.b1"], [f"{p}/h1"], name=f"{p}/fc1/Add"),
+                  helper.make_node("Relu", [f"{p}/h1"], [f"{p}/h2"], name=f"{p}/act/Relu"),
+                  helper.make_node("MatMul", [f"{p}/h2", f"layers.{i}.w2"], [f"{p}/h3"],
+                                   name=f"{p}/fc2/MatMul"),
+                  helper.make_node("Add", [f"{p}/h3", f"layers.{i}.b2"], [f"{p}/h4"], name=f"{p}/fc2/Add"),
+                  helper.make_node("Add", [x, f"{p}/h4"], [f"{p}/out"], name=f"{p}/Add")]
+        x = f"{p}/out"
+    nodes.append(helper.make_node("Identity", [x], ["y"], name="out"))
+    io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["batch", "seq", width]) for n in "xy"]
+    graph = helper.make_graph(nodes, "stack", io[:1], io[1:], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.producer_name = "pytorch"
+    return model
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("plan") / "stack.onnx"
+    onnx.save(stack(), str(path))
+    return str(path)
+
+
+def run(*args):
+    return CliRunner().invoke(main, ["plan", *args])
+
+
+def plan_json(model, budget, *extra) -> tuple[int, dict]:
+    r = run(model, "--budget", str(budget), "--batch", "8", "--dim", "seq=32", "--json", *extra)
+    assert r.exit_code in (0, 1), r.output
+    return r.exit_code, json.loads(r.stdout)
+
+
+@pytest.fixture(scope="module")
+def unplanned(model) -> dict:
+    return plan_json(model, "1TiB")[1]
+
+
+def test_a_model_that_fits_says_so_with_the_headroom(model, unplanned):
+    assert unplanned["fits"] and unplanned["plan"] == [] and unplanned["planned"] is None
+    peak = unplanned["step_peak"]["bytes"]
+    assert unplanned["headroom"] == 2**40 - peak
+    assert evaluate_formula(unplanned["step_peak"]["formula"], unplanned["dims"]) == peak
+    r = run(model, "--budget", "1TiB", "--batch", "8", "--dim", "seq=32")
+    assert r.exit_code == 0 and "fits: headroom" in r.stdout and "nothing to recompute" in r.stdout
+
+
+def test_memory_lines_by_optimizer_and_precision(model, unplanned):
+    m = unplanned["memory"]
+    params = m["parameters"]["bytes"] // 4
+    assert params == LAYERS * (2 * 4 * WIDTH * WIDTH + 5 * WIDTH)
+    assert m["gradients"]["bytes"] == 4 * params and m["optimizer_state"]["bytes"] == 8 * params  # AdamW
+    assert plan_json(model, "1TiB", "--optimizer", "sgd")[1]["memory"]["optimizer_state"]["bytes"] == 0
+    mixed = plan_json(model, "1TiB", "--dtype", "mixed")[1]["memory"]
+    assert mixed["parameters"]["bytes"] == 2 * params and mixed["master_weights"]["bytes"] == 4 * params
+    assert mixed["saved_activations"]["bytes"] * 2 == m["saved_activations"]["bytes"]  # float32 -> bf16
+
+
+@pytest.mark.parametrize("budget", ["abc", "0", "-5GB", "24XB", "1..2GiB", ""])
+def test_bad_budget_is_a_usage_error(model, budget):
+    r = run(model, "--budget", budget)
+    assert r.exit_code == 2 and r.output.startswith("error:") and "Traceback" not in r.output
+    assert len(r.output.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(("text", "value"), [("24GiB", 24 * 2**30), ("500MB", 500 * 10**6),
+                                             ("1.5 GiB", 3 * 2**29), ("1073741824", 2**30)])
+def test_budget_units(model, text, value):
+    assert plan_json(model, text)[1]["budget"] == value
+
+
+def test_below_the_floor_is_one_line_naming_it(model, unplanned):
+    floor = unplanned["floor"]
+    r = run(model, "--budget", str(floor - 1), "--batch", "8", "--dim", "seq=32")
+    assert r.exit_code == 1 and "Traceback" not in r.output
+    assert r.output.count("\n") == 1 and "below the parameters' own memory" in r.output
+    assert f"{floor:,}" in r.output
+
+
+def test_a_plan_frees_blocks_until_it_fits(model, unplanned, tmp_path):
+    saved, peak = unplanned["memory"]["saved_activations"]["bytes"], unplanned["step_peak"]["bytes"]
+    budget = peak - saved // 2
+    helper_path, plot = tmp_path / "ckpt.py", tmp_path / "curve.png"
+    code, doc = plan_json(model, budget, "--emit-pytorch", str(helper_path), "--plot", str(plot))
+    assert code == 0 and doc["fits"] and not doc["fits_unplanned"]
+    assert doc["plan"] and all(s["kind"] == "block" for s in doc["plan"])
+    assert doc["checkpoint_modules"] == [s["name"] for s in doc["plan"]]
+    assert doc["checkpoint_modules"][0] == "layers.0"  # ties go in model order: its re-run comes last
+    planned = doc["planned"]
+    assert planned["step_peak"]["bytes"] <= budget < peak
+    assert evaluate_formula(planned["step_peak"]["formula"], doc["dims"]) == planned["step_peak"]["bytes"]
+    assert planned["largest"] >= 8 > doc["largest"]
+    peaks = [s["step_peak_bytes"] for s in doc["plan"]]
+    assert peaks == sorted(peaks, reverse=True)
+    assert [c["step_peak_bytes"] for c in doc["curve"]][:len(peaks) + 1] == [peak, *peaks]
+    assert plot.stat().st_size > 0
+    text = helper_path.read_text()
+    compile(text, str(helper_path), "exec")
+    assert repr(doc["checkpoint_modules"]) in text and "use_reentrant=False" in text
+    r = run(model, "--budget", str(budget), "--batch", "8", "--dim", "seq=32")
+    assert "checkpoint(f, *a, use_reentrant=False, **k)" in r.stdout and "layers.0" in r.stdout
+
+
+def test_largest_batch_is_the_last_that_fits(model, unplanned):
+    f = unplanned["step_peak"]["formula"]
+    budget = (evaluate_formula(f, {"batch": 5, "seq": 32}) + evaluate_formula(f, {"batch": 6, "seq": 32})) \
+        // 2
+    _, doc = plan_json(model, budget)
+    assert doc["largest"] == 5 and doc["solve"] == "batch"
+    _, doc = plan_json(model, budget, "--solve", "seq")
+    assert doc["solve"] == "seq" and evaluate_formula(f, {"batch": 8, "seq": doc["largest"]}) <= budget
+    assert evaluate_formula(f, {"batch": 8, "seq": doc["largest"] + 1}) > budget
+
+
+def test_an_unreachable_budget_exits_1_with_the_lowest_peak(model, unplanned):
+    code, doc = plan_json(model, unplanned["floor"])
+    assert code == 1 and not doc["fits"]
+    r = run(model, "--budget", str(unplanned["floor"]), "--batch", "8", "--dim", "seq=32")
+    assert r.exit_code == 1 and "does not fit even with every recomputation" in r.stdout
+
+
+def test_plan_help_imports_no_framework():
+    code = ("import sys; from click.testing import CliRunner; import fusecli.cli; "
+            "CliRunner().invoke(fusecli.cli.main, ['plan', '--help']); "
+            "print(sorted(m for m in ('torch', 'tensorflow', 'onnxruntime', 'matplotlib') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
