@@ -20,6 +20,8 @@ from ..load import load_model
 from ..load.onnx import external_location, tensors_of
 from ..load.onnx_wire import read_structure
 from ..progress import stage
+from ..sizes import model_variables
+from .converted import fix_conversion
 
 SAVEDMODEL_OPSET = 17
 
@@ -60,10 +62,14 @@ def open_source(path: str, workdir: str, signature: str | None = None) -> Source
     # fusecli's own reader first: a bad folder, file or signature is one clear line, before TensorFlow
     # is imported (and prints its start-up logs) for the conversion
     signature = signature or "serving_default"  # the signature analyze reads, not tf2onnx's first
-    load_model(folder, signature)
+    graph = load_model(folder, signature)
+    model_variables(graph)  # names the inputs' open dims as analyze does: batch, <input>_dim<k>
+    input_dims = {t.name: t.shape for t in graph.inputs if t.shape is not None}
+    del graph
     out = os.path.join(workdir, "model.onnx")
     stage("converting the SavedModel with tf2onnx")
     model = convert_savedmodel(folder, signature)
+    fix_conversion(model, input_dims, folder)
     save_plain(model, out)
     del model
     gc.collect()  # the ModelProto and TensorFlow's graph of it, before verification opens sessions
