@@ -35,7 +35,8 @@ def fix_conversion(model: onnx.ModelProto, input_dims: dict[str, Sequence[int | 
     return renamed
 
 
-def rename_input_dims(model: onnx.ModelProto, input_dims: dict[str, Sequence[int | str | None]]) -> dict[str, str]:
+def rename_input_dims(model: onnx.ModelProto,
+                      input_dims: dict[str, Sequence[int | str | None]]) -> dict[str, str]:
     """The converted inputs' generated dim names -> the SavedModel's (by input name, else by position)."""
     g = model.graph
     inits = {t.name for t in g.initializer}
@@ -103,8 +104,8 @@ def replace_erfc(model: onnx.ModelProto) -> int:
     if not erfcs:
         return 0
     producers = _producers(g)
-    taken = {o for n in g.node for o in n.output} | {n.name for n in g.node} | {t.name for t in g.initializer} \
-        | {i.name for i in g.input}
+    taken = {o for n in g.node for o in n.output} | {n.name for n in g.node} \
+        | {t.name for t in g.initializer} | {i.name for i in g.input}
     new_nodes: dict[int, list[onnx.NodeProto]] = {}
     for n in erfcs:
         y, out = n.input[0], n.output[0]
