@@ -202,20 +202,30 @@ def _drop_dead(g: onnx.GraphProto, candidates: set[str]) -> None:
         g.value_info.extend(keep_vi)
 
 
-def _rank(g: onnx.GraphProto, name: str) -> int | None:
-    for vi in (*g.value_info, *g.input, *g.output):
-        if vi.name == name and vi.type.tensor_type.HasField("shape"):
-            return len(vi.type.tensor_type.shape.dim)
-    return None
+def _ranks(model: onnx.ModelProto, names: set[str]) -> dict[str, int]:
+    """The ranks ONNX shape inference gives ``names`` (weights stubbed; nothing when it fails)."""
+    from .proto import light_copy
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(light_copy(model))
+    except Exception:  # a graph the checker rejects: no ranks, nothing rewritten
+        return {}
+    g = inferred.graph
+    return {vi.name: len(vi.type.tensor_type.shape.dim) for vi in (*g.value_info, *g.input, *g.output)
+            if vi.name in names and vi.type.tensor_type.HasField("shape")}
 
 
 def global_pools_as_means(model: onnx.ModelProto) -> int:
     """GlobalAveragePool of a (B, S, C) tensor is the mean over its last axis, kept: ReduceMean."""
     g = model.graph
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)
+    pools = {n.input[0] for n in g.node if n.op_type == "GlobalAveragePool" and n.domain in ("", "ai.onnx")}
+    if not pools:
+        return 0
+    ranks = _ranks(model, pools)
     count, taken = 0, {t.name for t in g.initializer} | {o for n in g.node for o in n.output}
     for i, n in enumerate(list(g.node)):
-        if n.op_type != "GlobalAveragePool" or n.domain not in ("", "ai.onnx") or _rank(g, n.input[0]) != 3:
+        if n.op_type != "GlobalAveragePool" or n.domain not in ("", "ai.onnx") or ranks.get(n.input[0]) != 3:
             continue
         name = n.name or n.output[0]
         if opset >= 18:
