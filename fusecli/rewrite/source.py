@@ -140,7 +140,8 @@ def convert_savedmodel(folder: str, signature: str | None = None,
             with tf.device("/cpu:0"):
                 model, _ = _convert_common(graph_def, name=os.path.basename(os.path.normpath(folder)),
                                            opset=opset, input_names=inputs, output_names=outputs,
-                                           tensors_to_rename=renames, initialized_tables=tables)
+                                           tensors_to_rename=renames, initialized_tables=tables,
+                                           optimizers=_optimizers())
             del graph_def
         except Exception as e:  # tf2onnx raises anything; the user gets one line
             error = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
@@ -149,6 +150,14 @@ def convert_savedmodel(folder: str, signature: str | None = None,
     if error is not None:
         raise FuseError(f"{folder}: tf2onnx could not convert the SavedModel: {error}")
     return model
+
+
+def _optimizers() -> dict:
+    """tf2onnx's graph optimizers but its einsum lowering: Keras's attention einsums stay Einsum ops
+    (MultiHeadAttention's emitter reads their equations; lowered, they are 5-D reshapes and transposes)."""
+    from tf2onnx import optimizer
+
+    return {name: o for name, o in optimizer._optimizers.items() if name != "einsum_optimizer"}
 
 
 def load_weights(path: str) -> tuple[onnx.ModelProto, list[str]]:
