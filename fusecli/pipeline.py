@@ -98,12 +98,25 @@ def size_graph(graph: Graph, options: Options) -> tuple[Sizes, list[str], dict[s
                         + ("; --routing balanced sizes the tokens a mixture-of-experts router sends to each "
                            "expert, assuming it spreads them evenly" if routes else ""))
     if open_:
-        variables, batch_dims = model_variables(graph)
-        given = set(options.dims) | (set(batch_dims) if options.batch is not None else set())
-        hint = ("set --dim NAME=VALUE for the model's dims" if set(variables) - given else
-                "every dim of the model is given: the shape tools could not size them")
-        warnings.append(f"{_tensors(open_, 'with unknown dims')} not counted in the byte totals; {hint}")
+        warnings.append(f"{_tensors(open_, 'with unknown dims')} not counted in the byte totals; "
+                        + _dims_advice(graph, options))
     return sizes, warnings, unknown
+
+
+def _dims_advice(graph: Graph, options: Options) -> str:
+    """What could size them: the model's own dims the user left at 1 (--batch N, --dim NAME=VALUE), or
+    that every input dim was given and the shape tools could not follow them through."""
+    variables, batch_dims = model_variables(graph)
+    given = set(options.dims) | (set(batch_dims) if options.batch is not None else set())
+    left = [n for n in variables if n not in given]
+    if not left:
+        return "every dim of the model is given: the shape tools could not size them"
+    hints: list[str] = []
+    for n in left:
+        h = "--batch N" if n in batch_dims else f"--dim {n}=VALUE"
+        if h not in hints:
+            hints.append(h)
+    return f"set {' '.join(hints)}"
 
 
 def routing_note(graph: Graph, sizes: Sizes, routing: str) -> str:

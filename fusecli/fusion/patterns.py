@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..ir import Tensor
 from .attention import attention_match
@@ -200,7 +200,24 @@ def _moments_layer_norm_trees() -> tuple[Op, ...]:
     return tuple(trees)
 
 
-LAYER_NORM = _layer_norm_trees() + _moments_layer_norm_trees()
+def _tf2onnx_moments_trees() -> tuple[Op, ...]:
+    """The moments form as tf2onnx writes it: (x - mean)^2 as d * d, rsqrt as Reciprocal(Sqrt)."""
+    mean = op("reduce_mean", Var("x"), more=True, name="mean")
+    var = op("reduce_mean", op("mul", op("sub", Var("x"), mean, name="d"), Var("d")), more=True)
+    rs = op("reciprocal", op("sqrt", op(ADD | {"bias_add"}, var, Var(check=scalar()), commutative=True,
+                                        role="ln_eps")))
+    trees = []
+    for inv in (op("mul", rs, Var(check=is_param), commutative=True, name="inv", role="ln_inv"),
+                replace(rs, name="inv", role="ln_inv")):
+        neg_mean_inv = op("mul", op("neg", Var("mean")), Var("inv"), commutative=True)
+        for shift in (op(ADD | {"bias_add"}, neg_mean_inv, Var(check=is_param), commutative=True,
+                         role="ln_shift"), neg_mean_inv):
+            trees.append(op(ADD, op("mul", Var("x"), inv, commutative=True), shift, commutative=True,
+                            role="layer_norm"))
+    return tuple(trees)
+
+
+LAYER_NORM = _layer_norm_trees() + _moments_layer_norm_trees() + _tf2onnx_moments_trees()
 SKIP_LAYOUT = frozenset({"reshape", "flatten", "squeeze", "unsqueeze"})  # between a residual sum and its norm
 RESIDUAL_X = Var("x", check=lambda t: made_by("add", "sum")(through_noops(t))
                  and all(is_activation(i) for i in through_noops(t).producer.inputs if i is not None))

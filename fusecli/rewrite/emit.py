@@ -433,8 +433,10 @@ class _Norm:
 def _decomposed(m: Match, ctx: Context) -> _Norm | None:
     """x, axis, eps, gamma and beta of a decomposed LayerNorm match ((x - mean) / sqrt(var + eps) forms)."""
     x, d = m.bound.get("x"), m.bound.get("d")
+    if "ln_inv" in m.roles:
+        return _moments(m, ctx)
     if x is None or d is None or "normalize" not in m.roles or x.shape is None:
-        return None  # the moments form (TensorFlow's rsqrt) never comes out of an ONNX file
+        return None  # TensorFlow's own moments form (Rsqrt, SquaredDifference) never comes out of ONNX
     rank = len(x.shape)
     means = [n for n in m.nodes if n.kind == "reduce_mean"]
     axes = [_reduce_axes(n, ctx) for n in means]
@@ -455,6 +457,33 @@ def _decomposed(m: Match, ctx: Context) -> _Norm | None:
     if affine is not None:
         mul = next(t.producer for t in affine.inputs if t.producer is not None and t.producer.kind == "mul")
         gamma, beta = _other(mul, normalize.outputs[0]), _other(affine, mul.outputs[0])
+    return _Norm(x, first, float(eps.reshape(-1)[0]), gamma, beta)
+
+
+def _moments(m: Match, ctx: Context) -> _Norm | None:
+    """x, axis, eps, gamma and beta of tf2onnx's moments LayerNorm: x * inv + (beta - mean * inv),
+    inv = gamma / sqrt(mean((x - mean)^2) + eps), both means over the same trailing axes."""
+    x = m.bound.get("x")
+    if x is None or x.shape is None:
+        return None
+    rank = len(x.shape)
+    means = [n for n in m.nodes if n.kind == "reduce_mean"]
+    axes = [_reduce_axes(n, ctx) for n in means]
+    if len(means) != 2 or any(a is None for a in axes):
+        return None
+    norm_axes = [sorted(a % rank for a in ax) for ax in axes]
+    first = norm_axes[0][0] if norm_axes[0] else rank
+    if norm_axes[0] != norm_axes[1] or norm_axes[0] != list(range(first, rank)) or first >= rank:
+        return None
+    eps_add, inv = m.roles["ln_eps"], m.roles["ln_inv"]
+    eps_t = next((t for t in eps_add.inputs if t.kind in ("parameter", "constant")), None)
+    eps = None if eps_t is None else ctx.weights.value(eps_t.name)
+    if eps is None or eps.size != 1:
+        return None
+    gamma = next((t for t in inv.inputs if t.kind == "parameter" or t.kind == "constant"), None) \
+        if inv.kind == "mul" else None
+    shift = m.roles.get("ln_shift")
+    beta = None if shift is None else next(t for t in shift.inputs if t.kind in ("parameter", "constant"))
     return _Norm(x, first, float(eps.reshape(-1)[0]), gamma, beta)
 
 

@@ -133,11 +133,13 @@ class _Builder:
     def const(self, name: str, value: np.ndarray) -> str:
         return _new_init(self.ctx, f"{self.base}_{name}", value, self.inits)
 
-    def packed(self, t: Tensor, perm: list[int], hidden: int) -> str:
+    def packed(self, t: Tensor, perm: list[int], hidden: int, keep_transpose: bool = False) -> str:
         """``t`` seen through ``perm`` as (B, S, N, H), then (B, S, N H). Where ``t`` is itself a
-        Transpose of the export's head split, its input is read instead (one transpose, or none)."""
+        Transpose of the export's head split, its input is read instead (one transpose, or none),
+        unless ``keep_transpose``."""
         src = t.producer
-        if src is not None and src.op_type == "Transpose" and src.name in self.ctx.protos:
+        if src is not None and src.op_type == "Transpose" and src.name in self.ctx.protos \
+                and not keep_transpose:
             p0 = _perm(self.ctx, src)
             if p0 is not None and len(p0) == 4:
                 t, perm = src.inputs[0], [p0[i] for i in perm]
@@ -190,8 +192,11 @@ def _attention(m: Match, ctx: Context) -> Emission | str:
     qk, pv, softmax = r["qk"], r["pv"], r["softmax"]
     if _dtype(m) != "float32":
         return f"MultiHeadAttention here runs float32 only, not {_dtype(m)}"
+    if qk.kind == "einsum" and pv.kind == "einsum":
+        form = _mha_form(m)
+        return form if isinstance(form, str) else _einsum_attention(m, ctx)
     if qk.kind != "matmul" or pv.kind != "matmul":
-        return "the scores or the output are no MatMul (an Einsum or a batched GEMM)"
+        return "the scores or the output are no MatMul (a batched GEMM, or one Einsum and one MatMul)"
     if ctx.opset < 13:
         return f"opset {ctx.opset} < 13"
     form = _mha_form(m)
@@ -241,6 +246,89 @@ def _attention(m: Match, ctx: Context) -> Emission | str:
         split = b.node("Reshape", [o3, heads_shape])
         b.node("Transpose", [split], pv.outputs[0].name, perm=[0, 2, 1, 3])
     return Emission(m.pattern.name, "MultiHeadAttention", remove, b.nodes, b.inits)
+
+
+def _equation(ctx: Context, node: Node) -> tuple[list[str], str] | None:
+    """An Einsum's explicit equation as (input subscripts, output subscript), letters only."""
+    eq = _attr(ctx.protos[node.name], "equation", "").replace(" ", "")
+    if "->" not in eq or "." in eq:
+        return None
+    ins, out = eq.split("->")
+    ins = ins.split(",")
+    if not all(x.isalpha() for x in (*ins, out)) or any(len(set(x)) != len(x) for x in (*ins, out)):
+        return None
+    return ins, out
+
+
+def _einsum_attention(m: Match, ctx: Context) -> Emission | str:
+    """Keras's attention: scores = einsum(q, k) -> (B, N, T, S) ('btnh,bsnh->bnts', or older Keras's
+    'aecd,abcd->acbe' with the key first), out = einsum(P, v) -> (B, T, N, H) ('bnts,bsnh->btnh'):
+    q, k and v are packed as (B, T|S, N H) by a Transpose where their layout is not that already."""
+    r = m.roles
+    qk, pv, softmax = r["qk"], r["pv"], r["softmax"]
+    eqs = _equation(ctx, qk), _equation(ctx, pv)
+    if eqs[0] is None or eqs[1] is None or len(eqs[0][0]) != 2 or len(eqs[1][0]) != 2:
+        return "an Einsum equation that is not two explicit operands"
+    (a, b), scores = eqs[0]
+    (p_sub, v_sub), out = eqs[1]
+    if len(scores) != 4 or any(len(x) != 4 for x in (a, b, p_sub, v_sub, out)):
+        return "Einsum operands that are not (batch, heads, sequence, head size)"
+    contracted = set(a) & set(b) - set(scores)
+    shared = [c for c in scores if c in a and c in b]
+    own = [c for c in scores if (c in a) != (c in b)]
+    if len(contracted) != 1 or len(shared) != 2 or len(own) != 2:
+        return f"the scores' Einsum {'->'.join((a + ',' + b, scores))} is no q k^T per batch and head"
+    bat, heads, h = shared[0], shared[1], contracted.pop()  # the first shared axis of the scores is batch
+    t_, s_ = own
+    qi = 0 if t_ in a else 1  # the query holds the scores' first own axis (rows), the key the second
+    q, k = (m.bound["q"], m.bound["k"]) if qi == 0 else (m.bound["k"], m.bound["q"])
+    q_sub, k_sub = (a, b) if qi == 0 else (b, a)
+    if _attr(ctx.protos[softmax.name], "axis", -1) % 4 != scores.index(s_):
+        return "the softmax is not over the keys alone"
+    if (m.roles.get("mask") is not None or m.roles.get("position_bias") is not None) \
+            and scores != bat + heads + t_ + s_:
+        return "a mask on scores that are not (batch, heads, queries, keys)"
+    if pv.inputs[1] is not m.bound["v"]:
+        return "P @ V's Einsum reads the value first"
+    hv = "#v"  # the value's head size: its own letter, whatever the scores' equation calls its letters
+    role = dict(zip(p_sub, scores, strict=True))  # P's letters -> the scores' letters
+    v_role = {c: role.get(c, hv) for c in v_sub}
+    out_role = {c: role.get(c, hv) for c in out}
+    want_v, want_out = {bat, s_, heads, hv}, {bat, t_, heads, hv}
+    if set(v_role.values()) != want_v or set(out_role.values()) != want_out:
+        return f"P @ V's Einsum {p_sub},{v_sub}->{out} is no attention output per batch and head"
+    v = m.bound["v"]
+    dims: dict[str, int] = {}
+    for t, names in ((q, q_sub), (k, k_sub), (v, [v_role[c] for c in v_sub])):
+        if t.shape is None or len(t.shape) != 4:
+            return "the rank of q, k or v is unknown"
+        for c, d in zip(names, t.shape, strict=True):
+            if c in (heads, h, hv):
+                if not isinstance(d, int) or dims.setdefault(c, d) != d:
+                    return "the head count or head size of q, k or v is unknown or differs"
+    if dims[h] == 0 or dims[heads] == 0:
+        return "zero heads or a zero head size"
+    scale = _scale(m, ctx)
+    if scale is None:
+        return "the scale is not one constant"
+    n, size, vsize = dims[heads], dims[h], dims[hv]
+    b_ = _Builder(ctx, pv.name)
+    q3 = b_.packed(q, [q_sub.index(c) for c in (bat, t_, heads, h)], n * size, keep_transpose=True)
+    k3 = b_.packed(k, [k_sub.index(c) for c in (bat, s_, heads, h)], n * size, keep_transpose=True)
+    v_names = [v_role[c] for c in v_sub]
+    v3 = b_.packed(v, [v_names.index(c) for c in (bat, s_, heads, hv)], n * vsize, keep_transpose=True)
+    bias = _bias(m, ctx, b_, q3)
+    if bias is None:
+        return "a bool mask whose fill value is not one constant"
+    o3 = b_.node("MultiHeadAttention", [q3, k3, v3, "", "", bias], domain=MS, num_heads=n, scale=scale)
+    heads_shape = b_.const("heads_shape", np.array([0, 0, n, vsize], np.int64))
+    have = [bat, t_, heads, hv]  # the kernel's output, split: (B, T, N, Hv)
+    perm = [have.index(out_role[c]) for c in out]
+    if perm == [0, 1, 2, 3]:
+        b_.node("Reshape", [o3, heads_shape], pv.outputs[0].name)
+    else:
+        b_.node("Transpose", [b_.node("Reshape", [o3, heads_shape])], pv.outputs[0].name, perm=perm)
+    return Emission(m.pattern.name, "MultiHeadAttention", [x.name for x in m.nodes], b_.nodes, b_.inits)
 
 
 def _transposed_3d(t: Node, k: Tensor, ctx: Context) -> list[int] | None:

@@ -77,7 +77,9 @@ def format_summary(r: RewriteResult) -> str:
         if v.uncut:
             lines.append(f"  {len(v.uncut)} region{'s' if len(v.uncut) != 1 else ''} not checked on "
                          f"{'their' if len(v.uncut) != 1 else 'its'} own ({v.uncut[0]}"
-                         f"{', ...' if len(v.uncut) > 1 else ''}): the whole model is")
+                         f"{', ...' if len(v.uncut) > 1 else ''}): "
+                         + ("the whole model's run below checks them" if v.checks else
+                            f"the whole model was not run either ({v.model_skipped or 'no output'})"))
         if v.checks:
             outs = len(next(iter(v.checks.values()), []))
             errs = ", ".join(f"{v.worst(lvl):.2g} ({_LEVEL_NAMES.get(lvl, lvl)})" for lvl in v.checks)

@@ -234,6 +234,7 @@ def rewrite(path: str, options: RewriteOptions | None = None, output: str | None
         initializers_before = len(model.graph.initializer)
         base_dir = os.path.dirname(os.path.abspath(source.onnx_path))
         scales = fold_conv_scales(model, base_dir) if options.mode == "inference" else []
+        said = first.warnings  # about the user's model (the re-analysis of the folded proto sizes less)
         if scales:  # the graph changed under the analysis: analyze the folded model again
             first = analyze_model(model, pipeline_options, {}, source.onnx_path)
         with gc_paused():  # passes build and drop whole analyses: no collector walks meanwhile
@@ -253,7 +254,7 @@ def rewrite(path: str, options: RewriteOptions | None = None, output: str | None
             restore_weights(model, source.onnx_path)  # past 2 GB: written with its own data file
         result = RewriteResult(path, output, options, model, applied, nodes_before, len(model.graph.node),
                                ops_before, op_counts(model), folded, passes,
-                               warnings=[*first.warnings, *(f"not rewritten: {s}" for s in skipped)],
+                               warnings=[*said, *(f"not rewritten: {s}" for s in skipped)],
                                dims={n: first.sizes[n] for n in first.sizes.variables},
                                left_out=len(left_out))
         # nothing rewritten and nothing pruned: the output is the input's graph, there is nothing to compare

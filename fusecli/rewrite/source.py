@@ -20,6 +20,8 @@ from ..load import load_model
 from ..load.onnx import external_location, tensors_of
 from ..load.onnx_wire import read_structure
 from ..progress import stage
+from ..sizes import model_variables
+from .converted import fix_conversion
 
 SAVEDMODEL_OPSET = 17
 
@@ -60,10 +62,14 @@ def open_source(path: str, workdir: str, signature: str | None = None) -> Source
     # fusecli's own reader first: a bad folder, file or signature is one clear line, before TensorFlow
     # is imported (and prints its start-up logs) for the conversion
     signature = signature or "serving_default"  # the signature analyze reads, not tf2onnx's first
-    load_model(folder, signature)
+    graph = load_model(folder, signature)
+    model_variables(graph)  # names the inputs' open dims as analyze does: batch, <input>_dim<k>
+    input_dims = {t.name: t.shape for t in graph.inputs if t.shape is not None}
+    del graph
     out = os.path.join(workdir, "model.onnx")
     stage("converting the SavedModel with tf2onnx")
     model = convert_savedmodel(folder, signature)
+    fix_conversion(model, input_dims, folder)
     save_plain(model, out)
     del model
     gc.collect()  # the ModelProto and TensorFlow's graph of it, before verification opens sessions
@@ -134,7 +140,8 @@ def convert_savedmodel(folder: str, signature: str | None = None,
             with tf.device("/cpu:0"):
                 model, _ = _convert_common(graph_def, name=os.path.basename(os.path.normpath(folder)),
                                            opset=opset, input_names=inputs, output_names=outputs,
-                                           tensors_to_rename=renames, initialized_tables=tables)
+                                           tensors_to_rename=renames, initialized_tables=tables,
+                                           optimizers=_optimizers())
             del graph_def
         except Exception as e:  # tf2onnx raises anything; the user gets one line
             error = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
@@ -143,6 +150,14 @@ def convert_savedmodel(folder: str, signature: str | None = None,
     if error is not None:
         raise FuseError(f"{folder}: tf2onnx could not convert the SavedModel: {error}")
     return model
+
+
+def _optimizers() -> dict:
+    """tf2onnx's graph optimizers but its einsum lowering: Keras's attention einsums stay Einsum ops
+    (MultiHeadAttention's emitter reads their equations; lowered, they are 5-D reshapes and transposes)."""
+    from tf2onnx import optimizer
+
+    return {name: o for name, o in optimizer._optimizers.items() if name != "einsum_optimizer"}
 
 
 def load_weights(path: str) -> tuple[onnx.ModelProto, list[str]]:

@@ -186,3 +186,6 @@ def test_an_open_size_and_a_data_dependent_size_are_told_apart(save_model):
     assert len(dependent) == 1 and len(open_) == 1, a.warnings
     assert "TopK" in dependent[0] and "Opaque x1" in open_[0] and "TopK" not in open_[0]
     assert "--dim" not in open_[0]  # every dim was given: the hint says so rather than ask for one
+    left = analyze(save_model(_top_k_model("values", opaque=True), "left.onnx"), Options(batch=2))
+    assert any("with unknown dims" in w and w.endswith("set --dim seq=VALUE") for w in left.warnings), \
+        left.warnings  # the model's own dim left at 1, named
