@@ -209,38 +209,57 @@ def group_query_attention(m: Match, ctx: Context) -> Emission | str:
     if isinstance(window, str):
         return window
     scale, softcap = scales
-    b = Builder(ctx, pv.name)
-    remove_nodes = list(m.nodes)
-    q_rot, k_rot = _rotary(ctx, m, q), _rotary(ctx, m, k_kv)
-    rotary = q_rot is not None and k_rot is not None and q_rot[1].cos is k_rot[1].cos \
-        and q_rot[1].sin is k_rot[1].sin
-    caches: list[str] = []
-    if rotary:
-        q, k_kv = q_rot[1].x, k_rot[1].x  # the rotation goes inside the kernel
-        b.nodes += q_rot[1].nodes
-        b.inits += q_rot[1].inits
-        caches = q_rot[1].caches
-        remove_nodes += q_rot[0].nodes + k_rot[0].nodes
-    q3 = b.packed(q, [0, 2, 1, 3], heads * size)
-    k3 = b.packed(k_kv, [0, 2, 1, 3], kv_heads * size)
-    v3 = b.packed(v_kv, [0, 2, 1, 3], kv_heads * size)
-    total = b.node("Cast", [b.node("Reshape", [_dim(b, q3, 1), b.const("scalar", np.zeros(0, np.int64))])],
-                   to=6)  # int32
-    last = b.node("Sub", [total, b.const("one32", np.array(1, np.int32))])
-    seqlens = b.node("Expand", [last, _dim(b, q3, 0)])  # (B,) int32: S - 1 for every row
     attrs = {"num_heads": heads, "kv_num_heads": kv_heads, "scale": float(scale)}
     if softcap is not None:
         attrs["softcap"] = float(softcap)
     if window != math.inf:
         attrs["local_window_size"] = int(window)
-    if rotary:
-        attrs.update(do_rotary=1, rotary_interleaved=0)
+    q_rot, k_rot = _rotary(ctx, m, q), _rotary(ctx, m, k_kv)
+    if q_rot is not None and k_rot is not None and q_rot[1].cos is k_rot[1].cos \
+            and q_rot[1].sin is k_rot[1].sin:  # one table for q and k: GroupQueryAttention has one cache
+        inside = [*q_rot[0].nodes, *k_rot[0].nodes]
+        e = _build(ctx, m, attrs, (q_rot[1].x, k_rot[1].x, v_kv), q_rot[1], inside)
+        if not isinstance(e, str):
+            return e  # else: a tensor of the rotation is read elsewhere; the rotation stays outside
+    return _build(ctx, m, attrs, (q, k_kv, v_kv), None, [])
+
+
+def _build(ctx: Context, m: Match, attrs: dict, qkv: tuple[Tensor, Tensor, Tensor],
+           rotary: RotaryParts | None, taken: list[Node]) -> Emission | str:
+    """The GroupQueryAttention emission reading q, k, v as (B, N, S, H), with the rotation inside when
+    ``rotary`` is given (``taken``: the rotary matches' nodes it replaces too); why not when a tensor it
+    removes is read by a node that stays."""
+    pv = m.roles["pv"]
+    heads, kv_heads = attrs["num_heads"], attrs["kv_num_heads"]
+    size = qkv[0].shape[3]
+    b = Builder(ctx, pv.name)
+    caches: list[str] = []
+    if rotary is not None:
+        b.nodes += rotary.nodes
+        b.inits += rotary.inits
+        caches = rotary.caches
+        attrs = dict(attrs, do_rotary=1, rotary_interleaved=0)
+    q3 = b.packed(qkv[0], [0, 2, 1, 3], heads * size)
+    k3 = b.packed(qkv[1], [0, 2, 1, 3], kv_heads * size)
+    v3 = b.packed(qkv[2], [0, 2, 1, 3], kv_heads * size)
+    total = b.node("Cast", [b.node("Reshape", [_dim(b, q3, 1), b.const("scalar", np.zeros(0, np.int64))])],
+                   to=6)  # int32
+    last = b.node("Sub", [total, b.const("one32", np.array(1, np.int32))])
+    seqlens = b.node("Expand", [last, _dim(b, q3, 0)])  # (B,) int32: S - 1 for every row
     o3 = b.node("GroupQueryAttention", [q3, k3, v3, "", "", seqlens, total, *caches], domain=MS, **attrs)
+    remove_nodes = [*m.nodes, *taken]
     removed = {id(n) for n in remove_nodes}
     remove_nodes += _dead_readers(ctx, removed, remove_nodes, {i for n in b.nodes for i in n.input})
     remove = [n.name for n in remove_nodes]
     write_output(m, ctx, b, o3, heads, size, remove)
-    kernel = "GroupQueryAttention (rotary)" if rotary else "GroupQueryAttention"
+    removed = {id(n) for n in remove_nodes} | {id(n) for n in pv.outputs[0].consumers if n.name in remove}
+    made = {o for n in b.nodes for o in n.output}
+    for n in remove_nodes:
+        for t in n.outputs:
+            if t is not None and t.name not in made and (t.name in ctx.graph_outputs or any(
+                    id(c) not in removed for c in t.consumers)):
+                return f"{t.name} is read outside the attention"
+    kernel = "GroupQueryAttention (rotary)" if rotary is not None else "GroupQueryAttention"
     return Emission(m.pattern.name, kernel, remove, b.nodes, b.inits)
 
 

@@ -50,12 +50,12 @@ def _ort_extended_fused(path: str, tmp_path) -> int:
 @pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
 def test_llama_family_kernels(hf_onnx, exporter, tmp_path):
     """Grouped-query attention, RMSNorm pre-norm blocks and SwiGLU's SiLU: 2 layers give 2
-    MultiHeadAttention, 4 SkipSimplifiedLayerNormalization (residual sum as the 4th output), 1 final
+    GroupQueryAttention (the eager export's causal mask from shapes), 4 SkipSimplifiedLayerNormalization (residual sum as the 4th output), 1 final
     SimplifiedLayerNormalization and 2 QuickGelu; verified and equal to PyTorch's output."""
     path = hf_onnx("llama", exporter)
     r = _rewrite(path)
     got = r.ops_after
-    assert got.get(MS + "MultiHeadAttention") == 2
+    assert got.get(MS + "GroupQueryAttention") == 2 and MS + "MultiHeadAttention" not in got
     assert got.get(MS + "SkipSimplifiedLayerNormalization") == 4
     assert got.get("SimplifiedLayerNormalization") == 1 and got.get(MS + "QuickGelu") == 2
     assert r.verification.ok and "Softmax" not in got
@@ -92,12 +92,14 @@ def test_cuda_target_emits_only_cuda_kernels(hf_onnx, name):
 def test_default_sdpa_attention_becomes_multi_head_attention(hf_onnx, name, blocks, exporter):
     """The default (sdpa) exports: the NaN guard (kept on the kernel's output: a row whose every key is
     masked gives zeros), q and k^T each scaled by sqrt(s), bool masks made additive, dynamo's
-    Reshape-Transpose-Reshape of K, cross-attention (BART): one MultiHeadAttention per attention block,
-    every region cut out and verified on its own, equal to PyTorch's output."""
+    Reshape-Transpose-Reshape of K, cross-attention (BART): one MultiHeadAttention per attention block
+    (GroupQueryAttention for Llama's grouped-query causal attention), every region cut out and verified on
+    its own, equal to PyTorch's output."""
     if (name, exporter) == ("llama", "torchscript"):
         pytest.skip("TorchScript cannot export sdpa with enable_gqa")
     r = _rewrite(hf_onnx(name, exporter, attn="default"))
-    assert r.ops_after.get(MS + "MultiHeadAttention") == blocks
+    kernel = "GroupQueryAttention" if name == "llama" else "MultiHeadAttention"
+    assert r.ops_after.get(MS + kernel) == blocks
     assert "Softmax" not in r.ops_after  # the NaN guard stays, on the kernel's output
     assert r.verification.ok and r.verification.uncut == []
     _torch_matches(name, r.model, attn="default")
