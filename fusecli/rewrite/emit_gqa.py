@@ -197,6 +197,8 @@ def group_query_attention(m: Match, ctx: Context) -> Emission | str:
     if qh is None or kh is None or vh is None:
         return "the head count or head size of q, k or v is unknown"
     (heads, size), (kv_heads, k_size) = qh, kh
+    if size % 16:  # onnxruntime's kernel refuses other sizes at run time (1.32, CPU)
+        return f"head size {size} is not a multiple of 16, which onnxruntime's kernel requires"
     if k_size != size or vh != kh or heads % kv_heads or kv_heads >= heads:
         return f"q has {heads} heads of {size}, K {kh} and V {vh}: no grouping GroupQueryAttention takes"
     if any(a is None or b is None or a != b for a, b in zip(q.shape[::2], k_kv.shape[::2], strict=True)) \
