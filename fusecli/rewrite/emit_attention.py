@@ -5,7 +5,8 @@ softmax(q k^T s + bias) v with q, k, v as (B, N, S, H) heads: MultiHeadAttention
 transpose optimizer cancels against the export's own head split), and the output is split back the
 same way. The additive bias (B|1, N|1, S, L) is the export's mask (Add), a causal Where turned into an
 additive one, and T5's position bias, broadcast over the query axis. Grouped-query K/V enter after
-their repeat (the repeat nodes stay); a Dropout is the identity in inference.
+their repeat (the repeat nodes stay) where GroupQueryAttention (emit_gqa) does not fit; a Dropout is the
+identity in inference.
 """
 
 from __future__ import annotations
