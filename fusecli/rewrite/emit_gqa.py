@@ -29,8 +29,8 @@ from .emit_rotary import RotaryParts, rotary_parts
 from .mask_band import causal_window
 from .shape_values import int_value
 
-INTS = frozenset({"int64", "int32"})
-MAX_DEAD = 64  # shape reads of removed tensors taken out with them, per emission
+SHAPE_DTYPES = frozenset({"int64", "int32", "bool"})  # what shape computations make (Equal: bool)
+MAX_DEAD = 256  # shape reads of removed tensors taken out with them, per emission
 
 
 def grouped(m: Match) -> bool:
@@ -137,23 +137,31 @@ def _mask_window(m: Match, form: AttentionForm, ctx: Context, q: Tensor) -> floa
     return causal_window(ctx.weights, mask.name, kind, keep, fill, s if isinstance(s, int) else None)
 
 
-def _rotary(ctx: Context, m: Match, x: Tensor) -> tuple[Match, RotaryParts] | None:
-    """The rotary match that makes ``x``, read only by the attention, and its parts; else None."""
+def _rotary(ctx: Context, m: Match, x: Tensor) -> tuple[Match, RotaryParts, list[Node]] | None:
+    """The rotary match that makes ``x`` (through a one-input Concat: TorchScript's update of an empty KV
+    cache), read only by the attention (the Concat's shape reads go with it), its parts, and the Concat;
+    else None."""
+    inside = {id(n) for n in m.nodes}
+    through: list[Node] = []
     p = x.producer
+    if p is not None and p.op_type == "Concat" and len(p.inputs) == 1 and p.name in ctx.protos \
+            and p.name not in ctx.claimed and x.name not in ctx.graph_outputs:
+        through, x = [p], p.inputs[0]
+        inside.add(id(p))
+        p = x.producer
     r = None if p is None else ctx.by_root.get(p.name)
     if r is None or r.pattern.name != "rotary" or any(n.name in ctx.claimed for n in r.nodes):
         return None
-    inside = {id(n) for n in m.nodes}
     if x.name in ctx.graph_outputs or any(id(c) not in inside for c in x.consumers):
         return None
     parts = rotary_parts(r, ctx)
-    return None if parts is None else (r, parts)
+    return None if parts is None else (r, parts, through)
 
 
 def _dead_readers(ctx: Context, removed: set[int], nodes: list[Node], kept: set[str]) -> list[Node]:
-    """Shape computations outside the emission (Shape, Size, integer ops) whose every output only removed
-    nodes read (the export's Shape reads of the repeated K): removed with it, so that no reader is left
-    without its tensor. ``kept``: tensors the new nodes read."""
+    """Shape computations outside the emission (Shape, Size, integer and bool ops) whose every output only
+    removed nodes read (the export's Shape reads of the repeated K): removed with it, so that no reader is
+    left without its tensor. ``kept``: tensors the new nodes read."""
     out: list[Node] = []
     stack = list(nodes)
     while stack and len(out) < MAX_DEAD:
@@ -164,7 +172,8 @@ def _dead_readers(ctx: Context, removed: set[int], nodes: list[Node], kept: set[
                     or p.domain not in ("", "ai.onnx") \
                     or any(o is not None and o.name in kept for o in p.outputs):
                 continue
-            if p.kind not in ("shape", "size") and not all(o is None or o.dtype in INTS for o in p.outputs):
+            if p.kind not in ("shape", "size") \
+                    and not all(o is None or o.dtype in SHAPE_DTYPES for o in p.outputs):
                 continue
             if all(o is None or (o.name not in ctx.graph_outputs and o.consumers
                                  and all(id(c) in removed for c in o.consumers)) for o in p.outputs):
@@ -219,7 +228,7 @@ def group_query_attention(m: Match, ctx: Context) -> Emission | str:
     q_rot, k_rot = _rotary(ctx, m, q), _rotary(ctx, m, k_kv)
     if q_rot is not None and k_rot is not None and q_rot[1].cos is k_rot[1].cos \
             and q_rot[1].sin is k_rot[1].sin:  # one table for q and k: GroupQueryAttention has one cache
-        inside = [*q_rot[0].nodes, *k_rot[0].nodes]
+        inside = [*q_rot[0].nodes, *k_rot[0].nodes, *q_rot[2], *k_rot[2]]
         e = _build(ctx, m, attrs, (q_rot[1].x, k_rot[1].x, v_kv), q_rot[1], inside)
         if not isinstance(e, str):
             return e  # else: a tensor of the rotation is read elsewhere; the rotation stays outside

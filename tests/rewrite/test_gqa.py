@@ -65,9 +65,12 @@ def test_default_dynamo_export_gets_group_query_attention_with_rotary(hf_onnx, n
 
 def test_eager_torchscript_export_gets_group_query_attention(hf_onnx):
     """TorchScript cannot export sdpa with enable_gqa: the eager attention is its case (an additive causal
-    mask from shapes, repeat_kv's Expand)."""
+    mask from shapes, repeat_kv's Expand, the rotation inside)."""
     r = _rewrite(hf_onnx("llama_gqa", "torchscript"))
     assert r.ops_after.get(GQA) == 2 and "Softmax" not in r.ops_after
+    # k reaches the repeat through a one-input Concat (the empty cache's update); its shape reads go too
+    assert r.kernel_counts().get("GroupQueryAttention (rotary)") == 2
+    assert MS + "RotaryEmbedding" not in r.ops_after
     assert r.verification.ok and r.verification.uncut == []
     assert _max_diff_vs_torch("llama_gqa", r.model, "eager") < 1e-4
 
@@ -102,3 +105,13 @@ def test_mask_band_reads_causal_windowed_and_other_masks():
     rows = np.stack([causal[0, 0], np.zeros((s, s), np.float32)])
     assert isinstance(allowed_keys(rows, "add", True, None), str)
     assert isinstance(band(np.ones((s, s + 2), bool)), str)
+
+
+def test_sliding_window_becomes_local_window_size(hf_onnx):
+    """Mistral's sdpa mask (dynamo) keeps the last 8 keys of each query: the probe reads the window, and
+    GroupQueryAttention's local_window_size = 8 applies it at every length (5, 16 and 23 tokens)."""
+    r = _rewrite(hf_onnx("mistral_gqa", "dynamo", attn="default"))
+    gqa = [n for n in r.model.graph.node if n.op_type == "GroupQueryAttention"]
+    assert len(gqa) == 2 and all({a.name: a.i for a in n.attribute}["local_window_size"] == 8 for n in gqa)
+    assert r.verification.ok and r.verification.uncut == []
+    assert _max_diff_vs_torch("mistral_gqa", r.model, "default") < 1e-4
