@@ -115,3 +115,52 @@ def test_sliding_window_becomes_local_window_size(hf_onnx):
     assert len(gqa) == 2 and all({a.name: a.i for a in n.attribute}["local_window_size"] == 8 for n in gqa)
     assert r.verification.ok and r.verification.uncut == []
     assert _max_diff_vs_torch("mistral_gqa", r.model, "default") < 1e-4
+
+
+def _grouped_attention(mask: np.ndarray | None):
+    """softmax(q repeat_kv(k)^T / 4 + mask) repeat_kv(v): 4 query heads, 2 K/V heads of 16, 8 tokens; the
+    mask a constant (8, 8) table, or none."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    b, s, h = 2, 8, 16
+    inits = [numpy_helper.from_array(np.array([2], np.int64), "axis2"),
+             numpy_helper.from_array(np.array([b, 2, 2, s, h], np.int64), "grouped"),
+             numpy_helper.from_array(np.array([b, 4, s, h], np.int64), "heads"),
+             numpy_helper.from_array(np.array(0.25, np.float32), "scale")]
+    nodes = []
+    for x in ("k", "v"):
+        nodes += [helper.make_node("Unsqueeze", [x, "axis2"], [f"{x}5"]),
+                  helper.make_node("Expand", [f"{x}5", "grouped"], [f"{x}x"]),
+                  helper.make_node("Reshape", [f"{x}x", "heads"], [f"{x}r"])]
+    nodes += [helper.make_node("Transpose", ["kr"], ["kt"], perm=[0, 1, 3, 2]),
+              helper.make_node("MatMul", ["q", "kt"], ["qk"]),
+              helper.make_node("Mul", ["qk", "scale"], ["scores"])]
+    if mask is not None:
+        inits.append(numpy_helper.from_array(mask.astype(np.float32), "mask"))
+        nodes.append(helper.make_node("Add", ["scores", "mask"], ["masked"]))
+    nodes += [helper.make_node("Softmax", ["masked" if mask is not None else "scores"], ["p"], axis=-1),
+              helper.make_node("MatMul", ["p", "vr"], ["y"])]
+    ins = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [b, heads, s, h])
+           for n, heads in (("q", 4), ("k", 2), ("v", 2))]
+    out = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    graph = helper.make_graph(nodes, "gqa", ins, [out], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize(("mask", "reason"), [("causal", None), ("none", "not causal"),
+                                              ("every_other", "not causal"), ("half", "other than 0")])
+def test_constant_masks_are_probed(save_model, mask, reason):
+    """A constant causal table goes in as GroupQueryAttention; no mask (bidirectional), a mask hiding every
+    other key, or one with a finite penalty of -2 do not fit: MultiHeadAttention, and the run says why.
+    Both rewrites agree with the original on onnxruntime (rewrite's own region check)."""
+    i, j = np.arange(8)[:, None], np.arange(8)[None, :]
+    table = {"causal": np.where(j <= i, 0.0, -np.inf), "none": None,
+             "every_other": np.where((j <= i) & (j % 2 == 0) | (j == i), 0.0, -np.inf),
+             "half": np.where(j <= i, 0.0, -2.0)}[mask]
+    r = rewrite(save_model(_grouped_attention(table)), RewriteOptions())
+    assert r.verification.ok
+    if reason is None:
+        assert r.ops_after.get(GQA) == 1 and not r.warnings
+    else:
+        assert r.ops_after.get(MS + "MultiHeadAttention") == 1 and GQA not in r.ops_after
+        assert [w for w in r.warnings if "GroupQueryAttention at" in w and reason in w], r.warnings
