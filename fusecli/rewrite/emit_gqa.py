@@ -8,11 +8,11 @@ applies the causal mask itself. Its contract for a prompt without past: key leng
 seqlens_k = S - 1 for every batch row, total_sequence_length = S, both computed from the query's shape.
 So the export's mask must be the causal mask (a sliding window: local_window_size), computed from shapes
 alone and checked by running it (mask_band). A padding mask made from the inputs' values, a KV cache, a
-position bias, a Tile repeat (head h reads h mod Nkv) or the CUDA target (onnxruntime registers its CUDA
-kernel for float16 and bfloat16 only)
-fall back to MultiHeadAttention, with the reason. Where the rotary matches of q and of the unrepeated k
-feed it and share one table, the rotation goes inside (do_rotary, rotary_interleaved=0: for a prompt
-without past, position s reads cache row s, as RotaryEmbedding does).
+position bias, a Tile repeat (head h reads h mod Nkv), a head size not a multiple of 16 (onnxruntime's
+CPU kernel refuses it) or the CUDA target (onnxruntime registers its CUDA kernel for float16 and bfloat16
+only) fall back to MultiHeadAttention, with the reason. Where the rotary matches of q and of the
+unrepeated k feed it and share one table, the rotation goes inside (do_rotary, rotary_interleaved=0: for
+a prompt without past, position s reads cache row s, as RotaryEmbedding does).
 """
 
 from __future__ import annotations
