@@ -17,6 +17,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from ..errors import FuseError
 from .values import Weights
 
 PROBES = (7, 19)  # sizes every mask is probed at
@@ -40,7 +41,10 @@ def subgraph(weights: Weights, name: str) -> onnx.ModelProto | str:
             inputs.append(graph_inputs[t])
         elif weights.is_constant(t) and (t in weights.initializers
                                          or weights.producer[t].op_type != "Constant"):
-            value = weights.value(t)
+            try:
+                value = weights.value(t)
+            except FuseError as e:  # a constant subgraph that cannot be folded
+                return str(e)
             if value is None:
                 return f"the value of {t!r} cannot be read"
             inits.append(numpy_helper.from_array(np.asarray(value), t))
