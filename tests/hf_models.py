@@ -28,6 +28,9 @@ MOE = ("mixtral",)
 # TorchScript exports whose attention reads shapes of interior tensors (Shape(Cast(q)), Shape(Cast(k^T)))
 # and scales by 1 / sqrt(Shape(q)[-1:]): the rewrite tests
 SHAPE_READS = ("falcon", "codegen")
+# grouped-query decoders, 4 query heads sharing 2 K/V heads (GroupQueryAttention's rewrite tests); the
+# "_padded" one takes an attention_mask (a padding mask from the inputs' values)
+GQA = ("llama_gqa", "qwen2_gqa", "llama_gqa_padded", "mistral_gqa")  # Mistral: a sliding window of 8 keys
 REWRITE_TEXT = ("olmo",)  # a Cast after each LayerNorm that the next residual reads too: the rewrite tests
 MORE_VISION = ("beit",)
 ATTENTION = ("eager", "default")  # default: whatever transformers picks (sdpa where the model supports it)
@@ -42,9 +45,10 @@ class Spec:
 
 
 def spec(name: str) -> Spec:
-    if name in ("bert", "distilbert", "roberta", "opt"):
+    if name in ("bert", "distilbert", "roberta", "opt", "llama_gqa_padded"):
         return Spec(("input_ids", "attention_mask"), True)
-    if name in TEXT or name in MORE_TEXT or name in MOE or name in SHAPE_READS or name in REWRITE_TEXT:
+    if name in TEXT or name in MORE_TEXT or name in MOE or name in SHAPE_READS or name in REWRITE_TEXT \
+            or name in GQA:
         return Spec(("input_ids",), True)
     if name in AUDIO:
         return Spec(("input_features",), False)
@@ -67,6 +71,11 @@ def _config(name: str):
         cls = {"llama": tr.LlamaConfig, "mistral": tr.MistralConfig, "qwen2": tr.Qwen2Config}[name]
         return cls(vocab_size=100, max_position_embeddings=256, num_key_value_heads=1, head_dim=32,
                    **small)  # grouped-query attention: 2 query heads share one K/V head
+    if name in GQA:
+        cls = {"qwen2": tr.Qwen2Config, "mistral": tr.MistralConfig}.get(name.split("_")[0], tr.LlamaConfig)
+        window = {"sliding_window": 8} if name.startswith("mistral") else {}
+        return cls(vocab_size=100, max_position_embeddings=256, num_key_value_heads=2, head_dim=16,
+                   **dict(small, num_attention_heads=4), **window)
     if name == "roberta":
         return tr.RobertaConfig(vocab_size=100, max_position_embeddings=260, pad_token_id=1, **small)
     if name == "opt":

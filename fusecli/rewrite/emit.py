@@ -42,6 +42,7 @@ class Context:
     graph_outputs: set[str]
     claimed: set[str] = field(default_factory=set)  # IR node names already rewritten in this pass
     skipped: list[str] = field(default_factory=list)  # matches an emitter could not rewrite, and why
+    by_root: dict[str, Match] = field(default_factory=dict)  # this pass's matches by root node name
 
 
 @dataclass

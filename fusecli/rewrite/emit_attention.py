@@ -5,7 +5,8 @@ softmax(q k^T s + bias) v with q, k, v as (B, N, S, H) heads: MultiHeadAttention
 transpose optimizer cancels against the export's own head split), and the output is split back the
 same way. The additive bias (B|1, N|1, S, L) is the export's mask (Add), a causal Where turned into an
 additive one, and T5's position bias, broadcast over the query axis. Grouped-query K/V enter after
-their repeat (the repeat nodes stay); a Dropout is the identity in inference.
+their repeat (the repeat nodes stay) where GroupQueryAttention (emit_gqa) does not fit; a Dropout is the
+identity in inference.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from .shape_values import int_value
 ADD = ("add", "sum", "bias_add")
 
 
-def _scalar(ctx: Context, t: Tensor | None, depth: int = 8) -> float | None:
+def scalar_of(ctx: Context, t: Tensor | None, depth: int = 8) -> float | None:
     """A one-element value: a constant, or float arithmetic on constants and static dims (TorchScript's
     sdpa scale 1 / sqrt(Shape(q)[-1]) with the head size known); None otherwise."""
     if t is None:
@@ -37,7 +38,7 @@ def _scalar(ctx: Context, t: Tensor | None, depth: int = 8) -> float | None:
     p = t.producer
     if p is None or depth == 0 or p.op_type not in _FLOAT_OPS:
         return None
-    args = [_scalar(ctx, x, depth - 1) for x in p.inputs if x is not None]
+    args = [scalar_of(ctx, x, depth - 1) for x in p.inputs if x is not None]
     if not args or any(a is None for a in args) or len(args) != _FLOAT_OPS[p.op_type][0]:
         return None
     try:
@@ -53,15 +54,16 @@ _FLOAT_OPS = {  # op: (inputs, value); the shape-computed scales exporters write
 }
 
 
-def _scale(m: Match, ctx: Context) -> float | None:
+def attention_scale(m: Match, ctx: Context) -> float | None:
     """The product of the constant scales on q, k^T and q k^T (sdpa scales q and k^T by sqrt(s) each)."""
     scale = 1.0
     for role in ("scale", "q_scale", "k_scale"):
         node = m.roles.get(role)
         if node is None:
             continue
-        c = next((v for v in (_scalar(ctx, t) for t in node.inputs if t is not None) if v is not None), None)
-        if c is None or c == 0 or (node.kind == "div" and _scalar(ctx, node.inputs[1]) is None):
+        values = (scalar_of(ctx, t) for t in node.inputs if t is not None)
+        c = next((v for v in values if v is not None), None)
+        if c is None or c == 0 or (node.kind == "div" and scalar_of(ctx, node.inputs[1]) is None):
             return None
         scale *= c if node.kind == "mul" else 1.0 / c
     return scale
@@ -81,7 +83,7 @@ def _mha_form(m: Match) -> AttentionForm | str:
     on_product = scale is None or any(t is qk.outputs[0] for t in scale.inputs)
     if len(form.scales) != scales or not on_product:
         return "a scale on the masked scores, not on q k^T: MultiHeadAttention scales before its bias"
-    if any(n.kind in LAYOUT and not is_noop(n) and _between_scores(n, m) for n in m.nodes):
+    if any(n.kind in LAYOUT and not is_noop(n) and between_scores(n, m) for n in m.nodes):
         return "a layout op between the scores and the softmax: no attention_bias shape fits"
     terms, wheres = len(form.terms), len(form.bool_masks)
     if (wheres == 0 and terms <= 2) or (wheres == 1 and terms == 0):
@@ -89,7 +91,7 @@ def _mha_form(m: Match) -> AttentionForm | str:
     return f"{terms} additive terms and {wheres} bool masks: the emitter takes a mask and a position bias"
 
 
-def _between_scores(node: Node, m: Match) -> bool:
+def between_scores(node: Node, m: Match) -> bool:
     """A node on the path from q k^T to the softmax (not on the q, k or v side)."""
     inside = {id(n) for n in m.nodes}
     t, qk = m.roles["softmax"].inputs[0], m.roles["qk"]
@@ -106,12 +108,12 @@ def _between_scores(node: Node, m: Match) -> bool:
     return False
 
 
-def _perm(ctx: Context, node: Node) -> list[int] | None:
+def perm_of(ctx: Context, node: Node) -> list[int] | None:
     p = _attr(ctx.protos[node.name], "perm")
     return None if p is None else [int(a) for a in p]
 
 
-def _heads(t: Tensor) -> tuple[int, int] | None:
+def heads_of(t: Tensor) -> tuple[int, int] | None:
     """(N, H) of a (B, N, S, H) tensor whose head count and size are known."""
     s = t.shape
     if s is None or len(s) != 4 or not isinstance(s[1], int) or not isinstance(s[3], int):
@@ -119,7 +121,7 @@ def _heads(t: Tensor) -> tuple[int, int] | None:
     return s[1], s[3]
 
 
-class _Builder:
+class Builder:
     """New nodes and initializers of one emission, with unique names."""
 
     def __init__(self, ctx: Context, base: str):
@@ -140,14 +142,14 @@ class _Builder:
         src = t.producer
         if src is not None and src.op_type == "Transpose" and src.name in self.ctx.protos \
                 and not keep_transpose:
-            p0 = _perm(self.ctx, src)
+            p0 = perm_of(self.ctx, src)
             if p0 is not None and len(p0) == 4:
                 t, perm = src.inputs[0], [p0[i] for i in perm]
         moved = t.name if perm == [0, 1, 2, 3] else self.node("Transpose", [t.name], perm=perm)
         return self.node("Reshape", [moved, self.const("packed_shape", np.array([0, 0, hidden], np.int64))])
 
 
-def _bias(m: Match, ctx: Context, b: _Builder, q3: str) -> str | None:
+def _bias(m: Match, ctx: Context, b: Builder, q3: str) -> str | None:
     """The additive attention bias as a (B|1, N|1, S, L) tensor name, '' when there is none."""
     terms = []
     pb = m.roles.get("position_bias")
@@ -160,7 +162,7 @@ def _bias(m: Match, ctx: Context, b: _Builder, q3: str) -> str | None:
         else:  # where(cond, s, c) or where(cond, c, s): the constant c where the condition says
             cond, a, c = mask.inputs[0], mask.inputs[1], mask.inputs[2]
             fill = c if a.producer is not None and any(a.producer is n for n in m.nodes) else a
-            value = _scalar(ctx, fill)
+            value = scalar_of(ctx, fill)
             if value is None:
                 return None
             zero, fv = b.const("zero", np.zeros((), np.float32)), b.const("fill", np.array(value, np.float32))
@@ -177,55 +179,104 @@ def _bias(m: Match, ctx: Context, b: _Builder, q3: str) -> str | None:
 
 
 def attention(m: Match, ctx: Context) -> Emission | None:
-    """The match as MultiHeadAttention; None, with the reason in ``ctx.skipped``, for a form it cannot
-    run (every attention the rewrite leaves is said, never silently missed)."""
+    """The match as GroupQueryAttention where it is a grouped-query decoder's causal self-attention and the
+    kernel's contract fits (emit_gqa), else as MultiHeadAttention; None, with the reason in ``ctx.skipped``,
+    for a form neither runs (every attention the rewrite leaves is said, never silently missed)."""
+    from .emit_gqa import group_query_attention, grouped  # it builds on this module's helpers
+
     pv = m.roles["pv"]
+    why_not_gqa = None
+    if grouped(m):
+        emission = group_query_attention(m, ctx)
+        if not isinstance(emission, str):
+            return emission
+        why_not_gqa = emission
     emission = _attention(m, ctx)
     if isinstance(emission, str):
-        ctx.skipped.append(f"attention at {pv.name}: {emission}")
+        extra = f" (GroupQueryAttention: {why_not_gqa})" if why_not_gqa else ""
+        ctx.skipped.append(f"attention at {pv.name}: {emission}{extra}")
         return None
+    if why_not_gqa:
+        ctx.skipped.append(f"GroupQueryAttention at {pv.name}: {why_not_gqa}; MultiHeadAttention over the "
+                           "repeated K/V instead")
     return emission
 
 
-def _attention(m: Match, ctx: Context) -> Emission | str:
+def common_refusal(m: Match, ctx: Context) -> str | None:
+    """Why neither attention kernel runs the match as written (dtype, ops, opset, softmax axis, a Dropout
+    that may be live), else None."""
     r = m.roles
     qk, pv, softmax = r["qk"], r["pv"], r["softmax"]
     if _dtype(m) != "float32":
-        return f"MultiHeadAttention here runs float32 only, not {_dtype(m)}"
-    if qk.kind == "einsum" and pv.kind == "einsum":
-        form = _mha_form(m)
-        return form if isinstance(form, str) else _einsum_attention(m, ctx)
+        return f"the attention kernels here run float32 only, not {_dtype(m)}"
     if qk.kind != "matmul" or pv.kind != "matmul":
         return "the scores or the output are no MatMul (a batched GEMM, or one Einsum and one MatMul)"
     if ctx.opset < 13:
         return f"opset {ctx.opset} < 13"
-    form = _mha_form(m)
-    if isinstance(form, str):
-        return form
-    q = m.bound["q"]
-    kt = r.get("k_transpose")
-    # K^T (B, N, H, L) = transpose(k_in, P); (B, L, N, H) is k_in through (P[0], P[3], P[1], P[2])
-    k_in, p = (kt.inputs[0], _perm(ctx, kt)) if kt is not None else (qk.inputs[1], [0, 1, 2, 3])
-    if "k_transpose_3d" in r:
-        k_in, p = m.bound["k"], _transposed_3d(r["k_transpose_3d"], m.bound["k"], ctx)
-    if p is None or sorted(p) != [0, 1, 2, 3]:
-        return "K^T is no 4-D transpose of a (batch, heads, keys, head size) K"
-    kperm = [p[0], p[3], p[1], p[2]]
-    v_in = pv.inputs[1]
-    qh, vh = _heads(q), _heads(v_in)
-    ks = k_in.shape
-    if qh is None or vh is None or ks is None or len(ks) != 4 or vh[0] != qh[0] or p[0] != 0:
-        return "the head count or head size of q, k or v is unknown, or K's batch axis moved"
     if _attr(ctx.protos[softmax.name], "axis", -1) % 4 != 3:
         return "the softmax is not over the keys alone"
     d = r.get("dropout")
     if d is not None and len(ctx.protos[d.name].input) > 2 and ctx.protos[d.name].input[2]:
         return "a Dropout with a training_mode input (not provably the identity)"
-    scale = _scale(m, ctx)
+    return None
+
+
+def key_input(m: Match, ctx: Context) -> tuple[Tensor, list[int]] | str:
+    """(k_in, P) with K^T (B, N, H, L) = transpose(k_in, P), or why K^T is no such transpose."""
+    r = m.roles
+    kt = r.get("k_transpose")
+    k_in, p = (kt.inputs[0], perm_of(ctx, kt)) if kt is not None else (r["qk"].inputs[1], [0, 1, 2, 3])
+    if "k_transpose_3d" in r:
+        k_in, p = m.bound["k"], transposed_3d(r["k_transpose_3d"], m.bound["k"], ctx)
+    if p is None or sorted(p) != [0, 1, 2, 3]:
+        return "K^T is no 4-D transpose of a (batch, heads, keys, head size) K"
+    return k_in, p
+
+
+def write_output(m: Match, ctx: Context, b: Builder, o3: str, heads: int, head_size: int,
+                 remove: list[str]) -> None:
+    """The kernel's (B, S, N H) output written where the attention's (B, N, S, H) output went: the export's
+    own merge transpose is written directly (and joins ``remove``), else a split and transpose back."""
+    pv = m.roles["pv"]
+    heads_shape = b.const("heads_shape", np.array([0, 0, heads, head_size], np.int64))
+    merge = merge_heads(pv.outputs[0], ctx)
+    if merge is not None:  # the export's own (B, N, S, H) -> (B, S, N, H) transpose: written directly
+        b.node("Reshape", [o3, heads_shape], merge.outputs[0].name)
+        remove.append(merge.name)
+    else:
+        split = b.node("Reshape", [o3, heads_shape])
+        b.node("Transpose", [split], pv.outputs[0].name, perm=[0, 2, 1, 3])
+
+
+def _attention(m: Match, ctx: Context) -> Emission | str:
+    pv = m.roles["pv"]
+    if m.roles["qk"].kind == "einsum" and pv.kind == "einsum":  # Keras's attention (tf2onnx, lowering off)
+        if _dtype(m) != "float32":
+            return f"the attention kernels here run float32 only, not {_dtype(m)}"
+        form = _mha_form(m)
+        return form if isinstance(form, str) else _einsum_attention(m, ctx)
+    refusal = common_refusal(m, ctx)
+    if refusal:
+        return refusal
+    form = _mha_form(m)
+    if isinstance(form, str):
+        return form
+    q = m.bound["q"]
+    key = key_input(m, ctx)
+    if isinstance(key, str):
+        return key
+    k_in, p = key
+    kperm = [p[0], p[3], p[1], p[2]]  # (B, L, N, H) is k_in through this
+    v_in = pv.inputs[1]
+    qh, vh = heads_of(q), heads_of(v_in)
+    ks = k_in.shape
+    if qh is None or vh is None or ks is None or len(ks) != 4 or vh[0] != qh[0] or p[0] != 0:
+        return "the head count or head size of q, k or v is unknown, or K's batch axis moved"
+    scale = attention_scale(m, ctx)
     if scale is None:
         return "the scale is not one constant"
     heads, size = qh
-    b = _Builder(ctx, pv.name)
+    b = Builder(ctx, pv.name)
     q3 = b.packed(q, [0, 2, 1, 3], heads * size)
     k3 = b.packed(k_in, kperm, heads * size)
     v3 = b.packed(v_in, [0, 2, 1, 3], heads * vh[1])
@@ -235,16 +286,9 @@ def _attention(m: Match, ctx: Context) -> Emission | str:
     o3 = b.node("MultiHeadAttention", [q3, k3, v3, "", "", bias], domain=MS, num_heads=heads, scale=scale)
     if form.guard:  # sdpa's NaN guard: a row whose every key is masked gives zeros, not NaN
         o3 = b.node("Where", [b.node("IsNaN", [o3]), b.const("guard_zero", np.zeros((), np.float32)), o3])
-    keep = _feeding(m, [k_in, v_in])
+    keep = feeding(m, [k_in, v_in])
     remove = [n.name for n in m.nodes if id(n) not in keep]
-    heads_shape = b.const("heads_shape", np.array([0, 0, heads, vh[1]], np.int64))
-    merge = _merge_heads(pv.outputs[0], ctx)
-    if merge is not None:  # the export's own (B, N, S, H) -> (B, S, N, H) transpose: written directly
-        b.node("Reshape", [o3, heads_shape], merge.outputs[0].name)
-        remove.append(merge.name)
-    else:
-        split = b.node("Reshape", [o3, heads_shape])
-        b.node("Transpose", [split], pv.outputs[0].name, perm=[0, 2, 1, 3])
+    write_output(m, ctx, b, o3, heads, vh[1], remove)
     return Emission(m.pattern.name, "MultiHeadAttention", remove, b.nodes, b.inits)
 
 
@@ -308,11 +352,11 @@ def _einsum_attention(m: Match, ctx: Context) -> Emission | str:
                     return "the head count or head size of q, k or v is unknown or differs"
     if dims[h] == 0 or dims[heads] == 0:
         return "zero heads or a zero head size"
-    scale = _scale(m, ctx)
+    scale = attention_scale(m, ctx)
     if scale is None:
         return "the scale is not one constant"
     n, size, vsize = dims[heads], dims[h], dims[hv]
-    b_ = _Builder(ctx, pv.name)
+    b_ = Builder(ctx, pv.name)
     q3 = b_.packed(q, [q_sub.index(c) for c in (bat, t_, heads, h)], n * size, keep_transpose=True)
     k3 = b_.packed(k, [k_sub.index(c) for c in (bat, s_, heads, h)], n * size, keep_transpose=True)
     v_names = [v_role[c] for c in v_sub]
@@ -331,14 +375,14 @@ def _einsum_attention(m: Match, ctx: Context) -> Emission | str:
     return Emission(m.pattern.name, "MultiHeadAttention", [x.name for x in m.nodes], b_.nodes, b_.inits)
 
 
-def _transposed_3d(t: Node, k: Tensor, ctx: Context) -> list[int] | None:
+def transposed_3d(t: Node, k: Tensor, ctx: Context) -> list[int] | None:
     """[0, 1, 3, 2] when Reshape(Transpose(Reshape(k, (B N, S, H)), (0, 2, 1)), (B, N, H, S)) is K^T of a
     (B, N, S, H) k with N and H known (the split of B N back into B, N undoes the merge), else None."""
     merged, split = t.inputs[0], t.outputs[0].consumers
     ks = k.shape
     if merged is None or merged.producer is None or merged.producer.inputs[0] is not k or len(split) != 1 \
             or ks is None or len(ks) != 4 or not isinstance(ks[1], int) or not isinstance(ks[3], int) \
-            or _perm(ctx, t) != [0, 2, 1]:
+            or perm_of(ctx, t) != [0, 2, 1]:
         return None
     out = split[0].outputs[0].shape
     if merged.shape is None or len(merged.shape) != 3 or tuple(merged.shape[1:]) != tuple(ks[2:]) \
@@ -347,18 +391,18 @@ def _transposed_3d(t: Node, k: Tensor, ctx: Context) -> list[int] | None:
     return [0, 1, 3, 2]
 
 
-def _merge_heads(out: Tensor, ctx: Context) -> Node | None:
+def merge_heads(out: Tensor, ctx: Context) -> Node | None:
     """The one consumer of the attention output when it is Transpose(0, 2, 1, 3), else None."""
     if out.name in ctx.graph_outputs or len(out.consumers) != 1:
         return None
     t = out.consumers[0]
     if t.op_type != "Transpose" or t.name not in ctx.protos or t.name in ctx.claimed \
-            or _perm(ctx, t) != [0, 2, 1, 3]:
+            or perm_of(ctx, t) != [0, 2, 1, 3]:
         return None
     return t
 
 
-def _feeding(m: Match, ts: list[Tensor]) -> set[int]:
+def feeding(m: Match, ts: list[Tensor]) -> set[int]:
     """ids of the match's nodes that make ``ts`` (the grouped-query repeats): they stay."""
     inside = {id(n): n for n in m.nodes}
     keep, stack = set(), [t.producer for t in ts if t.producer is not None]

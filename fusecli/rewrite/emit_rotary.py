@@ -12,6 +12,8 @@ pairs, a (B, S, N, D) layout, a table with a batch axis, an odd or unknown head 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import onnx
 
@@ -158,7 +160,22 @@ def _interior_private(m: Match, ctx: Context) -> bool:
                for n in m.nodes[:-1] for t in n.outputs)
 
 
-def rotary(m: Match, ctx: Context) -> Emission | None:
+@dataclass
+class RotaryParts:
+    """A rotary match as ONNX Runtime's kernels read it: x (B, N, S, D), the (S, D/2) cos and sin caches
+    and the nodes and initializers that make them."""
+
+    x: Tensor
+    cos: Tensor  # the export's tables (B|1, 1, S, D), to tell whether two matches share them
+    sin: Tensor
+    caches: list[str]
+    nodes: list[onnx.NodeProto]
+    inits: list[onnx.TensorProto]
+
+
+def rotary_parts(m: Match, ctx: Context) -> RotaryParts | None:
+    """The rotary match's input and caches where RotaryEmbedding (or GroupQueryAttention's do_rotary, which
+    computes the same for a prompt without past) runs it, else None."""
     x, cos, sin = m.bound.get("x"), m.bound.get("cos"), m.bound.get("sin")
     if x is None or cos is None or sin is None or x.dtype != "float32" or x.shape is None \
             or len(x.shape) != 4 or m.root.outputs[0].dtype != "float32":
@@ -178,9 +195,17 @@ def rotary(m: Match, ctx: Context) -> Emission | None:
         if cache is None:
             return None
         caches.append(cache)
+    return RotaryParts(x, cos, sin, caches, nodes, inits)
+
+
+def rotary(m: Match, ctx: Context) -> Emission | None:
+    parts = rotary_parts(m, ctx)
+    if parts is None:
+        return None
+    nodes, inits = parts.nodes, parts.inits
     pos = new_initializer(ctx, f"{m.root.name}_position_offset", np.zeros(1, np.int64), inits)
-    nodes.append(make_node("RotaryEmbedding", [x.name, pos, *caches], m.root.outputs[0].name, m.root.name, MS,
-                           interleaved=0))
+    nodes.append(make_node("RotaryEmbedding", [parts.x.name, pos, *parts.caches], m.root.outputs[0].name,
+                           m.root.name, MS, interleaved=0))
     return Emission(m.pattern.name, "RotaryEmbedding", [n.name for n in m.nodes], nodes, inits)
 
 

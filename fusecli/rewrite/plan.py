@@ -22,6 +22,7 @@ def saving(m: Match) -> tuple:
 def plan(matches: list[Match], ctx: Context) -> list[Emission]:
     """Greedy non-overlapping choice, largest saving first; a match no kernel fits is passed over."""
     chosen: list[Emission] = []
+    ctx.by_root = {m.root.name: m for m in matches}  # an emitter may take a neighbour match in (rotary)
     candidates = sorted((m for m in matches if is_safe(m, ctx.mode)), key=saving)  # stable: graph order
     for m in candidates:
         if any(n.name in ctx.claimed for n in m.nodes):

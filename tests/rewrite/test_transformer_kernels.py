@@ -50,12 +50,13 @@ def _ort_extended_fused(path: str, tmp_path) -> int:
 @pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
 def test_llama_family_kernels(hf_onnx, exporter, tmp_path):
     """Grouped-query attention, RMSNorm pre-norm blocks and SwiGLU's SiLU: 2 layers give 2
-    MultiHeadAttention, 4 SkipSimplifiedLayerNormalization (residual sum as the 4th output), 1 final
+    GroupQueryAttention (the eager export's causal mask from shapes), 4 SkipSimplifiedLayerNormalization
+    (residual sum as the 4th output), 1 final
     SimplifiedLayerNormalization and 2 QuickGelu; verified and equal to PyTorch's output."""
     path = hf_onnx("llama", exporter)
     r = _rewrite(path)
     got = r.ops_after
-    assert got.get(MS + "MultiHeadAttention") == 2
+    assert got.get(MS + "GroupQueryAttention") == 2 and MS + "MultiHeadAttention" not in got
     assert got.get(MS + "SkipSimplifiedLayerNormalization") == 4
     assert got.get("SimplifiedLayerNormalization") == 1 and got.get(MS + "QuickGelu") == 2
     assert r.verification.ok and "Softmax" not in got
@@ -92,25 +93,41 @@ def test_cuda_target_emits_only_cuda_kernels(hf_onnx, name):
 def test_default_sdpa_attention_becomes_multi_head_attention(hf_onnx, name, blocks, exporter):
     """The default (sdpa) exports: the NaN guard (kept on the kernel's output: a row whose every key is
     masked gives zeros), q and k^T each scaled by sqrt(s), bool masks made additive, dynamo's
-    Reshape-Transpose-Reshape of K, cross-attention (BART): one MultiHeadAttention per attention block,
-    every region cut out and verified on its own, equal to PyTorch's output."""
+    Reshape-Transpose-Reshape of K, cross-attention (BART): one MultiHeadAttention per attention block
+    (GroupQueryAttention for Llama's grouped-query causal attention), every region cut out and verified on
+    its own, equal to PyTorch's output."""
     if (name, exporter) == ("llama", "torchscript"):
         pytest.skip("TorchScript cannot export sdpa with enable_gqa")
     r = _rewrite(hf_onnx(name, exporter, attn="default"))
-    assert r.ops_after.get(MS + "MultiHeadAttention") == blocks
+    kernel = "GroupQueryAttention" if name == "llama" else "MultiHeadAttention"
+    assert r.ops_after.get(MS + kernel) == blocks
     assert "Softmax" not in r.ops_after  # the NaN guard stays, on the kernel's output
     assert r.verification.ok and r.verification.uncut == []
     _torch_matches(name, r.model, attn="default")
 
 
-def test_soft_capped_attention_is_left_unfused_and_said(hf_onnx):
-    """Gemma2 scores tanh(s / c) c: MultiHeadAttention has no soft-cap, so no kernel, and the run says why;
-    the rest of the model is still rewritten and verified."""
+def test_soft_capped_attention_becomes_group_query_attention(hf_onnx):
+    """Gemma2 scores c tanh(q k^T s / c) under a causal mask, a sliding window of 8 keys on its first layer:
+    GroupQueryAttention with softcap = c and local_window_size = 8 there (both read from the export and
+    its probed mask), verified and equal to PyTorch's output."""
     r = _rewrite(hf_onnx("gemma2", "torchscript", attn="default"))
+    gqa = [n for n in r.model.graph.node if n.op_type == "GroupQueryAttention"]
+    assert len(gqa) == 2 and MS + "MultiHeadAttention" not in r.ops_after and "Softmax" not in r.ops_after
+    attrs = [{a.name: a.f or a.i for a in n.attribute} for n in gqa]
+    assert all(a["softcap"] == 50.0 for a in attrs)
+    assert sorted(a.get("local_window_size", -1) for a in attrs) == [-1, 8]
+    assert r.verification.ok and not [w for w in r.warnings if "attention" in w]
+    _torch_matches("gemma2", r.model, attn="default")
+
+
+def test_soft_capped_attention_on_cuda_is_left_unfused_and_said(hf_onnx):
+    """--target cuda: MultiHeadAttention has no soft-cap and GroupQueryAttention's CUDA kernel takes no
+    float32, so no attention kernel, and the run says why; the rest is still rewritten and verified."""
+    r = _rewrite(hf_onnx("gemma2", "torchscript", attn="default"), target="cuda")
     said = [w for w in r.warnings if w.startswith("not rewritten: attention at") and "soft-cap" in w]
     assert len(said) == 2 and MS + "MultiHeadAttention" not in r.ops_after
+    assert all("GroupQueryAttention: its CUDA kernel" in w for w in said)
     assert r.verification.ok and any(k.startswith(MS) for k in r.ops_after)
-
 
 
 def test_olmo_layer_norm_reading_a_shared_cast_is_left_out_and_the_rest_written(hf_onnx):
