@@ -438,14 +438,8 @@ def _decomposed(m: Match, ctx: Context) -> _Norm | None:
         return _moments(m, ctx)
     if x is None or d is None or "normalize" not in m.roles or x.shape is None:
         return None  # TensorFlow's own moments form (Rsqrt, SquaredDifference) never comes out of ONNX
-    rank = len(x.shape)
-    means = [n for n in m.nodes if n.kind == "reduce_mean"]
-    axes = [_reduce_axes(n, ctx) for n in means]
-    if len(means) != 2 or any(a is None for a in axes):
-        return None
-    norm_axes = [sorted(a % rank for a in ax) for ax in axes]
-    first = norm_axes[0][0] if norm_axes[0] else rank
-    if norm_axes[0] != norm_axes[1] or norm_axes[0] != list(range(first, rank)) or first >= rank:
+    first = _normalized_axis(m, ctx, len(x.shape))
+    if first is None:
         return None
     normalize = m.roles["normalize"]
     eps_add = normalize.inputs[1].producer.inputs[0].producer
@@ -461,13 +455,9 @@ def _decomposed(m: Match, ctx: Context) -> _Norm | None:
     return _Norm(x, first, float(eps.reshape(-1)[0]), gamma, beta)
 
 
-def _moments(m: Match, ctx: Context) -> _Norm | None:
-    """x, axis, eps, gamma and beta of tf2onnx's moments LayerNorm: x * inv + (beta - mean * inv),
-    inv = gamma / sqrt(mean((x - mean)^2) + eps), both means over the same trailing axes."""
-    x = m.bound.get("x")
-    if x is None or x.shape is None:
-        return None
-    rank = len(x.shape)
+def _normalized_axis(m: Match, ctx: Context, rank: int) -> int | None:
+    """The first normalized axis when the match's two ReduceMeans (mean, variance) both reduce the same
+    trailing axes, else None."""
     means = [n for n in m.nodes if n.kind == "reduce_mean"]
     axes = [_reduce_axes(n, ctx) for n in means]
     if len(means) != 2 or any(a is None for a in axes):
@@ -475,6 +465,18 @@ def _moments(m: Match, ctx: Context) -> _Norm | None:
     norm_axes = [sorted(a % rank for a in ax) for ax in axes]
     first = norm_axes[0][0] if norm_axes[0] else rank
     if norm_axes[0] != norm_axes[1] or norm_axes[0] != list(range(first, rank)) or first >= rank:
+        return None
+    return first
+
+
+def _moments(m: Match, ctx: Context) -> _Norm | None:
+    """x, axis, eps, gamma and beta of tf2onnx's moments LayerNorm: x * inv + (beta - mean * inv),
+    inv = gamma / sqrt(mean((x - mean)^2) + eps), both means over the same trailing axes."""
+    x = m.bound.get("x")
+    if x is None or x.shape is None:
+        return None
+    first = _normalized_axis(m, ctx, len(x.shape))
+    if first is None:
         return None
     eps_add, inv = m.roles["ln_eps"], m.roles["ln_inv"]
     eps_t = next((t for t in eps_add.inputs if t.kind in ("parameter", "constant")), None)
