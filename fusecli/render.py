@@ -75,6 +75,13 @@ STATE_TEXT = {"training": "training-safe", "recompute": "training-safe if recomp
               "inference": "inference only", "none": "not fusable"}
 
 
+def state_text(m: Match) -> str:
+    """The verdict as a label: a recompute that keeps as much as it frees says it frees nothing."""
+    text = STATE_TEXT[verdict_state(m)]
+    rc = getattr(m.verdict, "recompute", None)
+    return text + ",\nfrees nothing" if rc is not None and getattr(rc, "frees_nothing", False) else text
+
+
 def choose_fused(matches: list[Match], mode: str = "inference") -> list[Match]:
     """Non-overlapping forward matches to draw fused: only those fusable in ``mode`` (training: the
     training-safe ones, then those safe if recomputed), the safest and then the largest first."""
@@ -201,7 +208,7 @@ def _node_label(d: _Drawer, n: Node) -> str:
 
 def _fused_label(d: _Drawer, m: Match) -> str:
     scope = d.short(m.root.name.rsplit("/", 1)[0] if "/" in m.root.name else m.root.name)
-    return _label(m.pattern.name, m.pattern.kernel.split(" / ")[0], scope, STATE_TEXT[verdict_state(m)])
+    return _label(m.pattern.name, m.pattern.kernel.split(" / ")[0], scope, *state_text(m).split("\n"))
 
 
 def _forward(d: _Drawer, a: Analysis, nodes: set[int] | None, fused: list[Match], collapse: int,

@@ -22,6 +22,7 @@ from .render import (
     _node_label,
     build_dot,
     escape,
+    state_text,
 )
 from .units import format_bytes, format_shape
 
@@ -70,8 +71,8 @@ def draw_fused_training(d: _Drawer, a: Analysis, nodes, o) -> None:
             continue
         v = m.verdict
         color = COLORS["training"] if v.training_safe else RECOMPUTE_COLOR
-        fwd[id(n)] = d.node(id(m), lambda m=m, v=v: _label(" + ".join(x.op_type for x in m.nodes),
-                                                          f"({m.pattern.name})", v.state),
+        fwd[id(n)] = d.node(id(m), lambda m=m: _label(" + ".join(x.op_type for x in m.nodes),
+                                                      f"({m.pattern.name})", *state_text(m).split("\n")),
                             shape="box", style="rounded,filled,bold", color=color, fillcolor=color + "33",
                             penwidth="2")
     for n in a.graph.forward_nodes():

@@ -16,7 +16,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from .fusion.match import Match
-from .fusion.recompute import saved_if_recomputed
+from .fusion.recompute import recompute_all
 from .memory import memory_formulas
 from .names import ELLIPSIS, common_scope, cut, cut_end, fit_unique, name_pattern, skeleton
 from .pipeline import Analysis
@@ -153,6 +153,11 @@ def verdict_class(m: Match) -> str:
     return "inference only" if v.inference_safe else "not fusable"
 
 
+def frees_nothing(m: Match) -> bool:
+    """A 'training-safe if recomputed' match whose recompute keeps at least as much as it frees."""
+    return bool(getattr(getattr(m.verdict, "recompute", None), "frees_nothing", False))
+
+
 CLASS_COLOR = {"training-safe": "green", "backward fusion": "green", "training-safe if recomputed": "cyan",
                "inference only": "yellow", "not fusable": "red"}
 
@@ -227,9 +232,11 @@ def summary_lines(a: Analysis, width: int, style: _Style) -> list[str]:
             Column("training", right=True), Column("recompute", right=True), Column("blocked", right=True)]
     n = len(a.matches)
     title = style(f"fusion: {n} match{'es' if n != 1 else ''}", bold=True) + ", how many are safe to fuse"
+    nothing = sum(map(frees_nothing, a.matches))
+    note = f" ({nothing} of them free nothing at these dims)" if nothing else ""
     return ["", title] + table(cols, body, width) \
-        + wrap("recompute: safe if the kernel recomputes; blocked: bytes backward reads inside", width,
-               "  ")
+        + wrap(f"recompute: safe if the kernel recomputes{note}; blocked: bytes backward reads inside",
+               width, "  ")
 
 
 def memory_lines(a: Analysis, width: int) -> list[str]:
@@ -251,12 +258,20 @@ def memory_lines(a: Analysis, width: int) -> list[str]:
 
 
 def recompute_lines(a: Analysis, width: int) -> list[str]:
-    """What backward would keep if every 'training-safe if recomputed' fusion were taken."""
-    if not any(getattr(m.verdict, "recompute", None) for m in a.matches):
+    """What backward would keep if every 'training-safe if recomputed' fusion that frees memory were taken,
+    and how much less that is (never more than today: one that frees nothing is not taken)."""
+    r = recompute_all(a.matches, a.liveness)
+    if not r.recomputable:
         return []
-    kept = saved_if_recomputed(a.matches, a.liveness)
-    return wrap(f"if every recomputable fusion is taken: {format_bytes(kept)} saved for backward", width,
-                "  ")
+    if r.saved_bytes is None:
+        return wrap("if every recomputable fusion that frees memory is taken: ? saved for backward (a size "
+                    "is unknown)", width, "  ")
+    if not r.taken:
+        return wrap(f"recomputing frees nothing: each of the {r.recomputable} recomputable fusions keeps at "
+                    "least as much as it frees at these dims", width, "  ")
+    less = a.liveness.saved_bytes - r.saved_bytes
+    return wrap(f"if every recomputable fusion that frees memory is taken ({r.taken} of {r.recomputable}): "
+                f"{format_bytes(r.saved_bytes)} saved for backward, {format_bytes(less)} less", width, "  ")
 
 
 def formula_lines(a: Analysis, width: int) -> list[str]:
@@ -315,7 +330,7 @@ def _scope(name: str) -> str:
 def _group_key(m: Match) -> tuple:
     f = m.verdict.frameworks or {}
     marks = tuple((k, v.get("cpu"), v.get("gpu")) for k, v in sorted(f.items()))
-    return (m.pattern.name, verdict_class(m), tuple(n.op_type for n in m.nodes), marks)
+    return (m.pattern.name, verdict_class(m), frees_nothing(m), tuple(n.op_type for n in m.nodes), marks)
 
 
 def _frameworks(m: Match, verbose: bool) -> str:
@@ -341,7 +356,7 @@ def matches_lines(a: Analysis, namer: Namer, width: int, verbose: bool, style: _
     lines = ["", "matches" + ("" if verbose else " (repeated blocks on one line; -v lists each)"),
              *wrap("would TensorFlow's Grappler (TF) or ONNX Runtime (ORT) fuse it, on CPU and GPU", width,
                    "  ")]
-    for (pattern, cls, ops, _), ms in groups.items():
+    for (pattern, cls, _, ops, _), ms in groups.items():
         first = ms[0]
         by_skeleton: dict[str, list[str]] = {}  # 'stem_conv', 'stage*_block*_conv': one pattern each
         for m in ms:
@@ -363,6 +378,8 @@ def matches_lines(a: Analysis, namer: Namer, width: int, verbose: bool, style: _
         if cls not in ("training-safe", "backward fusion"):
             lines += _limited(wrap(("e.g. " if len(ms) > 1 else "") + _why_short(first, namer),
                                    width, "      "), 2, width)
+        if cls == "training-safe if recomputed":
+            lines += wrap(_recompute_text(first), width, "      ")
     return lines
 
 
@@ -375,11 +392,17 @@ def _why_short(m: Match, namer: Namer) -> str:
     b = v.blocking[0]
     readers = sorted({n.rsplit("/", 1)[-1] for n in b.needed_by})
     text = f"blocked by {namer(b.tensor.name)} ({format_bytes(b.bytes)}), read by {', '.join(readers)}"
-    rc = getattr(v, "recompute", None)
-    if rc is not None:
-        flops = "? FLOPs" if rc.flops is None else f"{rc.flops:,} FLOPs"
-        text += f"; recomputed: frees {format_bytes(rc.bytes_freed)} for +{flops}"
     return text
+
+
+def _recompute_text(m: Match) -> str:
+    """'recomputed: frees 1.5 MiB net (4.0 MiB freed, 2.5 MiB kept) for +N FLOPs', or 'frees nothing'."""
+    rc = m.verdict.recompute
+    flops = "? FLOPs" if rc.flops is None else f"{rc.flops:,} FLOPs"
+    net = rc.net_bytes_freed
+    frees = "frees nothing" if frees_nothing(m) else f"frees {format_bytes(net)} net"
+    return (f"recomputed: {frees} at these dims ({format_bytes(rc.bytes_freed)} freed, "
+            f"{format_bytes(rc.bytes_kept)} kept instead) for +{flops} in backward")
 
 
 def _limited(lines: list[str], most: int, width: int) -> list[str]:

@@ -40,3 +40,13 @@ def test_cli_view(sample, tmp_path):
                                   "-o", str(out)])
     assert r.exit_code == 0, r.output
     assert "bn_grad_relu_grad" in out.read_text()
+
+
+def test_a_recompute_that_frees_nothing_says_so(hf_onnx):
+    """Issue 27: at seq=16 BERT's recomputable fusions keep as much as they free; their boxes say so."""
+    a = analyze(hf_onnx("bert", dynamic=False), Options(batch=2))
+    nothing = [m for m in a.matches if m.verdict.recompute is not None and m.verdict.recompute.frees_nothing]
+    assert nothing
+    source, _ = build_training_dot(a)
+    labels = re.findall(r'label="([^"]*training-safe if recomputed[^"]*)"', source)
+    assert labels and all(lab.endswith("training-safe if recomputed,\\nfrees nothing") for lab in labels)

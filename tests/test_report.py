@@ -245,3 +245,31 @@ def test_text_report_is_linear_in_name_length(save_model):
     assert elapsed < 2.0 and all(len(line) <= WIDTH for line in lines)
     shown = [line for line in lines if "/layer" in line]
     assert shown and all(re.search(r"scope\d/n", line) or "layer" in line for line in shown)
+
+
+# ---- recompute lines (issue 27) -------------------------------------------------------------------
+
+def test_recompute_lines_say_what_they_free(bert):
+    """At seq=16 BERT's attention keeps q, k and the mask to free a smaller P, and the gelu Mul keeps as
+    much as it frees: each says it frees nothing, and the total never exceeds today's saved bytes."""
+    import json
+
+    r = CliRunner().invoke(main, ["analyze", bert, "--batch", "2", "--dim", "seq=16", "--json"])
+    doc = json.loads(r.stdout)
+    recomputes = [p for p in doc["patterns"] if p["recompute"]]
+    assert recomputes
+    for p in recomputes:
+        rc = p["recompute"]
+        assert rc["net_bytes_freed"] == rc["bytes_freed"] - rc["bytes_kept"]
+        assert ("recomputing frees nothing" in p["reason"]) == (rc["net_bytes_freed"] <= 0)
+    assert any(p["recompute"]["net_bytes_freed"] <= 0 for p in recomputes)
+    memory = doc["memory"]
+    assert memory["saved_bytes_if_recomputed"] <= memory["saved_bytes"]
+    text = report(bert, "--batch", "2", "--dim", "seq=16")
+    assert "recomputing frees nothing" in text and "recomputed: frees nothing at these dims" in text
+    long = report(bert, "--batch", "2", "--dim", "seq=512")
+    line = " ".join(long.split("if every recomputable fusion that frees memory is taken")[1].split()[:11])
+    saved = json.loads(CliRunner().invoke(main, ["analyze", bert, "--batch", "2", "--dim", "seq=512",
+                                                 "--json"]).stdout)["memory"]
+    less = format_bytes(saved["saved_bytes"] - saved["saved_bytes_if_recomputed"])
+    assert line.startswith("(2 of 4):") and line.endswith(f"{less} less"), line

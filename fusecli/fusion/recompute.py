@@ -40,9 +40,21 @@ class Recompute:
     recipe: str = ""  # one line: how (e.g. FlashAttention)
     kept_sizes: dict[str, int | None] = field(default_factory=dict)  # bytes of each kept name
 
+    @property
+    def net_bytes_freed(self) -> int | None:
+        """What recomputing frees once what it keeps instead is counted (None: a size is unknown)."""
+        if self.bytes_freed is None or self.bytes_kept is None:
+            return None
+        return self.bytes_freed - self.bytes_kept
+
+    @property
+    def frees_nothing(self) -> bool:
+        """It keeps at least as many bytes as it frees (at the dims the bytes were counted at)."""
+        return self.net_bytes_freed is not None and self.net_bytes_freed <= 0
+
     def to_json(self) -> dict:
         return {"tensors": self.tensors, "flops": self.flops, "bytes_freed": self.bytes_freed,
-                "bytes_kept": self.bytes_kept}
+                "bytes_kept": self.bytes_kept, "net_bytes_freed": self.net_bytes_freed}
 
 
 def _numel(t: Tensor, sizes: Mapping[str, int] | None) -> int | None:
@@ -180,22 +192,90 @@ def plan(m: Match, blocking: list, live: Liveness,
     return Recompute(tensors, flops, freed, kept_bytes, list(kept), recipe, kept)
 
 
+@dataclass
+class RecomputeAll:
+    """Backward's saved bytes once every recomputable fusion that frees memory is taken."""
+
+    saved_bytes: int | None  # never above the saved bytes today (None: a size is unknown)
+    taken: int  # fusions that free memory, taken
+    recomputable: int  # matches whose verdict is "training-safe if recomputed"
+
+
+class _Ledger:
+    """Saved bytes while recompute plans are taken and dropped: a name freed by a plan leaves the saved
+    set unless a taken plan keeps it, a name kept joins it once (counts, so each step costs one plan)."""
+
+    def __init__(self, live: Liveness) -> None:
+        self.live = live
+        self.freed: dict[str, int] = {}
+        self.kept: dict[str, int] = {}
+        self.total: int | None = live.saved_bytes
+
+    def _bytes(self, name: str, rc: Recompute) -> int | None:
+        s = self.live.saved_by_name.get(name)
+        return (s.bytes or 0) if s is not None else rc.kept_sizes.get(name)
+
+    def _state(self, name: str) -> bool:
+        """Is ``name`` in the saved set (as far as the plans change it)?"""
+        today = name in self.live.saved_by_name
+        return self.kept.get(name, 0) > 0 or (today and not self.freed.get(name, 0))
+
+    def _change(self, names, counts: dict[str, int], step: int, rc: Recompute) -> None:
+        for name in names:
+            before = self._state(name)
+            counts[name] = counts.get(name, 0) + step
+            after = self._state(name)
+            if before != after:
+                b = self._bytes(name, rc)
+                if b is None or self.total is None:
+                    self.total = None
+                else:
+                    self.total += b if after else -b
+
+    def apply(self, rc: Recompute, step: int) -> None:
+        """Take (step 1) or drop (step -1) one plan."""
+        self._change(rc.tensors, self.freed, step, rc)
+        self._change(rc.kept_sizes, self.kept, step, rc)
+
+
+def _search(live: Liveness, plans: list[Recompute], start: bool) -> tuple[int, int | None]:
+    """From none or all of ``plans`` taken, take or drop one at a time (largest net saving first) while that
+    lowers the saved bytes: a kept input several matches share (a mask) pays off only together."""
+    ledger = _Ledger(live)
+    taken = dict.fromkeys((id(rc) for rc in plans), start)
+    if start:
+        for rc in plans:
+            ledger.apply(rc, 1)
+    changed = True
+    while changed and ledger.total is not None:
+        changed = False
+        for rc in sorted(plans, key=lambda rc: -(rc.net_bytes_freed or 0)):
+            best = ledger.total
+            step = -1 if taken[id(rc)] else 1
+            ledger.apply(rc, step)
+            if ledger.total is None:
+                break
+            if ledger.total < best:
+                taken[id(rc)], changed = not taken[id(rc)], True
+            else:
+                ledger.apply(rc, -step)
+    return sum(taken.values()), ledger.total
+
+
+def recompute_all(matches: list[Match], live: Liveness) -> RecomputeAll:
+    """The recomputable fusions that together free the most, and the saved bytes then: never above
+    today's (a fusion that keeps as much as it frees is left out)."""
+    plans = [m.verdict.recompute for m in matches if getattr(m.verdict, "recompute", None) is not None]
+    best = (0, live.saved_bytes)
+    for start in (False, True):
+        taken, total = _search(live, plans, start)
+        if total is None:
+            return RecomputeAll(None, 0, len(plans))
+        if total < best[1]:
+            best = (taken, total)
+    return RecomputeAll(best[1], best[0], len(plans))
+
+
 def saved_if_recomputed(matches: list[Match], live: Liveness) -> int | None:
-    """Saved bytes if every recomputable fusion is taken: each freed tensor leaves the saved set once,
-    each kept statistic or input joins it once (None when a size is unknown)."""
-    freed: set[str] = set()
-    kept: dict[str, int | None] = {}
-    for m in matches:
-        rc = getattr(m.verdict, "recompute", None)
-        if rc is not None:
-            freed.update(rc.tensors)
-            kept.update(rc.kept_sizes)
-    total: int | None = live.saved_bytes
-    for name in freed:
-        s = live.saved_by_name.get(name)
-        if s is not None and total is not None and s.bytes is not None:
-            total -= s.bytes
-    for name, b in kept.items():
-        if name not in live.saved_by_name:
-            total = _add(total, b)
-    return total
+    """Saved bytes if every recomputable fusion that frees memory is taken (None when a size is unknown)."""
+    return recompute_all(matches, live).saved_bytes

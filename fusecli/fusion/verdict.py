@@ -139,7 +139,8 @@ def judge(m: Match, graph: Graph, live: Liveness, sizes: Mapping[str, int] | Non
         if isinstance(rc, Recompute):
             return Verdict(True, False, f"training-safe if recomputed: {blocked}; {rc.recipe}: "
                            f"+{_count(rc.flops, 'FLOPs')} in backward, frees {_size(rc.bytes_freed)}, keeps "
-                           f"{_size(rc.bytes_kept)} instead", blocking, traffic, notes, rc, "backward_reads")
+                           f"{_size(rc.bytes_kept)} instead{_net(rc, sizes)}", blocking, traffic, notes, rc,
+                           "backward_reads")
         return Verdict(True, False, f"inference only: {blocked}; to train fused, the kernel must also "
                        f"write it out or recompute it, and {rc}", blocking, traffic, notes,
                        check="recompute_contraction")
@@ -151,6 +152,17 @@ def _at(sizes: Mapping[str, int] | None) -> str:
     """'batch=2, seq=128': the input dims the bytes are counted at."""
     names = getattr(sizes, "variables", ())
     return ", ".join(f"{n}={sizes[n]}" for n in names) if names else "the model's fixed sizes"
+
+
+def _net(rc: Recompute, sizes: Mapping[str, int] | None) -> str:
+    """What recomputing frees once what it keeps is counted: nothing, when it keeps as much or more."""
+    net = rc.net_bytes_freed
+    if net is None:
+        return ""
+    if net > 0:
+        return f" (net: frees {format_bytes(net)})"
+    more = "as much as it frees" if net == 0 else f"{format_bytes(-net)} more than it frees"
+    return f"; at {_at(sizes)} recomputing frees nothing: it keeps {more}"
 
 
 def _count(n: int | None, unit: str) -> str:

@@ -130,6 +130,8 @@ def test_memory_total_and_human_report(tmp_path):
     [bn] = [p for p in doc["patterns"] if p["pattern"] == "bn_act"]
     assert bn["verdict"] == "training-safe if recomputed"
     assert bn["recompute"] == {"tensors": ["bn_out", "sig_out"], "flops": ELEMS * 6,
-                               "bytes_freed": 2 * ELEMS * 4, "bytes_kept": 0}
+                               "bytes_freed": 2 * ELEMS * 4, "bytes_kept": 0,
+                               "net_bytes_freed": 2 * ELEMS * 4}
     human = CliRunner().invoke(main, ["analyze", path, "--batch", str(N)]).output
-    assert "training-safe if recomputed" in human and "if every recomputable fusion is taken" in human
+    assert "training-safe if recomputed" in human
+    assert "if every recomputable fusion that frees memory is taken (1 of 1)" in human
