@@ -56,50 +56,78 @@ def build_training_dot(a: Analysis) -> tuple[str, int]:
     return build_dot(a, "fused-training")
 
 
+def _in_view(fused: list[Match], nodes: set[int] | None) -> set[int] | None:
+    """--focus: the focused forward nodes, with every fused match that reaches into them drawn whole."""
+    if nodes is None:
+        return None
+    nodes = set(nodes)
+    for m in fused:
+        ids = {id(n) for n in m.nodes}
+        if ids & nodes:
+            nodes |= ids
+    return nodes
+
+
+def _entering(d: _Drawer, t) -> str:
+    """A leaf for a tensor drawn without its maker: a graph input, or one entering a focused drawing."""
+    def label() -> str:
+        return _label(d.short(t.name), f"{t.kind} {format_shape(t.shape)}")
+
+    return d.node(hash(("tensor", t.name)), label, tooltip=escape(t.name), **LEAF_STYLE)
+
+
 def draw_fused_training(d: _Drawer, a: Analysis, nodes, o) -> None:
-    """render.VIEWS entry: the forward and backward graphs fused for training (``nodes``: --focus is not
-    applied here; the view is of the whole model)."""
+    """render.VIEWS entry: the forward and backward graphs fused for training (``nodes``: --focus, the
+    forward nodes to draw; the backward ops of those, and the tensors that cross between them)."""
     fused, back_fused = _training_matches(a)
+    nodes = _in_view(fused, nodes)
     fwd: dict[int, str] = {}
     of_match = {id(n): m for m in fused for n in m.nodes}
-    for n in a.graph.forward_nodes():
-        if n.meta.get("constant"):
-            continue
+    forward = [n for n in a.graph.forward_nodes() if not n.meta.get("constant")
+               and (nodes is None or id(n) in nodes)]
+    for n in forward:
         m = of_match.get(id(n))
         if m is None:
-            fwd[id(n)] = d.node(id(n), lambda n=n: _node_label(d, n), **FORWARD_STYLE)
+            fwd[id(n)] = d.node(id(n), lambda n=n: _node_label(d, n), tooltip=escape(n.name), **FORWARD_STYLE)
             continue
         v = m.verdict
         color = COLORS["training"] if v.training_safe else RECOMPUTE_COLOR
         fwd[id(n)] = d.node(id(m), lambda m=m: _label(" + ".join(x.op_type for x in m.nodes),
                                                       f"({m.pattern.name})", *state_text(m).split("\n")),
                             shape="box", style="rounded,filled,bold", color=color, fillcolor=color + "33",
-                            penwidth="2")
-    for n in a.graph.forward_nodes():
+                            penwidth="2", tooltip=escape(" > ".join(x.name for x in m.nodes)))
+    for n in forward:
         for t in n.inputs:
-            if t is not None and t.producer is not None and id(t.producer) in fwd and id(n) in fwd \
-                    and fwd[id(t.producer)] != fwd[id(n)]:
-                d.edge(fwd[id(t.producer)], fwd[id(n)], label=escape(format_shape(t.shape)))
-            elif t is not None and t.kind == "input" and id(n) in fwd:
-                d.edge(d.node(hash(("tensor", t.name)),
-                              lambda t=t: _label(d.short(t.name), f"input {format_shape(t.shape)}"),
-                              **LEAF_STYLE), fwd[id(n)])
+            if t is None:
+                continue
+            if t.producer is not None and id(t.producer) in fwd:
+                if fwd[id(t.producer)] != fwd[id(n)]:
+                    d.edge(fwd[id(t.producer)], fwd[id(n)], label=escape(format_shape(t.shape)))
+            elif t.kind == "input" or (nodes is not None and t.producer is not None
+                                       and not t.producer.meta.get("constant")):
+                d.edge(_entering(d, t), fwd[id(n)])
+    in_view = None if nodes is None else {n.name for n in a.graph.nodes if id(n) in nodes}
     bwd: dict[int, str] = {}
     of_back = {id(n): m for m in back_fused for n in m.nodes}
     for n in a.joint.backward_nodes():
+        if in_view is not None and n.meta.get("forward") not in in_view:
+            continue
         m = of_back.get(id(n))
         if m is not None:
             bwd[id(n)] = d.node(id(m), lambda m=m: _label(" + ".join(x.op_type for x in m.nodes),
                                                           f"({m.pattern.name})", "fused backward"),
+                                tooltip=escape(" > ".join(x.name for x in m.nodes)),
                                 **{**BACKWARD_STYLE, "penwidth": "2"})
         else:
             bwd[id(n)] = d.node(id(n), lambda n=n: _label(n.op_type, d.short(n.meta.get("forward", ""))),
-                                **BACKWARD_STYLE)
+                                tooltip=escape(n.name), **BACKWARD_STYLE)
     forward_by_name = {n.name: n for n in a.graph.nodes}
     for n in a.joint.backward_nodes():
+        if id(n) not in bwd:
+            continue
         for t in n.inputs:
             p = t.producer if t is not None else None
-            if p is None or p.phase != "backward" or bwd[id(p)] == bwd[id(n)]:
+            if p is None or p.phase != "backward" or id(p) not in bwd or bwd[id(p)] == bwd[id(n)]:
                 continue
             label = ""
             if id(p) in of_back:  # a gradient leaving a fused backward: d<forward output of the reader>
@@ -119,9 +147,7 @@ def draw_fused_training(d: _Drawer, a: Analysis, nodes, o) -> None:
         if f is not None and id(f) in fwd:
             src = fwd[id(f)]
         else:
-            src = d.node(hash(("tensor", t.name)),
-                         lambda t=t: _label(d.short(t.name), f"{t.kind} {format_shape(t.shape)}"),
-                         **LEAF_STYLE)
+            src = _entering(d, t)
         dashed = t.name in recomputed
         for r in sorted(readers):
             size = format_bytes(s.bytes) if s.bytes is not None else "? B"  # None: an unknown size

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 
@@ -257,3 +258,24 @@ def test_missing_dot_says_how_to_install(sample, tmp_path, monkeypatch):
     r = run("render", sample("conv_bias_relu"), "-o", str(tmp_path / "g.svg"), "--batch", "1")
     assert r.exit_code == 1 and "apt-get install graphviz" in r.stderr and "--dot" in r.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def _boxes(source: str) -> list[str]:
+    """Every op box a DOT source draws, as its attributes (label, tooltip, style): ids differ between
+    views, what is drawn does not. Ellipses (tensors entering a focused drawing) are left out."""
+    boxes = [m.group(1) for m in re.finditer(r"^\tn\d+ \[(.*)\]$", source, re.M)]
+    return [b for b in boxes if "shape=ellipse" not in b]
+
+
+@pytest.mark.parametrize("view", ["before", "after", "backward", "fused-training"])
+def test_every_view_honours_focus(hf_onnx, view):
+    """Issue 27: --focus draws fewer boxes than the full view, and the same ones the full view draws
+    (the fused-training view drew all 249 of 249 boxes under --focus attention)."""
+    a = analyze(hf_onnx("bert", dynamic=False), Options(batch=2))
+    full, count = build_dot(a, view, mode="training")
+    focused, focused_count = build_dot(a, view, focus="attention", hops=2, mode="training")
+    assert focused_count < count and count == count_nodes(a, RenderOptions(view=view, mode="training"))
+    assert focused_count == count_nodes(a, RenderOptions(view=view, focus="attention", mode="training"))
+    boxes, full_boxes = _boxes(focused), set(_boxes(full))
+    assert 0 < len(boxes) < len(full_boxes)
+    assert [b for b in boxes if b not in full_boxes] == []
