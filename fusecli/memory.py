@@ -18,7 +18,7 @@ from math import comb, prod
 
 import numpy as np
 
-from .dims import Poly, parse_dim
+from .dims import DimParseError, Poly, parse_dim
 from .ir import Graph, Tensor
 from .liveness import Liveness
 from .sizes import tensor_formula, total_formula
@@ -176,3 +176,42 @@ def tensor_bytes_formula(t: Tensor) -> str | None:
     """One tensor's bytes as a formula, or None when its rank or a dim is unknown."""
     f = tensor_formula(t.shape, t.dtype)
     return None if f is None else str(f)
+
+
+def fold_opaque(texts: Mapping[str, str], opaque: Mapping[str, int]) -> tuple[dict[str, str], list[str]]:
+    """Formulas for people: the opaque dims (``unk1``, ``unk2``: sized by the shape tools only as numbers)
+    that have one value here become one name, ``unk_31``, their terms summed; and a note per name saying
+    what it stands for. Exact at these sizes only, so the JSON keeps every term."""
+    polys: dict[str, tuple[Poly, str]] = {}
+    for key, text in texts.items():
+        body, sep, rest = text.partition(" + unknown (")
+        try:
+            polys[key] = (parse_dim(body), sep + rest)
+        except DimParseError:
+            pass
+    by_value: dict[int, list[str]] = {}
+    present = set().union(*(p.symbols() for p, _ in polys.values())) & opaque.keys()
+    for name in sorted(present, key=_natural):
+        by_value.setdefault(opaque[name], []).append(name)
+    rename = {name: f"unk_{v}" for v, names in by_value.items() if len(names) > 1 for name in names}
+    if not rename:
+        return dict(texts), []
+    out = dict(texts)
+    for key, (poly, rest) in polys.items():
+        terms: dict = {}
+        for m, c in poly.terms.items():
+            exps: dict[str, int] = {}
+            for name, e in m:
+                exps[rename.get(name, name)] = exps.get(rename.get(name, name), 0) + e
+            mono = tuple(sorted(exps.items()))
+            terms[mono] = terms.get(mono, 0) + c
+        out[key] = str(Poly(terms)) + rest
+    notes = [f"unk_{v}: {len(names)} inner dims of {v} here ({names[0]}, ..., {names[-1]}; --json: each)"
+             for v, names in by_value.items() if len(names) > 1]
+    return out, notes
+
+
+def _natural(name: str) -> tuple:
+    """unk2 before unk10."""
+    digits = name.lstrip("abcdefghijklmnopqrstuvwxyz_")
+    return (name[:len(name) - len(digits)], int(digits) if digits.isdigit() else -1, name)

@@ -135,7 +135,8 @@ def bind(graph, batch: int | None, dims: Mapping[str, int]) -> tuple[Sizes, list
     for n in defaulted:
         values[n] = 1
     if defaulted:
-        hint = " ".join("--batch N" if n in batch_dims else f"--dim {n}=VALUE" for n in defaulted)
+        hints = ("--batch N" if n in batch_dims else f"--dim {n}=VALUE" for n in defaulted)
+        hint = " ".join(dict.fromkeys(hints))  # several batch dims: one --batch N sets them all
         warnings.append(f"dims not given are taken as 1: {', '.join(f'{n}=1' for n in defaulted)} "
                         f"(set {hint})")
     used_batch = next((values[n] for n in batch_dims), batch)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from .fusion.match import Match
 from .fusion.recompute import recompute_all
-from .memory import memory_formulas
+from .memory import fold_opaque, memory_formulas
 from .names import ELLIPSIS, common_scope, cut, cut_end, fit_unique, name_pattern, skeleton
 from .pipeline import Analysis
 from .sizes import total_formula
@@ -35,7 +35,7 @@ class TextOptions:
     verbose: bool = False
     quiet: bool = False
     all_saved: bool = False
-    top: int = 8  # saved tensors shown by default
+    top: int = 10  # saved tensors shown by default (README and --help say the 10 largest)
     width: int | None = None  # None: the terminal's (COLUMNS), 80 when not a terminal
     color: bool = False
 
@@ -247,7 +247,8 @@ def memory_lines(a: Analysis, width: int) -> list[str]:
         by_kind.setdefault(s.tensor.kind, []).append(s.bytes)
     peak = live.peak_node
     wrt = "parameters and inputs" if a.options.wrt_inputs else "parameters"
-    return ["", f"memory (gradients w.r.t. {wrt}; {dims_text(a)})",
+    title = wrap(f"memory (gradients w.r.t. {wrt}; {dims_text(a)})", width, "  ")
+    return ["", title[0][2:], *title[1:],
             *wrap(f"saved: {format_bytes(sum_bytes(s.bytes for s in live.saved))} in "
                   f"{len(live.saved)} tensors ("
                   + ", ".join(f"{k} {format_bytes(sum_bytes(v))}" for k, v in sorted(by_kind.items())) + ")",
@@ -279,14 +280,19 @@ def formula_lines(a: Analysis, width: int) -> list[str]:
     if not a.sizes.variables:
         return []
     incomplete = set(a.liveness.incomplete())
-    lines = []
-    for key, text in memory_formulas(a.liveness, a.joint).items():
-        note = " (leaves out tensors of unknown size)" if key in incomplete else ""
-        text += " B"
+    texts = memory_formulas(a.liveness, a.joint)
+    here = {}
+    for key, text in texts.items():
         if text.startswith("max("):  # the exact peak is a max of several step totals: the JSON has it
-            text = f"{total_formula(a.liveness.live_at_peak)[0]} B here (--json: exact at any size)"
-        lines += wrap(f"{key.replace('_bytes', '').replace('_', ' ')} = {text}{note}", width, "    ")
-    return lines
+            texts[key], here[key] = str(total_formula(a.liveness.live_at_peak)[0]), " here"
+    texts, notes = fold_opaque(texts, a.sizes.opaque)  # many inner dims of one value (Wav2Vec2's frames)
+    lines = []
+    for key, text in texts.items():
+        note = " (leaves out tensors of unknown size)" if key in incomplete else ""
+        if key in here:
+            note = " here (--json: exact at any size)" + note
+        lines += wrap(f"{key.replace('_bytes', '').replace('_', ' ')} = {text} B{note}", width, "    ")
+    return lines + [line for n in notes for line in wrap(n, width, "    ")]
 
 
 def dims_text(a: Analysis) -> str:

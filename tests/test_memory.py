@@ -7,7 +7,7 @@ from math import prod
 import numpy as np
 import pytest
 
-from fusecli.memory import PARETO_BLOCK, _distinct, _pareto_front, candidate_steps
+from fusecli.memory import PARETO_BLOCK, _distinct, _pareto_front, candidate_steps, fold_opaque
 
 
 def brute_front(rows: np.ndarray) -> set[tuple[int, ...]]:
@@ -76,3 +76,16 @@ def test_a_step_below_another_at_every_size_from_1_is_dropped():
     rows = np.array([[18284800, 58519552], [18285408, 58513408]])
     got = candidate_steps(rows, [(), (("N", 1),)], int(rows.sum()))
     assert [r.tolist() for r in got] == [[18284800, 58519552]]
+
+
+def test_opaque_dims_of_one_value_fold_into_one_term():
+    """Issue 27: Wav2Vec2's ~40 unkN dims, all 31 frames, are one term for people; others stay apart."""
+    texts = {"saved_bytes": "48 + 4*batch*unk1 + 4*batch*unk2 + 8*batch*unk10 + 2*unk3 + 4*seq",
+             "peak_bytes": "4*batch*unk2 + unk3 + 4 + unknown (2 tensors of unknown size)"}
+    opaque = {"unk1": 31, "unk2": 31, "unk10": 31, "unk3": 7}
+    folded, notes = fold_opaque(texts, opaque)
+    assert folded == {"saved_bytes": "48 + 4*seq + 2*unk3 + 16*batch*unk_31",
+                      "peak_bytes": "4 + unk3 + 4*batch*unk_31 + unknown (2 tensors of unknown size)"}
+    assert notes == ["unk_31: 3 inner dims of 31 here (unk1, ..., unk10; --json: each)"]
+    assert fold_opaque({"x": "4*unk1 + 4*unk3"}, opaque) == ({"x": "4*unk1 + 4*unk3"}, [])
+    assert fold_opaque({"x": "max(1, 2)"}, opaque) == ({"x": "max(1, 2)"}, [])

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 from click.testing import CliRunner
+from onnx import helper
 
 from fusecli.cli import main
 from fusecli.names import common_scope, cut, fit_unique, last_segments, name_pattern
@@ -273,3 +274,62 @@ def test_recompute_lines_say_what_they_free(bert):
                                                  "--json"]).stdout)["memory"]
     less = format_bytes(saved["saved_bytes"] - saved["saved_bytes_if_recomputed"])
     assert line.startswith("(2 of 4):") and line.endswith(f"{less} less"), line
+
+
+# ---- cosmetics (issue 27) -------------------------------------------------------------------------
+
+def test_the_report_shows_the_10_largest_saved_tensors_as_help_and_readme_say(keras_resnet):
+    text = report(keras_resnet, "--batch", "8")
+    assert "saved for backward, largest 10 of " in text
+    help_text = CliRunner().invoke(main, ["analyze", "--help"]).output
+    assert "largest 10" in " ".join(help_text.split())
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    assert "the 10 largest tensors saved for backward" in " ".join(readme.split())
+
+
+def _auto_named_dims_model() -> object:
+    """What torch.onnx writes without dim names: input_ids_dynamic_axes_1 and friends."""
+    import numpy as np
+    from onnx import TensorProto, numpy_helper
+
+    from tests.conftest import make_model, vi
+
+    d = ["input_ids_dynamic_axes_1", "input_ids_dynamic_axes_2"]
+    e = ["attention_mask_dynamic_axes_1", "attention_mask_dynamic_axes_2"]
+    nodes = [helper.make_node("MatMul", ["input_ids", "w"], ["mm"], name="mm"),
+             helper.make_node("Add", ["mm", "b"], ["ab"], name="add"),
+             helper.make_node("Relu", ["ab"], ["r"], name="relu"),
+             helper.make_node("Mul", ["r", "attention_mask"], ["y"], name="mul")]
+    inits = [numpy_helper.from_array(np.ones((64, 64), np.float32), "w"),
+             numpy_helper.from_array(np.ones((64,), np.float32), "b")]
+    return make_model(nodes, [vi("input_ids", *d, 64), vi("attention_mask", *e, 64)],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+
+
+def test_the_memory_header_fits_80_columns_with_auto_named_dims(save_model):
+    text = report(save_model(_auto_named_dims_model()))
+    assert_readable(text)
+    assert "memory (gradients w.r.t. parameters; input_ids_dynamic_axes_1=1," in text
+
+
+def _many_frames_model() -> object:
+    """x[:, ::2] then 12 swish blocks: the shape tools size each tensor's frames only as a number, one
+    unkN per tensor (Wav2Vec2's ~40 terms of 31 frames)."""
+    net = Net(x=("batch", "n"))
+    for k, v in {"st": [0], "en": [1 << 40], "ax": [1], "sp": [2]}.items():
+        net.ints(k, *v)
+    prev = net.op("Slice", "slice", "x", "st", "en", "ax", "sp")
+    for i in range(12):
+        m = net.op("Mul", f"mul{i}", prev, net.param(f"w{i}", 1))
+        prev = net.op("Mul", f"swish{i}", m, net.op("Sigmoid", f"sig{i}", m))
+    return net.model(prev)
+
+
+def test_many_inner_dims_of_one_value_are_one_formula_term(save_model):
+    text = report(save_model(_many_frames_model()), "--batch", "2", "--dim", "n=62", "--wrt", "inputs")
+    assert_readable(text)
+    memory = text.split("\nmemory (")[1].split("\n\n")[0]
+    formulas = [line.strip() for line in memory.splitlines() if line.startswith("    ")]
+    assert "saved = 48 + 96*batch*unk_31 B" in formulas
+    assert not any(re.search(r"unk\d", line) for line in formulas if " = " in line)
+    assert any(line.startswith("unk_31: ") and "inner dims of 31 here" in line for line in formulas)

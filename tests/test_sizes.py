@@ -98,3 +98,14 @@ def test_totals_name_what_they_leave_out(save_model):
     x.shape = (None, 3)
     assert Sizes({"batch": 2}).nbytes(x) is None
     assert total_formula([x])[1] == 1
+
+
+def test_several_batch_dims_get_one_batch_hint(save_model):
+    """Issue 27: torch's auto-named dims give each input its own batch dim; --batch N sets them all, so
+    the warning suggests it once."""
+    ids = ("input_ids", ["input_ids_dynamic_axes_1", "input_ids_dynamic_axes_2"])
+    graph = load_model(save_model(_model(ids, ("mask", ["mask_dynamic_axes_1", "mask_dynamic_axes_2"]))))
+    _, warnings = bind(graph, None, {})
+    assert len(warnings) == 1 and warnings[0].count("--batch N") == 1
+    assert warnings[0].endswith("(set --batch N --dim input_ids_dynamic_axes_2=VALUE "
+                                "--dim mask_dynamic_axes_2=VALUE)")
