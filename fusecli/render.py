@@ -145,8 +145,9 @@ def scope_of(name: str, depth: int, prefix: str = "") -> str | None:
     or None when it has no deeper parts."""
     if prefix and name.startswith(prefix):
         name = name[len(prefix):]
+    lead = "/" if name.startswith("/") else ""  # PyTorch's '/m/...' keeps its leading slash
     parts = [p for p in name.lstrip("/").split("/", depth) if p]
-    return "/".join(parts[:depth]) if depth > 0 and len(parts) > depth else None
+    return lead + "/".join(parts[:depth]) if depth > 0 and len(parts) > depth else None
 
 
 class _Drawer:

@@ -56,8 +56,9 @@ class Namer:
         p = self.prefix
         if p and name.startswith(p):
             return ELLIPSIS + "/" + name[len(p):]
-        if p and name.startswith("gradients/" + p):
-            return "gradients/" + ELLIPSIS + "/" + name[len(p) + 10:]
+        q = p.lstrip("/")  # backward names drop the forward name's leading '/'
+        if q and name.startswith("gradients/" + q):
+            return "gradients/" + ELLIPSIS + "/" + name[len(q) + 10:]
         return name
 
     def text(self, text: str, limit: int = 60) -> str:

@@ -279,3 +279,13 @@ def test_every_view_honours_focus(hf_onnx, view):
     boxes, full_boxes = _boxes(focused), set(_boxes(full))
     assert 0 < len(boxes) < len(full_boxes)
     assert [b for b in boxes if b not in full_boxes] == []
+
+
+def test_collapsed_scopes_keep_their_leading_slash(save_model):
+    """Issue 27: PyTorch's '/m/block1/Relu' collapses to '/m/block1', as the model names it."""
+    assert scope_of("/m/block1/Relu", 2) == "/m/block1" and scope_of("/m/Relu", 2) is None
+    nodes = [helper.make_node("Relu", ["x"], ["a"], name="/m/block1/r1"),
+             helper.make_node("Relu", ["a"], ["y"], name="/m/block2/r1")]
+    a = analyze(save_model(make_model(nodes, [vi("x", 2)], [vi("y", 2)])), Options())
+    source = build_dot(a, "before", collapse=2)[0]
+    assert re.findall(r'label="([^"\\]*)\\n\(collapsed scope\)"', source) == ["/m/block1/…", "/m/block2/…"]

@@ -333,3 +333,11 @@ def test_many_inner_dims_of_one_value_are_one_formula_term(save_model):
     assert "saved = 48 + 96*batch*unk_31 B" in formulas
     assert not any(re.search(r"unk\d", line) for line in formulas if " = " in line)
     assert any(line.startswith("unk_31: ") and "inner dims of 31 here" in line for line in formulas)
+
+
+def test_backward_names_are_shortened_under_a_slash_led_scope():
+    from fusecli.text_report import Namer
+
+    namer = Namer("/bert/")
+    assert namer("/bert/encoder/Relu") == "…/encoder/Relu"
+    assert namer("gradients/bert/encoder/Relu/ReluGrad") == "gradients/…/encoder/Relu/ReluGrad"

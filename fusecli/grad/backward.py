@@ -54,7 +54,8 @@ class _Builder:
     def node(self, scope: str, op: str, inputs: list[Tensor], like: list[Tensor],
              shape_reads: list[Tensor] = (), forward: Node | None = None) -> list[Tensor]:
         """One backward node reading ``inputs`` and making one gradient shaped like each of ``like``."""
-        name = self.joint.unique_node_name(f"{GRAD_PREFIX}/{scope}/{op}")
+        # PyTorch's names start with '/': 'gradients/m/Conv/ConvGrad', not 'gradients//m/...'
+        name = self.joint.unique_node_name(f"{GRAD_PREFIX}/{scope.lstrip('/')}/{op}")
         outs = [self.joint.tensor(f"{name}:{k}", dtype=t.dtype, shape=t.shape, kind="activation")
                 for k, t in enumerate(like)]
         node = Node(name, op, "grad", list(inputs), outs, phase="backward",

@@ -118,3 +118,14 @@ def test_unknown_op_gets_a_backward_reading_all_its_inputs_and_outputs(save_mode
         {"x", "w", "f", "aux"}
     assert [t.shape for t in grad.outputs] == [(2, 3), (3, 4)]
     assert {grad_node(joint, "x"), grad_node(joint, "w")} == {grad}
+
+
+def test_backward_names_of_slash_led_forward_names_have_one_slash(save_model):
+    """Issue 27: PyTorch names nodes '/m/Relu'; its backward op is 'gradients/m/Relu/ReluGrad'."""
+    nodes = [helper.make_node("Relu", ["x"], ["r"], "/m/Relu"),
+             helper.make_node("Sigmoid", ["r"], ["y"], "/m/Sigmoid")]
+    joint = build_backward(load_model(save_model(make_model(nodes, [vi("x", "N", 8)], [vi("y", "N", 8)]))),
+                           wrt_inputs=True)
+    joint.lint()
+    names = [n.name for n in joint.backward_nodes()]
+    assert "gradients/m/Relu/ReluGrad" in names and not any("//" in n for n in names)
