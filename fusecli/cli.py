@@ -129,6 +129,19 @@ def _patterns_option(f):
                         help="Only these fusion patterns (comma-separated names).")(f)
 
 
+def _constant_weights_option(f):
+    return click.option("--constant-weights", type=click.Choice(["parameters", "constants"]),
+                        default="parameters", show_default=True,
+                        help="ONNX: float Constant nodes in a weight's role (conv/matmul weight, norm scale, "
+                             "bias, embedding) are trainable parameters, or constants.")(f)
+
+
+def _autodiff_option(f):
+    return click.option("--autodiff", type=click.Choice(["tensorflow", "pytorch", "ops"]), default=None,
+                        help="Whose autodiff habits backward follows (default: the framework that made the "
+                             "model).")(f)
+
+
 PLOT_FORMATS = ("png", "svg", "pdf")
 
 
@@ -176,12 +189,8 @@ def main() -> None:
 @click.option("--plot", "plot_path", metavar="FILE.png", default=None,
               help="Draw live bytes along the forward+backward schedule to FILE (.png/.svg/.pdf).")
 @_patterns_option
-@click.option("--constant-weights", type=click.Choice(["parameters", "constants"]), default="parameters",
-              show_default=True,
-              help="ONNX: float Constant nodes in a weight's role (conv/matmul weight, norm scale, bias, "
-                   "embedding) are trainable parameters, or constants.")
-@click.option("--autodiff", type=click.Choice(["tensorflow", "pytorch", "ops"]), default=None,
-              help="Whose autodiff habits backward follows (default: the framework that made the model).")
+@_constant_weights_option
+@_autodiff_option
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
               help="Where PyTorch trains: its scaled_dot_product_attention kernels, and so what they "
                    "keep for backward, differ.")
@@ -251,10 +260,13 @@ def analyze(model: str, as_json: bool, batch: int | None, dims: tuple[str, ...],
 @_common_options
 @click.option("--wrt", type=click.Choice(["parameters", "inputs"]), default="parameters",
               show_default=True, help="What the backward view differentiates with respect to.")
+@_patterns_option
+@_constant_weights_option
+@_autodiff_option
 def render(model: str, view: str, as_dot: bool, output: str | None, mode: str, focus: str | None,
            hops: int,
            collapse: int, max_nodes: int, batch: int | None, dims: tuple[str, ...], signature: str | None,
-           wrt: str) -> None:
+           wrt: str, patterns: tuple[str, ...], constant_weights: str, autodiff: str | None) -> None:
     """Draw MODEL's before / after / backward view (Graphviz)."""
     from . import progress
     from .output import atomic_write, check_output
@@ -280,7 +292,8 @@ def render(model: str, view: str, as_dot: bool, output: str | None, mode: str, f
     if as_dot and output is not None and fmt != "dot":
         raise click.BadParameter("--dot writes DOT source: give -o FILE.dot or no -o", param_hint="--dot")
     options = Options(batch=batch, dims=_parse_dims(dims), wrt_inputs=wrt == "inputs",
-                      signature=signature)
+                      signature=signature, patterns=patterns,
+                      constant_weights=constant_weights == "parameters", autodiff=autodiff)
     with progress.stages() as stage:
         result = run_analysis(model, options)
         for w in result.warnings:

@@ -289,3 +289,16 @@ def test_collapsed_scopes_keep_their_leading_slash(save_model):
     a = analyze(save_model(make_model(nodes, [vi("x", 2)], [vi("y", 2)])), Options())
     source = build_dot(a, "before", collapse=2)[0]
     assert re.findall(r'label="([^"\\]*)\\n\(collapsed scope\)"', source) == ["/m/block1/…", "/m/block2/…"]
+
+
+def test_render_takes_the_analysis_options_analyze_takes(sample):
+    """Issue 27: --patterns, --autodiff and --constant-weights reach render's analysis."""
+    model = sample("conv_bn_relu")
+    full = run("render", model, "--dot", "--batch", "2")
+    only = run("render", model, "--dot", "--batch", "2", "--patterns", "bn_act", "--autodiff", "tensorflow",
+               "--constant-weights", "constants")
+    assert full.exit_code == 0 and only.exit_code == 0, only.output
+    assert 'label="conv_bn_act' in full.stdout and 'label="conv_bn_act' not in only.stdout
+    assert 'label="bn_act' in only.stdout
+    bad = run("render", model, "--dot", "--patterns", "nope")
+    assert bad.exit_code == 2 and "unknown pattern" in bad.stderr
