@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .errors import FuseError
+from .fusion.emitted import emitted_kernel
 from .fusion.match import Match
 from .ir import Graph, Node, Tensor
 from .names import common_scope, cut, last_segments
@@ -156,6 +157,7 @@ class _Drawer:
     def __init__(self, title: str, prefix: str, dry: bool = False) -> None:
         self.ids: dict[object, str] = {}
         self.prefix, self.dry = prefix, dry
+        self.mode = "inference"  # the --mode a view draws for (the after view's kernel labels)
         self.dot = None
         if dry:
             return
@@ -209,7 +211,7 @@ def _node_label(d: _Drawer, n: Node) -> str:
 
 def _fused_label(d: _Drawer, m: Match) -> str:
     scope = d.short(m.root.name.rsplit("/", 1)[0] if "/" in m.root.name else m.root.name)
-    return _label(m.pattern.name, m.pattern.kernel.split(" / ")[0], scope, *state_text(m).split("\n"))
+    return _label(m.pattern.name, emitted_kernel(m, d.mode) or "", scope, *state_text(m).split("\n"))
 
 
 def _forward(d: _Drawer, a: Analysis, nodes: set[int] | None, fused: list[Match], collapse: int,
@@ -391,6 +393,7 @@ def _draw(a: Analysis, o: RenderOptions, dry: bool) -> _Drawer:
     nodes = focus_nodes(a, o.focus, o.hops) if o.focus else None
     prefix = common_scope([n.name for n in a.graph.nodes if not n.meta.get("constant")])
     d = _Drawer(_title(a, o), prefix, dry)
+    d.mode = o.mode
     VIEWS[o.view](d, a, nodes, o)
     return d
 

@@ -302,3 +302,11 @@ def test_render_takes_the_analysis_options_analyze_takes(sample):
     assert 'label="bn_act' in only.stdout
     bad = run("render", model, "--dot", "--patterns", "nope")
     assert bad.exit_code == 2 and "unknown pattern" in bad.stderr
+
+
+def test_after_view_names_only_kernels_rewrite_emits(hf_onnx):
+    """Issue 27: BERT's 3-D matmul_bias boxes said 'Gemm', which rewrite never writes there."""
+    a = analyze(hf_onnx("bert", dynamic=False), Options(batch=2))
+    source = build_dot(a, "after")[0]
+    boxes = re.findall(r'label="(matmul_bias|attention)\\n([^"\\]*)', source)
+    assert ("matmul_bias", "Gemm") not in boxes and ("attention", "MultiHeadAttention") in boxes

@@ -10,6 +10,7 @@ MatMulScaleFusion, GeluFusion, BiasGeluFusion, LayerNormFusion, SkipLayerNormFus
 
 from __future__ import annotations
 
+from .emitted import attention_kernel
 from .forms import gate_act_kind
 from .match import Match
 
@@ -136,6 +137,11 @@ def _onnxruntime(m: Match) -> dict:
         if name in ("gelu", "bias_gelu") and any(n.kind == "tanh" for n in m.nodes):
             op = "FastGelu"  # the tanh approximation
         return _verdict(True, True, f"{op} ({op}Fusion at ORT_ENABLE_EXTENDED)")
+    if name == "attention" and attention_kernel(m) is not None:
+        return _verdict(True, True, f"com.microsoft {attention_kernel(m)} (CPU float32, CUDA), as fusecli "
+                        "rewrite emits it; ORT's own AttentionFusion fuses BERT-style graphs only, and "
+                        "onnxruntime.transformers.optimizer others by model type; inference kernels, no "
+                        "backward")
     if name in ORT_TRANSFORMERS:
         cpu, gpu, note = ORT_TRANSFORMERS[name]
         if name == "attention" and "repeat_k" in m.roles:
