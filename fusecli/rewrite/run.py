@@ -274,6 +274,7 @@ def rewrite(path: str, options: RewriteOptions | None = None, output: str | None
             if options.verify and not result.unchanged:
                 result.verification = _verify(source.onnx_path, rewritten, model, first, options,
                                               regions or [], bool(scales))
+                result.warnings += result.verification.warnings
                 if not result.verification.ok:
                     level, c = result.verification.failures()[0]
                     what = f"region {c.name}" if c in result.verification.region_checks.get(level, []) \
@@ -347,6 +348,8 @@ def _verify(original: str, rewritten: Callable[[], bytes | str], model: onnx.Mod
             if scope != "auto" or e.what != "original" or result.uncut or scales:
                 raise
             result.model_skipped = f"the original model does not run on random inputs: {e.first}"
+            result.warnings.append(f"onnxruntime cannot run the original model on random inputs ({e.first}): "
+                                   "only the fused regions were verified, each against the nodes it replaced")
             return result
         result.checks = model_check.checks
     return result

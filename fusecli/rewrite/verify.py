@@ -53,6 +53,7 @@ class Verification:
     distinct: int = 0
     model_skipped: str | None = None  # why the whole model was not run
     uncut: list[str] = field(default_factory=list)  # regions not checked on their own, and why
+    warnings: list[str] = field(default_factory=list)  # what the user must hear about how it was checked
 
     @property
     def ok(self) -> bool:

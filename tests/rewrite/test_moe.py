@@ -59,6 +59,7 @@ def test_auto_verify_falls_back_to_regions_when_the_original_cannot_run(hf_onnx,
     v = r.verification
     assert v.ok and not v.uncut and v.regions == len(r.applied) and not v.checks
     assert v.model_skipped.startswith("the original model does not run on random inputs"), v.model_skipped
+    assert any("only the fused regions were verified" in w for w in r.warnings), r.warnings
     with pytest.raises(FuseError, match="failed to run the original model"):
         rewrite(path, RewriteOptions(batch=2, dims={"seq": 32}, routing="balanced", verify_scope="model"),
                 str(tmp_path / "whole.onnx"))
