@@ -46,6 +46,13 @@ def _count(label: str, path: str, model_type: str, heads: int, hidden: int, dims
         r = rewrite(path, RewriteOptions(batch=dims.get("batch", 1), dims=dims, routing=routing))
         row["fusecli"] = peers.fused(r.model, original)
         row["error"] = max(r.verification.worst("disabled"), r.verification.worst("default"))
+        emitted = sum(a.pattern == "attention" for a in r.applied)
+        declined = [w.removeprefix("not rewritten: ") for w in r.warnings
+                    if w.startswith("not rewritten: attention at")]
+        row["attention"] = f"{emitted} of {emitted + len(declined)}" + (
+            f" ({' '.join(declined[0].split())[:90]})" if declined else "")
+        if r.verification.model_skipped:
+            row["note"] = f"whole model not run: {r.verification.model_skipped[:80]}"
     except Exception as e:  # reported, not hidden
         row["fusecli"] = f"failed: {' '.join(str(e).split())[:80]}"
     row["ORT EXTENDED"] = peers.fused(peers.ort_extended(path, path + ".ort.onnx"), original)
@@ -119,7 +126,8 @@ def keras_rows(work: Path) -> list[dict]:
 
 def table(rows: list[dict]) -> str:
     cols = ("fusecli", "ORT EXTENDED", "ORT transformers", "onnxscript")
-    lines = ["| model | " + " | ".join(cols) + " | fusecli >= best |", "|---|" + "---:|" * len(cols) + "---|"]
+    lines = ["| model | " + " | ".join(cols) + " | fusecli >= best | attention emitted |",
+             "|---|" + "---:|" * len(cols) + "---|---|"]
 
     def cell(v):
         if v is None:
@@ -135,7 +143,8 @@ def table(rows: list[dict]) -> str:
         ok = "yes" if isinstance(mine, dict) and sum(mine.values()) >= best else "**no**"
         if isinstance(mine, str) and mine.startswith("export failed"):
             ok = "n/a"  # the exporter's own refusal: nothing to rewrite
-        lines.append(f"| {r['model']} | " + " | ".join(cell(r.get(c)) for c in cols) + f" | {ok} |")
+        lines.append(f"| {r['model']} | " + " | ".join(cell(r.get(c)) for c in cols)
+                     + f" | {ok} | {r.get('attention', 'n/a')} |")
     return "\n".join(lines)
 
 

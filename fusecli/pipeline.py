@@ -148,8 +148,7 @@ def analyze_graph(path: str, graph: Graph, options: Options) -> Analysis:
     progress.stage("sizes")
     sizes, warnings, unknown = size_graph(graph, options)
     profile, reason = choose_profile(graph, options.autodiff)
-    if options.device != profile.device:
-        profile = replace(profile, device=options.device)
+    profile = replace(profile, device=options.device, dims=dict(sizes))
     progress.stage("backward")
     joint = build_backward(graph, wrt_inputs=options.wrt_inputs, profile=profile)
     progress.stage("liveness")

@@ -21,7 +21,8 @@ ALL = TEXT + VISION + AUDIO
 # architectures built with their default attention only (the attention tests): encoders, decoders with and
 # without grouped-query attention, ALiBi (BLOOM), soft-capping (Gemma2), cross-attention (BART), a
 # relative-position bias (BEiT)
-MORE_TEXT = ("roberta", "opt", "gpt_neox", "gemma2", "bloom", "bart", "phi3")
+MORE_TEXT = ("roberta", "opt", "gpt_neox", "gemma", "gemma2", "gemma3_text", "bloom", "bart", "phi3",
+             "deberta_v2")
 # mixture-of-experts with transformers' eager experts (a loop over experts, each fed the tokens
 # nonzero(one_hot(topk(router)))[e] picks): its default, grouped_mm, has no TorchScript export (aten::histc)
 MOE = ("mixtral",)
@@ -45,7 +46,7 @@ class Spec:
 
 
 def spec(name: str) -> Spec:
-    if name in ("bert", "distilbert", "roberta", "opt", "llama_gqa_padded"):
+    if name in ("bert", "distilbert", "roberta", "opt", "llama_gqa_padded", "deberta_v2"):
         return Spec(("input_ids", "attention_mask"), True)
     if name in TEXT or name in MORE_TEXT or name in MOE or name in SHAPE_READS or name in REWRITE_TEXT \
             or name in GQA:
@@ -87,6 +88,16 @@ def _config(name: str):
     if name == "gemma2":  # soft-capped attention logits (tanh(s / 50) * 50), tanh-GELU MLP
         return tr.Gemma2Config(vocab_size=100, max_position_embeddings=256, num_key_value_heads=1,
                                head_dim=32, sliding_window=8, **small)
+    if name == "gemma":  # tanh-GELU MLP written x*(x*x) by TorchScript, sqrt(hidden)-scaled embeddings
+        return tr.GemmaConfig(vocab_size=100, max_position_embeddings=256, num_key_value_heads=2, head_dim=32,
+                              **small)
+    if name == "gemma3_text":  # q/k norms, sliding-window and global layers, tanh-GELU MLP
+        return tr.Gemma3TextConfig(vocab_size=100, max_position_embeddings=256, num_key_value_heads=2,
+                                   head_dim=32, sliding_window=8, **small)
+    if name == "deberta_v2":  # disentangled attention: relative positions gathered (GatherElements)
+        return tr.DebertaV2Config(vocab_size=100, max_position_embeddings=256, pad_token_id=0,
+                                  relative_attention=True, position_buckets=16, pos_att_type=["p2c", "c2p"],
+                                  norm_rel_ebd="layer_norm", share_att_key=True, **small)
     if name == "phi3":  # gate and up as one projection, split in two (gate_up_proj)
         return tr.Phi3Config(vocab_size=100, max_position_embeddings=256, num_key_value_heads=2,
                              pad_token_id=0, bos_token_id=0, eos_token_id=0, **small)

@@ -119,9 +119,13 @@ def test_hostile_file_is_one_error_line(build, command, pattern, tmp_path):
 def test_onnxruntime_log_lines_stay_off_the_terminal(tmp_path):
     """onnxruntime's own coloured ``[E:onnxruntime:...]`` lines once came before fusecli's line."""
     path = H.reshape_fails_at_run(str(tmp_path / "case"))
-    result = run_cli("rewrite", path, "-o", str(tmp_path / "out.onnx"))
+    result = run_cli("rewrite", path, "-o", str(tmp_path / "out.onnx"), "--verify", "model")
     assert "[E:onnxruntime" not in result[2] and "\x1b[" not in result[2], result[2]
     assert_one_error(result, r"onnxruntime failed to run the original model")
+    # --verify auto (the default) stands on the regions' checks then, and says so in one warning line
+    result = run_cli("rewrite", path, "-o", str(tmp_path / "auto.onnx"))
+    assert "[E:onnxruntime" not in result[2] and "\x1b[" not in result[2], result[2]
+    assert result[0] == 0 and "cannot run the original model on random inputs" in result[2], result[2]
 
 
 def test_budgets_are_raised_by_their_variable(tmp_path):

@@ -113,7 +113,7 @@ def regions_of(graph: Graph, profile: Profile, rg: set[str] = frozenset()) -> li
     regions = custom_gradient_regions(graph) if profile.custom_gradients else []
     if profile.composites:
         taken = {id(n) for r in regions for n in r.nodes}
-        regions += [r for r in find_regions(graph, profile.composites, rg, profile.device)
+        regions += [r for r in find_regions(graph, profile.composites, rg, profile.device, profile.dims)
                     if not any(id(n) in taken for n in r.nodes)]
     return regions
 

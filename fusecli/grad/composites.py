@@ -21,7 +21,7 @@ the SavedModel (``graph.meta["custom_gradients"]``, recorded by the loader), not
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from ..fusion.match import Op, Var, match_at, op
@@ -42,7 +42,7 @@ class Composite:
     op: str  # the backward node's op type (PyTorch's autograd node name)
     reads: Reads | None  # (roles, bound, root) -> the tensors its derivative formula saves
     doc: str
-    find: Callable | None = None  # (root, requires-grad names, memo, device) -> (form, kernel choice) | None
+    find: Callable | None = None  # (root, requires-grad names, memo, device, dims) -> (form, kernel) | None
     roots: frozenset[str] = frozenset()  # root kinds of a ``find`` composite
 
 
@@ -172,10 +172,10 @@ PYTORCH_COMPOSITES: tuple[Composite, ...] = (
 )
 
 
-def _found(composite: Composite, node: Node, rg: set[str], memo: dict, device: str):
+def _found(composite: Composite, node: Node, rg: set[str], memo: dict, device: str, dims: Mapping[str, int]):
     """Each reading of ``composite`` at ``node``: (nodes, reads, op, new tensors, kernel)."""
     if composite.find is not None:
-        got = composite.find(node, rg, memo, device)
+        got = composite.find(node, rg, memo, device, dims)
         if got is not None:
             form, choice = got
             op = sdpa.BACKWARD_OPS[choice.kernel]
@@ -188,8 +188,9 @@ def _found(composite: Composite, node: Node, rg: set[str], memo: dict, device: s
             yield nodes, composite.reads(roles, bound, node), composite.op, [], None
 
 
-def _region(composite: Composite, node: Node, rg: set[str], memo: dict, device: str) -> Region | None:
-    for nodes, reads, backward_op, new, kernel in _found(composite, node, rg, memo, device):
+def _region(composite: Composite, node: Node, rg: set[str], memo: dict, device: str,
+            dims: Mapping[str, int]) -> Region | None:
+    for nodes, reads, backward_op, new, kernel in _found(composite, node, rg, memo, device, dims):
         inside = {id(n) for n in nodes}
         if any(c is None or (id(c) not in inside and c.kind not in SHAPE_READERS) for n in nodes[:-1]
                for t in n.outputs if t is not None for c in t.consumers):
@@ -207,9 +208,10 @@ def _region(composite: Composite, node: Node, rg: set[str], memo: dict, device: 
 
 
 def find_regions(graph: Graph, composites: tuple[Composite, ...], rg: set[str] = frozenset(),
-                 device: str = "cpu") -> list[Region]:
+                 device: str = "cpu", dims: Mapping[str, int] | None = None) -> list[Region]:
     """Every composite region of the forward graph, none overlapping (the first root in order wins);
-    ``rg``: names of the tensors that need a gradient, and ``device``, decide PyTorch's attention kernel."""
+    ``rg``: names of the tensors that need a gradient, ``device`` and the analysis sizes ``dims`` decide
+    PyTorch's attention kernel."""
     by_kind: dict[str, list[Composite]] = {}
     for c in composites:
         for kind in frozenset().union(c.roots, *(f.kinds for f in c.forms)):
@@ -220,7 +222,7 @@ def find_regions(graph: Graph, composites: tuple[Composite, ...], rg: set[str] =
         if id(node) in claimed or node.meta.get("constant"):
             continue
         for c in by_kind.get(node.kind, ()):
-            r = _region(c, node, rg, memo, device)
+            r = _region(c, node, rg, memo, device, dims or {})
             if r is not None and not any(id(n) in claimed for n in r.nodes):
                 claimed.update(id(n) for n in r.nodes)
                 regions.append(r)

@@ -42,6 +42,7 @@ class Profile:
     views: frozenset[str] = frozenset()  # kinds whose output shares its input's storage (PyTorch views)
     frozen: Callable[[Graph], set[str]] | None = None  # parameters the framework does not differentiate
     device: str = "cpu"  # where the framework runs: its fused attention kernels differ (grad/sdpa.py)
+    dims: Mapping[str, int] = field(default_factory=dict)  # the analysis sizes (a sliding-window mask's fate)
 
     def rule_for(self, kind: str) -> dict[int | str, Grad] | None:
         """The rule of a kind under this profile, or None when there is none (unsupported)."""
@@ -87,8 +88,9 @@ def _pytorch() -> Profile:
             "acosh": {0: G("AcoshBackward", "x0")},  # grad * rsqrt(self^2 - 1)
         },
         composites=PYTORCH_COMPOSITES,
-        # reshape/view/permute/squeeze return views, and .to(its own dtype) returns the tensor itself
-        views=frozenset({"reshape", "flatten", "squeeze", "unsqueeze", "transpose", "identity", "cast"}),
+        # reshape/view/permute/squeeze/expand return views, and .to(its own dtype) returns the tensor itself
+        views=frozenset({"reshape", "flatten", "squeeze", "unsqueeze", "transpose", "identity", "cast",
+                         "expand"}),
         frozen=frozen_parameters)  # dynamo: buffers and values folded from them are no parameters
 
 

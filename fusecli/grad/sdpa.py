@@ -17,14 +17,20 @@ float16/bfloat16 without a mask; otherwise the memory-efficient kernel runs, mas
 included; both keep the row logsumexp and never P.
 
 `transformers` habits, which decide what reaches the kernel: a mask that depends on no input value (the
-causal mask the export spells out) is passed as ``is_causal=True`` and no mask; with no mask, grouped-query
-K and V go in unrepeated (``enable_gqa``), so the repeat the export shows is not made.
+causal mask the export spells out) is passed as ``is_causal=True`` and no mask, unless it is a sliding window
+(``kv_idx > q_idx - W``: the export reads W) at least as long as the keys (masking_utils'
+``_ignore_causal_mask_sdpa`` keeps the mask then); with no mask, grouped-query K and V go in unrepeated
+(``enable_gqa``), so the repeat the export shows is not made.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
+import numpy as np
+
+from ..dims import dim_value
 from ..fusion.attention import AttentionForm, depends_on_input, read_attention, scalar_value
 from ..ir import Node, Tensor
 
@@ -55,6 +61,47 @@ def converted_bool(t: Tensor) -> bool:
         and p.inputs[0].dtype == "bool" and all(scalar_value(x) is not None for x in p.inputs[1:])
 
 
+_WINDOW_OPS = frozenset({"Add", "Sub", "Less", "LessOrEqual", "Greater", "GreaterOrEqual"})
+
+
+def sliding_window(mask: Tensor, limit: int = 4096) -> int | None:
+    """W of a shape-only mask that is a sliding window (transformers' ``kv_idx > q_idx - W``: an integer
+    constant > 1 that a Sub, Add or comparison of its cone reads; the smallest such), else None."""
+    stack, seen, found = [mask], set(), []
+    while stack and len(seen) < limit:
+        x = stack.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        p = x.producer
+        if p is None or p.kind in ("shape", "size"):
+            continue
+        for i in p.inputs:
+            if i is None:
+                continue
+            v = i.meta.get("value") if i.kind in ("parameter", "constant") else None
+            if p.op_type in _WINDOW_OPS and v is not None and np.size(v) == 1 \
+                    and np.issubdtype(np.asarray(v).dtype, np.integer) and abs(int(np.reshape(v, -1)[0])) > 1:
+                found.append(abs(int(np.reshape(v, -1)[0])))
+            stack.append(i)
+    return min(found) if found else None
+
+
+def _kept_window(form: AttentionForm, masks: list[Tensor], dims: Mapping[str, int]) -> tuple[int, str] | None:
+    """(W, why) where transformers passes a shape-only sliding-window mask to sdpa: the keys are at least
+    W long at the analysis sizes (or their length is unknown: assumed so, and said)."""
+    windows = [w for w in map(sliding_window, masks) if w is not None]
+    if not windows:
+        return None
+    w = min(windows)
+    keys = form.k.shape[-2] if form.k.shape is not None and len(form.k.shape) >= 2 else None
+    n = dim_value(keys, dims) if keys is not None else None
+    if n is not None and n < w:
+        return None  # the window covers every key: the causal mask, skipped
+    at = f"{n} keys" if n is not None else "keys of unknown length, assumed at least that long"
+    return w, f"its sliding window of {w} keys is kept as a mask ({at}; transformers skips it below {w})"
+
+
 def _needs_grad(t: Tensor, rg: set[str]) -> bool:
     return t.name in rg
 
@@ -75,7 +122,8 @@ def _math_reason(form: AttentionForm, data_masks: list[Tensor], grad_terms: list
     return None
 
 
-def choose(form: AttentionForm, rg: set[str], memo: dict[int, bool], device: str = "cpu") -> KernelChoice:
+def choose(form: AttentionForm, rg: set[str], memo: dict[int, bool], device: str = "cpu",
+           dims: Mapping[str, int] | None = None) -> KernelChoice:
     """The kernel for ``form`` (an sdpa spelling) on ``device``, as sdp_utils and transformers decide it.
     CUDA: flash for float16/bfloat16 without a mask, else the memory-efficient kernel (which takes a
     mask, learned or not); both keep the row logsumexp, not P."""
@@ -83,6 +131,9 @@ def choose(form: AttentionForm, rg: set[str], memo: dict[int, bool], device: str
     out = pv.outputs[0]
     masks = [*form.terms, *form.bool_masks]
     data_masks = [m for m in masks if depends_on_input(m, memo) or m.name in rg]
+    window = None if data_masks else _kept_window(form, masks, dims or {})
+    if window is not None:
+        data_masks = masks  # reaches the kernel as a data mask does
     grad_terms = [m for m in form.terms if _needs_grad(m, rg)]
     why_math = _math_reason(form, data_masks, grad_terms, device)
     if why_math is not None:
@@ -106,6 +157,8 @@ def choose(form: AttentionForm, rg: set[str], memo: dict[int, bool], device: str
     notes = []
     if masks and not data_masks:
         notes.append("its mask depends on no input: transformers passes is_causal instead")
+    if window is not None:
+        notes.append(window[1])
     if grouped:
         notes.append("K and V enter unrepeated (enable_gqa)")
     for m in data_masks:
@@ -118,9 +171,10 @@ def choose(form: AttentionForm, rg: set[str], memo: dict[int, bool], device: str
     return KernelChoice(kernel, "; ".join([reason, *notes]), reads, new)
 
 
-def sdpa_region(node: Node, rg: set[str], memo: dict[int, bool], device: str = "cpu"):
+def sdpa_region(node: Node, rg: set[str], memo: dict[int, bool], device: str = "cpu",
+                dims: Mapping[str, int] | None = None):
     """The sdpa call whose P @ V is ``node``: (form, kernel choice), or None when it is not one."""
     form = read_attention(node)
     if not isinstance(form, AttentionForm) or not form.sdpa:
         return None
-    return form, choose(form, rg, memo, device)
+    return form, choose(form, rg, memo, device, dims)

@@ -53,6 +53,7 @@ class Verification:
     distinct: int = 0
     model_skipped: str | None = None  # why the whole model was not run
     uncut: list[str] = field(default_factory=list)  # regions not checked on their own, and why
+    warnings: list[str] = field(default_factory=list)  # what the user must hear about how it was checked
 
     @property
     def ok(self) -> bool:
@@ -125,14 +126,22 @@ def quiet_run() -> ort.RunOptions:
     return options
 
 
+class RunFailed(FuseError):
+    """onnxruntime could not run a model on the random inputs; ``what`` names which model."""
+
+    def __init__(self, what: str, first: str):
+        super().__init__(f"onnxruntime failed to run the {what} model: {first} "
+                         "(set sizes with --batch N and --dim NAME=VALUE)")
+        self.what, self.first = what, first
+
+
 def run(sess: ort.InferenceSession, feeds: dict, what: str) -> dict[str, np.ndarray]:
     names = {i.name for i in sess.get_inputs()}
     try:
         outs = sess.run(None, {k: v for k, v in feeds.items() if k in names}, quiet_run())
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise FuseError(f"onnxruntime failed to run the {what} model: {first} "
-                        "(set sizes with --batch N and --dim NAME=VALUE)") from None
+        raise RunFailed(what, first) from None
     return {o.name: v for o, v in zip(sess.get_outputs(), outs, strict=True)}
 
 

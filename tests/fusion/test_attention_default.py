@@ -31,7 +31,11 @@ MODELS = {
     "t5_encoder": (2, "math"),  # likewise its learned position bias
     "gemma2": (2, "eager"),  # soft-capped: transformers runs it eager
     "bloom": (2, "eager"),  # ALiBi: eager only
+    "gemma": (2, "flash"), "gemma3_text": (2, "flash"),  # q/k norms (Gemma3), sqrt(hidden)-scaled embeddings
+    "deberta_v2": (2, "eager"),  # disentangled attention (c2p, p2c gathers): eager only
 }
+# default attention only: DeBERTa-v2 has no other, and eager Gemma adds no form the others lack
+DEFAULT_ONLY = ("gemma", "gemma3_text", "deberta_v2")
 # torch.onnx cannot export these (said by the exporter itself)
 NO_EXPORT = {  # grouped-query decoders: TorchScript cannot convert sdpa's enable_gqa
     **{(n, "torchscript"): "TorchScript: conversion of scaled_dot_product_attention with enable_gqa"
@@ -44,6 +48,8 @@ NO_EXPORT = {  # grouped-query decoders: TorchScript cannot convert sdpa's enabl
 def _cases():
     for attn in hf_models.ATTENTION:
         for name in MODELS:
+            if attn != "default" and name in DEFAULT_ONLY:
+                continue
             for exporter in ("torchscript", "dynamo"):
                 if (name, exporter) not in (NO_EXPORT if attn == "default" else {}):
                     yield pytest.param(name, exporter, attn, id=f"{name}-{exporter}-{attn}")
@@ -76,11 +82,19 @@ def test_attention_found_with_the_kernel_pytorch_runs(hf_onnx, name, exporter, a
     assert {p["verdict"] for p in found} == {want}
 
 
+# (name, seq) -> why fusecli's count of the export cannot be PyTorch's there
+KNOWN = {("deberta_v2", 256): "both exporters compute DeBERTa's clamped relative-position indices once for "
+         "all layers (the layers' computations are identical: common subexpressions); each eager layer makes "
+         "and saves its own (S, S) int64 pair, 1 MiB per layer at seq 256 (0.86 of PyTorch; 0.955 at seq 32)"}
+
+
 @pytest.mark.parametrize("seq", SEQS)
 @pytest.mark.parametrize(("name", "exporter", "attn"), list(_cases()))
-def test_attention_saved_bytes_match_pytorch(hf_onnx, name, exporter, attn, seq):
+def test_attention_saved_bytes_match_pytorch(request, hf_onnx, name, exporter, attn, seq):
     if not hf_models.spec(name).seq_axis and seq != SEQS[0]:
         pytest.skip("fixed-size input: one length")
+    if (name, seq) in KNOWN:
+        request.node.add_marker(pytest.mark.xfail(reason=KNOWN[name, seq], strict=True))
     a = analyze(hf_onnx(name, exporter, attn=attn), Options(batch=BATCH, dims=_dims(name, seq)))
     sizes = [s.bytes for s in a.liveness.saved if s.tensor.kind == "activation"]
     assert None not in sizes

@@ -1,6 +1,6 @@
 """Spellings the exporters write for real `transformers` models (default attention, both torch exporters),
 found by the catalogue: OPT's residual sum reshaped before its LayerNorm, Phi-3's fused gate_up
-projection split in two before SwiGLU, BLOOM's and Gemma2's tanh-GELU spellings."""
+projection split in two before SwiGLU, BLOOM's and the Gemmas' tanh-GELU spellings."""
 
 from __future__ import annotations
 
@@ -37,9 +37,11 @@ def test_phi3_swiglu_over_the_split_gate_up_projection(hf_onnx, exporter):
 
 
 @pytest.mark.parametrize(("name", "exporter"), [("bloom", "torchscript"), ("bloom", "dynamo"),
-                                                ("gemma2", "torchscript")])
+                                                ("gemma", "torchscript"), ("gemma2", "torchscript"),
+                                                ("gemma3_text", "torchscript")])
 def test_tanh_gelu_spellings(hf_onnx, name, exporter):
-    """BLOOM: x * 0.5 * (1 + tanh(0.79788456 x (1 + 0.044715 x x))); Gemma2 under TorchScript: the cube
-    as x * (x * x). (Gemma2's dynamo export writes ONNX's Gelu op itself: nothing to fuse.)"""
+    """BLOOM: x * 0.5 * (1 + tanh(0.79788456 x (1 + 0.044715 x x))); Gemma, Gemma2 and Gemma3 under
+    TorchScript: the cube as x * (x * x). (Their dynamo exports write ONNX's Gelu op itself: nothing to
+    fuse.)"""
     a, counts = _matches(hf_onnx, name, exporter)
     assert counts["gelu"] + counts["bias_gelu"] == 2, counts

@@ -37,6 +37,21 @@ class GatherElements(nn.Module):
         return self.b(torch.tanh(torch.gather(self.a(x), 2, idx)))
 
 
+class ExpandedIndex(nn.Module):
+    """DeBERTa-v2's c2p index: computed once per (S, S), expanded to (B, S, S) (a view) for the gather:
+    backward keeps the small index's storage, not a (B, S, S) copy."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(H, SEQ), nn.Linear(SEQ, H)
+
+    def forward(self, x, ids):
+        pos = torch.arange(SEQ)
+        idx = (pos[:, None] - pos[None, :] + ids[0, 0, 0]).remainder(SEQ)  # (S, S) int64 from the input
+        idx = idx.unsqueeze(0).expand(x.shape[0], SEQ, SEQ)
+        return self.b(torch.tanh(torch.gather(self.a(x), 2, idx)))
+
+
 class CumSum(nn.Module):
     def __init__(self):
         super().__init__()
@@ -115,7 +130,8 @@ class BufferSlice(nn.Module):
         return torch.tanh(self.a(x) * self.table[: x.shape[1]])
 
 
-MODULES = {"gather_elements": (GatherElements, "GatherElements"), "cumsum": (CumSum, "CumSum"),
+MODULES = {"gather_elements": (GatherElements, "GatherElements"),
+           "expanded_index": (ExpandedIndex, "Expand"), "cumsum": (CumSum, "CumSum"),
            "top_k": (TopK, "TopK"), "trilu": (Trilu, "Trilu"),
            "scatter_elements": (ScatterElements, "ScatterElements"),
            "parameter_view": (ExpertWeights, "MatMul"), "position_slice": (PositionSlice, "Slice"),

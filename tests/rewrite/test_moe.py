@@ -11,6 +11,7 @@ from collections import Counter
 import onnx
 import pytest
 
+from fusecli.errors import FuseError
 from fusecli.rewrite import RewriteOptions, rewrite
 
 FUSED_ONNX_DOMAIN = ("SimplifiedLayerNormalization", "LayerNormalization")  # only fusions make them
@@ -46,3 +47,19 @@ def test_mixtral_rewrites_every_region_verified(hf_onnx, tmp_path):
     assert ours["FusedMatMul"] == 16  # 2 layers x 4 experts x (gate_up, down)
     assert ours["MultiHeadAttention"] == 2 and ours["RotaryEmbedding"] == 4
     assert sum(ours.values()) >= sum(peer.values()), (ours, peer)
+
+
+def test_auto_verify_falls_back_to_regions_when_the_original_cannot_run(hf_onnx, tmp_path):
+    """The TorchScript export runs only when every expert gets a token (its loop indexes each expert's
+    tokens): on fusecli's random input the original model itself fails, so ``--verify auto`` (the default)
+    says so and stands on the regions' checks, which cover every region here."""
+    path = hf_onnx("mixtral", "torchscript", attn="default")
+    options = RewriteOptions(batch=2, dims={"seq": 32}, routing="balanced")
+    r = rewrite(path, options, str(tmp_path / "fused.onnx"))
+    v = r.verification
+    assert v.ok and not v.uncut and v.regions == len(r.applied) and not v.checks
+    assert v.model_skipped.startswith("the original model does not run on random inputs"), v.model_skipped
+    assert any("only the fused regions were verified" in w for w in r.warnings), r.warnings
+    with pytest.raises(FuseError, match="failed to run the original model"):
+        rewrite(path, RewriteOptions(batch=2, dims={"seq": 32}, routing="balanced", verify_scope="model"),
+                str(tmp_path / "whole.onnx"))
