@@ -139,3 +139,16 @@ def test_olmo_layer_norm_reading_a_shared_cast_is_left_out_and_the_rest_written(
     assert said and r.ops_after.get(MS + "RotaryEmbedding") == 4
     assert r.verification.ok and r.verification.uncut == []
     _torch_matches("olmo", r.model, attn="default")
+
+
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+def test_fixed_size_export_rewrites(hf_onnx, exporter):
+    """A BERT exported with every dim fixed: its token-type ids are a constant subgraph
+    (GatherElements of a broadcast index, which onnx's reference implementation cannot run), folded by
+    onnxruntime instead; attention and the skip-norms rewritten, verified, equal to PyTorch."""
+    path = hf_onnx("bert", exporter, dynamic=False, batch=2, seq=16, attn="default")
+    r = rewrite(path, RewriteOptions(batch=2))
+    assert r.verification.ok and r.verification.checks, r.verification
+    counts = r.kernel_counts()
+    assert counts.get("MultiHeadAttention") == 2, counts
+    _torch_matches("bert", r.model, attn="default")
