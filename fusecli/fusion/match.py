@@ -77,6 +77,7 @@ class Match:
     roles: dict[str, Node] = field(default_factory=dict)
     bound: dict[str, Tensor] = field(default_factory=dict)
     verdict: object = None  # fusion.verdict.Verdict, filled by the verdict pass
+    inner: list[Match] = field(default_factory=list)  # smaller matches inside it that the report leaves out
 
     @property
     def root(self) -> Node:

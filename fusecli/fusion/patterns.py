@@ -9,7 +9,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from ..ir import Tensor
+from ..ir import Node, Tensor
 from .attention import attention_match
 from .forms import (
     HARD_SWISH,
@@ -58,15 +58,24 @@ def made_by(*kinds: str) -> Callable[[Tensor], bool]:
 _PROJECTION = made_by("matmul", "gemm", "bias_add")
 
 
+def swaps_last_two(n: Node) -> bool:
+    """A Transpose that swaps its last two axes only (what a GEMM's transB reads in place)."""
+    perm = n.attrs.get("perm")
+    return perm is not None and len(perm) >= 2 and list(perm) == [*range(len(perm) - 2), len(perm) - 1,
+                                                                  len(perm) - 2]
+
+
 def transposed_weight(t: Tensor) -> bool:
     """A weight made at run time by a Transpose of a weight that swaps its last two axes only (what a
     GEMM's transB reads in place); the Transpose is a view of the parameter, not part of the match."""
     p = t.producer
     if not is_param(t) or p is None or p.kind != "transpose" or not p.inputs or not is_param(p.inputs[0]):
         return False
-    perm = p.attrs.get("perm")
-    return perm is not None and len(perm) >= 2 and list(perm) == [*range(len(perm) - 2), len(perm) - 1,
-                                                                  len(perm) - 2]
+    return swaps_last_two(p)
+
+
+def _activation(t: Tensor) -> bool:
+    return not is_param(t)
 
 
 def projected(t: Tensor) -> bool:
@@ -263,9 +272,11 @@ CATALOGUE: tuple[Pattern, ...] = (
                              *(op("matmul", s, W, role="matmul") for s in scaled(X)),
                              *(op("matmul", X, s, role="matmul") for s in scaled(W))),
         "FusedMatMul (alpha)", "y = alpha (a @ b): attention's Q K^T / sqrt(d) [ORT MatMulScaleFusion]"),
-    Pattern("matmul_transpose", (op("matmul", X, Var(check=transposed_weight), role="matmul"),),
-            "FusedMatMul (transB)", "y = x @ w^T for a weight transposed at run time (a MoE expert's w[e]): "
-            "the GEMM reads w in place [ORT MatMulTransposeFusion]"),
+    Pattern("matmul_transpose", (op("matmul", X, Var(check=transposed_weight), role="matmul"),
+                                 op("matmul", X, op("transpose", Var(check=_activation), role="transpose",
+                                                    check=swaps_last_two), role="matmul")),
+            "FusedMatMul (transB)", "y = x @ w^T for w transposed at run time (a MoE expert's w[e], "
+            "DeBERTa's position keys): the GEMM reads w in place [ORT MatMulTransposeFusion]"),
     Pattern("bias_gelu", GELU_OP + GELU_ERF + GELU_ERFC + GELU_TANH, "BiasGelu / FastGelu with bias",
             "y = gelu(x + b)", fused_kind="bias_gelu", include_producers=("x",),
             require=lambda roles, bound: made_by("bias_add")(bound["x"])),

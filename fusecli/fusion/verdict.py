@@ -190,7 +190,8 @@ def _judge_backward(m: Match, sizes: Mapping[str, int] | None, notes: dict) -> V
 
 
 def suppress_dominated(matches: list[Match]) -> list[Match]:
-    """Drop a match whose nodes lie inside a larger match that is at least as safe (bias in conv_bias_act)."""
+    """Drop a match whose nodes lie inside a larger match that is at least as safe (bias in conv_bias_act);
+    it stays in the larger ones' ``inner`` (what a rewrite falls back to where no kernel takes them)."""
     def safety(m: Match) -> tuple[bool, bool, bool]:
         v = m.verdict
         return (v.inference_safe, v.training_safe or v.recompute is not None, v.training_safe)
@@ -203,9 +204,11 @@ def suppress_dominated(matches: list[Match]) -> list[Match]:
     for m in matches:
         ids = {id(n) for n in m.nodes}
         candidates = by_node[id(m.nodes[0])]
-        dominated = any(o is not m and len(o.nodes) > len(m.nodes) and ids <= {id(n) for n in o.nodes}
-                        and all(a >= b for a, b in zip(safety(o), safety(m), strict=True))
-                        for o in candidates)
-        if not dominated:
+        over = [o for o in candidates if o is not m and len(o.nodes) > len(m.nodes)
+                and ids <= {id(n) for n in o.nodes}
+                and all(a >= b for a, b in zip(safety(o), safety(m), strict=True))]
+        for o in over:
+            o.inner.append(m)
+        if not over:
             kept.append(m)
     return kept

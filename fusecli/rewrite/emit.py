@@ -21,6 +21,7 @@ from onnx import helper, numpy_helper
 
 from ..errors import FuseError
 from ..fusion.match import Match
+from ..fusion.patterns import swaps_last_two
 from ..ir import Node, Tensor
 from .fold import channel_vector, fold_batch_norm, fold_bias, fold_scale_shift
 from .values import Names, Weights
@@ -364,15 +365,27 @@ def _matmul_scale(m: Match, ctx: Context) -> Emission | None:
         b = x_t
     if any(t.shape is None or len(t.shape) < 2 for t in (a, b)) or c.ndim > len(x_t.shape or ()):
         return None
-    node = _node("FusedMatMul", [a.name, b.name], _out(m.root), mm.name, MS, alpha=alpha)
-    return Emission(m.pattern.name, "FusedMatMul", [n.name for n in m.nodes], [node])
+    # a swap of the last two axes on the scaled operand (q @ (k^T / sqrt d)) is read in place too, as ONNX
+    # Runtime's MatMulScaleFusion + MatMulTransposeFusion make one FusedMatMul; the Transpose, if nothing
+    # else reads it, is pruned
+    flags = {}
+    for key, t in (("transA", a), ("transB", b)):
+        p = t.producer
+        if t is x_t and p is not None and p.kind == "transpose" and swaps_last_two(p) and p.inputs \
+                and p.inputs[0] is not None and p.inputs[0].shape is not None and len(p.inputs[0].shape) >= 2:
+            flags[key] = 1
+    a = a.producer.inputs[0] if "transA" in flags else a
+    b = b.producer.inputs[0] if "transB" in flags else b
+    node = _node("FusedMatMul", [a.name, b.name], _out(m.root), mm.name, MS, alpha=alpha, **flags)
+    kernel = "FusedMatMul" + "".join(f"({k})" for k in flags)
+    return Emission(m.pattern.name, kernel, [n.name for n in m.nodes], [node])
 
 
 def _matmul_transpose(m: Match, ctx: Context) -> Emission | None:
     """x @ Transpose(w) -> FusedMatMul(x, w, transB=1): the GEMM reads w in place (the Transpose, no
     longer read, is pruned)."""
     mm = m.roles["matmul"]
-    a, w = mm.inputs[0], mm.inputs[1].producer.inputs[0]
+    a, w = mm.inputs[0], mm.inputs[1].producer.inputs[0]  # the Transpose: a weight's view, or in the match
     if _dtype(m) != "float32" or any(t.shape is None or len(t.shape) < 2 for t in (a, w)):
         return None
     node = _node("FusedMatMul", [a.name, w.name], _out(m.root), mm.name, MS, transB=1)

@@ -20,25 +20,36 @@ def saving(m: Match) -> tuple:
 
 
 def plan(matches: list[Match], ctx: Context) -> list[Emission]:
-    """Greedy non-overlapping choice, largest saving first; a match no kernel fits is passed over."""
+    """Greedy non-overlapping choice, largest saving first; a match no kernel fits is passed over, and the
+    smaller matches inside it (the report's dominated ones: attention's scaled Q K^T) are tried instead."""
     chosen: list[Emission] = []
     ctx.by_root = {m.root.name: m for m in matches}  # an emitter may take a neighbour match in (rotary)
-    candidates = sorted((m for m in matches if is_safe(m, ctx.mode)), key=saving)  # stable: graph order
-    for m in candidates:
-        if any(n.name in ctx.claimed for n in m.nodes):
-            continue
-        try:
-            e = emit(m, ctx)
-        except (ValueError, IndexError, KeyError, TypeError, NotImplementedError, ArithmeticError) as err:
-            # weights or attributes the kernel cannot take (a damaged file, an unusual export): the match
-            # stays unfused and the run says so
-            ctx.skipped.append(f"{m.pattern.name} at {m.root.name} ({type(err).__name__}: "
-                               f"{' '.join(str(err).split())[:160]})")
-            continue
-        if e is None or any(name in ctx.claimed for name in e.remove):
-            continue
-        e.at = m.root.name
-        ctx.claimed.update(e.remove)
-        ctx.claimed.update(n.name for n in m.nodes)
-        chosen.append(e)
+    tried: set[int] = set()
+
+    def take(ms: list[Match]) -> None:
+        for m in sorted((m for m in ms if is_safe(m, ctx.mode)), key=saving):  # stable: graph order
+            if id(m) in tried or any(n.name in ctx.claimed for n in m.nodes):
+                continue
+            tried.add(id(m))
+            e = _emission(m, ctx)
+            if e is None or any(name in ctx.claimed for name in e.remove):
+                take(m.inner)
+                continue
+            e.at = m.root.name
+            ctx.claimed.update(e.remove)
+            ctx.claimed.update(n.name for n in m.nodes)
+            chosen.append(e)
+
+    take(matches)
     return chosen
+
+
+def _emission(m: Match, ctx: Context) -> Emission | None:
+    try:
+        return emit(m, ctx)
+    except (ValueError, IndexError, KeyError, TypeError, NotImplementedError, ArithmeticError) as err:
+        # weights or attributes the kernel cannot take (a damaged file, an unusual export): the match
+        # stays unfused and the run says so
+        ctx.skipped.append(f"{m.pattern.name} at {m.root.name} ({type(err).__name__}: "
+                           f"{' '.join(str(err).split())[:160]})")
+        return None

@@ -206,16 +206,19 @@ def test_matmul_scale_near_misses(tmp_path, form):
 
 
 @pytest.mark.parametrize("perm, weight, hit", [((1, 0), "param", True), ((0, 2, 1), "param", True),
-                                               ((1, 0, 2), "param", False), ((0, 2, 1), "input", False)])
+                                               ((1, 0, 2), "param", False), ((0, 2, 1), "input", True),
+                                               ((1, 0, 2), "input", False)])
 def test_matmul_transpose(tmp_path, perm, weight, hit):
-    """x @ w^T with w^T transposed at run time: matched only for a weight and a swap of the last two axes
-    (an activation's transpose, attention's K^T, is attention's; other perms are no transB)."""
+    """x @ w^T with w^T transposed at run time by a swap of the last two axes (other perms are no transB):
+    a weight's Transpose is the parameter's view (outside the match); an activation's (DeBERTa's position
+    keys, attention's K^T) is inside it, what the fused GEMM no longer writes."""
     shape, x = {(1, 0): ((6, 8), ("N", 8)), (0, 2, 1): ((3, 6, 8), ("N", 3, 5, 8)),
                 (1, 0, 2): ((3, 8, 6), ("N", 8, 5, 3))}[perm]
     net = Net(x=x, k=shape)
     w = net.param("w", *shape) if weight == "param" else "k"
     y = net.op("MatMul", "mm", "x", net.op("Transpose", "t", w, perm=list(perm)))
-    assert found(analyze_model(net.model(y), tmp_path), "matmul_transpose") == ([["mm"]] if hit else [])
+    nodes = ["mm"] if weight == "param" else ["t", "mm"]
+    assert found(analyze_model(net.model(y), tmp_path), "matmul_transpose") == ([nodes] if hit else [])
 
 
 # -- gelu, layer norm -----------------------------------------------------------------------------------

@@ -152,3 +152,19 @@ def test_fixed_size_export_rewrites(hf_onnx, exporter):
     counts = r.kernel_counts()
     assert counts.get("MultiHeadAttention") == 2, counts
     _torch_matches("bert", r.model, attn="default")
+
+
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+def test_deberta_position_matmuls_read_their_keys_in_place(hf_onnx, exporter, tmp_path):
+    """DeBERTa-v2's disentangled attention (transformers runs it eager; its scores are reshaped between the
+    matmul and the softmax, which MultiHeadAttention cannot take, and the rewrite says so): the c2p and p2c
+    products q @ pos_k^T become FusedMatMul(transB), 2 per layer; verified, equal to PyTorch, and at least
+    ONNX Runtime's own EXTENDED model's count."""
+    path = hf_onnx("deberta_v2", exporter, attn="default")
+    r = _rewrite(path)
+    got = r.ops_after
+    assert got.get(MS + "FusedMatMul", 0) >= 4, got
+    assert r.verification.ok
+    _torch_matches("deberta_v2", r.model, attn="default")
+    fused = sum(n for k, n in got.items() if k.startswith(MS))
+    assert fused >= _ort_extended_fused(path, tmp_path)
