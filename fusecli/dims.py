@@ -172,3 +172,74 @@ def dim_value(d, values: Mapping[str, int]) -> int | None:
         return v
     p = dim_poly(d)
     return None if p is None else p.evaluate(values)
+
+
+_SAMPLES = (3, 5, 7, 11, 13, 17, 19, 23)  # sizes each name takes, in turn, where a dim does not parse
+
+
+def same_dim(a, b) -> bool:
+    """Whether two known dims are the same: equal ints or polynomials; where one does not parse (dynamo's
+    '((seq**2)//seq)'), equal values at every one of several sizes of its names. Unknown dims are not."""
+    if a is None or b is None or isinstance(a, bool) or isinstance(b, bool):
+        return False
+    if a == b:
+        return True
+    pa, pb = dim_poly(a), dim_poly(b)
+    if pa is not None and pb is not None:
+        return pa == pb
+    if isinstance(a, int) and isinstance(b, int):
+        return False
+    names = sorted(_names(a) | _names(b))
+    for i in range(len(_SAMPLES)):
+        values = {n: _SAMPLES[(i + j) % len(_SAMPLES)] for j, n in enumerate(names)}
+        va, vb = _evaluate(a, values), _evaluate(b, values)
+        if va is None or va != vb:
+            return False
+    return True
+
+
+def _names(d) -> set[str]:
+    if not isinstance(d, str):
+        return set()
+    try:
+        tree = ast.parse(d.strip().replace("^", "**"), mode="eval")
+    except (SyntaxError, ValueError):
+        return {d}
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+
+
+_INT_OPS = {ast.Add: lambda x, y: x + y, ast.Sub: lambda x, y: x - y, ast.Mult: lambda x, y: x * y,
+            ast.FloorDiv: lambda x, y: x // y, ast.Mod: lambda x, y: x % y}
+
+
+def _evaluate(d, values: Mapping[str, int]) -> int | None:
+    """An int dim expression (+, -, *, //, %, small powers) at ``values``; None where it is none."""
+    if isinstance(d, int):
+        return d
+    if not isinstance(d, str):
+        return None
+    if d in values:
+        return values[d]
+    try:
+        return _eval_node(ast.parse(d.strip().replace("^", "**"), mode="eval").body, values)
+    except (SyntaxError, ValueError, ZeroDivisionError, RecursionError):
+        return None
+
+
+def _eval_node(node: ast.AST, values: Mapping[str, int]) -> int | None:
+    if isinstance(node, ast.Name):
+        return values.get(node.id)
+    if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        v = _eval_node(node.operand, values)
+        return None if v is None else -v
+    if isinstance(node, ast.BinOp):
+        x, y = _eval_node(node.left, values), _eval_node(node.right, values)
+        if x is None or y is None:
+            return None
+        if isinstance(node.op, ast.Pow):
+            return x ** y if 0 <= y <= 8 else None
+        op = _INT_OPS.get(type(node.op))
+        return None if op is None else op(x, y)
+    return None

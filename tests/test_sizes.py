@@ -109,3 +109,13 @@ def test_several_batch_dims_get_one_batch_hint(save_model):
     assert len(warnings) == 1 and warnings[0].count("--batch N") == 1
     assert warnings[0].endswith("(set --batch N --dim input_ids_dynamic_axes_2=VALUE "
                                 "--dim mask_dynamic_axes_2=VALUE)")
+
+
+def test_same_dim_reads_expressions_that_do_not_parse():
+    """dynamo writes a key length as '((seq**2)//seq)': the same dim as 'seq' at every size tried; a
+    polynomial compares as one; unknown dims are never the same."""
+    from fusecli.dims import same_dim
+
+    assert same_dim("seq", "((seq**2)//seq)") and same_dim("2*batch", "batch*2") and same_dim(32, 32)
+    assert not same_dim("seq", "batch") and not same_dim("seq", "((seq**2)//batch)")
+    assert not same_dim(None, None) and not same_dim("unk__3", "unk__4") and not same_dim(16, "seq")

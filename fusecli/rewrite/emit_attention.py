@@ -6,7 +6,8 @@ transpose optimizer cancels against the export's own head split), and the output
 same way. The additive bias (B|1, N|1, S, L) is the export's mask (Add), a causal Where turned into an
 additive one, and T5's position bias, broadcast over the query axis. Grouped-query K/V enter after
 their repeat (the repeat nodes stay) where GroupQueryAttention (emit_gqa) does not fit; a Dropout is the
-identity in inference.
+identity in inference. Heads-merged attention (BLOOM: q, K^T, v and the scores as (B N, ., .), split to
+(B, N, S, L) before the softmax) is read through its merges (merged_heads).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from ..fusion.attention import LAYOUT, AttentionForm, read_attention
 from ..fusion.match import Match, is_noop
 from ..ir import Node, Tensor
 from .emit import MS, Context, Emission, _attr, _dtype, _new_init, _node
+from .merged_heads import merged_terms, read_merged, write_shapes
 from .shape_values import int_value
 
 ADD = ("add", "sum", "bias_add")
@@ -69,9 +71,10 @@ def attention_scale(m: Match, ctx: Context) -> float | None:
     return scale
 
 
-def _mha_form(m: Match) -> AttentionForm | str:
+def _mha_form(m: Match, layouts: bool = False) -> AttentionForm | str:
     """The attention's form when MultiHeadAttention runs it as written (at most a mask and a position bias,
-    one scale and that on q k^T itself, no layout op between the scores and the softmax), else why not."""
+    one scale and that on q k^T itself, no layout op between the scores and the softmax unless
+    ``layouts``: the caller reads them), else why not."""
     form = read_attention(m.roles["pv"])
     if not isinstance(form, AttentionForm):
         return "the attention's form cannot be read again"
@@ -83,7 +86,7 @@ def _mha_form(m: Match) -> AttentionForm | str:
     on_product = scale is None or any(t is qk.outputs[0] for t in scale.inputs)
     if len(form.scales) != scales or not on_product:
         return "a scale on the masked scores, not on q k^T: MultiHeadAttention scales before its bias"
-    if any(n.kind in LAYOUT and not is_noop(n) and between_scores(n, m) for n in m.nodes):
+    if not layouts and any(n.kind in LAYOUT and not is_noop(n) and between_scores(n, m) for n in m.nodes):
         return "a layout op between the scores and the softmax: no attention_bias shape fits"
     terms, wheres = len(form.terms), len(form.bool_masks)
     if (wheres == 0 and terms <= 2) or (wheres == 1 and terms == 0):
@@ -159,23 +162,39 @@ def _bias(m: Match, ctx: Context, b: Builder, q3: str) -> str | None:
     if mask is not None:
         if mask.kind in ADD:
             terms.append(m.bound["mask"].name)
-        else:  # where(cond, s, c) or where(cond, c, s): the constant c where the condition says
-            cond, a, c = mask.inputs[0], mask.inputs[1], mask.inputs[2]
-            fill = c if a.producer is not None and any(a.producer is n for n in m.nodes) else a
-            value = scalar_of(ctx, fill)
-            if value is None:
+        else:
+            term = where_term(m, ctx, b, mask, mask.inputs[0].name)
+            if term is None:
                 return None
-            zero, fv = b.const("zero", np.zeros((), np.float32)), b.const("fill", np.array(value, np.float32))
-            terms.append(b.node("Where", [cond.name, zero, fv] if fill is c else [cond.name, fv, zero]))
+            terms.append(term)
+    return bias_of(ctx, b, terms, q3)
+
+
+def where_term(m: Match, ctx: Context, b: Builder, where: Node, cond: str) -> str | None:
+    """where(cond, s, c) or where(cond, c, s) as an additive term: the constant c where the condition says
+    (``cond``: the condition's name, in the bias's layout); None when c is no one constant."""
+    a, c = where.inputs[1], where.inputs[2]
+    fill = c if a.producer is not None and any(a.producer is n for n in m.nodes) else a
+    value = scalar_of(ctx, fill)
+    if value is None:
+        return None
+    zero, fv = b.const("zero", np.zeros((), np.float32)), b.const("fill", np.array(value, np.float32))
+    return b.node("Where", [cond, zero, fv] if fill is c else [cond, fv, zero])
+
+
+def bias_of(ctx: Context, b: Builder, terms: list[str], q3: str) -> str:
+    """The sum of ``terms`` broadcast over the query axis (MultiHeadAttention wants S there); '' for none."""
     if not terms:
         return ""
-    bias = terms[0] if len(terms) == 1 else b.node("Add", terms)
+    bias = terms[0]
+    for t in terms[1:]:
+        bias = b.node("Add", [bias, t])
     seq = (b.node("Shape", [q3], start=1, end=2) if ctx.opset >= 15 else
            b.node("Slice", [b.node("Shape", [q3]), b.const("one", np.array([1], np.int64)),
                             b.const("two", np.array([2], np.int64))]))
     ones = b.const("ones", np.array([1, 1], np.int64))
     shape = b.node("Concat", [ones, seq, b.const("one_tail", np.array([1], np.int64))], axis=0)
-    return b.node("Expand", [bias, shape])  # the query axis broadcast: MultiHeadAttention wants S there
+    return b.node("Expand", [bias, shape])
 
 
 def attention(m: Match, ctx: Context) -> Emission | None:
@@ -234,18 +253,19 @@ def key_input(m: Match, ctx: Context) -> tuple[Tensor, list[int]] | str:
 
 
 def write_output(m: Match, ctx: Context, b: Builder, o3: str, heads: int, head_size: int,
-                 remove: list[str]) -> None:
-    """The kernel's (B, S, N H) output written where the attention's (B, N, S, H) output went: the export's
-    own merge transpose is written directly (and joins ``remove``), else a split and transpose back."""
-    pv = m.roles["pv"]
+                 remove: list[str], out: Tensor | None = None) -> None:
+    """The kernel's (B, S, N H) output written where the attention's (B, N, S, H) output ``out`` (P @ V's
+    by default) went: the export's own merge transpose is written directly (and joins ``remove``), else a
+    split and transpose back."""
+    out = out or m.roles["pv"].outputs[0]
     heads_shape = b.const("heads_shape", np.array([0, 0, heads, head_size], np.int64))
-    merge = merge_heads(pv.outputs[0], ctx)
+    merge = merge_heads(out, ctx)
     if merge is not None:  # the export's own (B, N, S, H) -> (B, S, N, H) transpose: written directly
         b.node("Reshape", [o3, heads_shape], merge.outputs[0].name)
         remove.append(merge.name)
     else:
         split = b.node("Reshape", [o3, heads_shape])
-        b.node("Transpose", [split], pv.outputs[0].name, perm=[0, 2, 1, 3])
+        b.node("Transpose", [split], out.name, perm=[0, 2, 1, 3])
 
 
 def _attention(m: Match, ctx: Context) -> Emission | str:
@@ -258,20 +278,28 @@ def _attention(m: Match, ctx: Context) -> Emission | str:
     refusal = common_refusal(m, ctx)
     if refusal:
         return refusal
-    form = _mha_form(m)
+    form = _mha_form(m, layouts=True)
     if isinstance(form, str):
         return form
-    q = m.bound["q"]
-    key = key_input(m, ctx)
-    if isinstance(key, str):
-        return key
-    k_in, p = key
-    kperm = [p[0], p[3], p[1], p[2]]  # (B, L, N, H) is k_in through this
-    v_in = pv.inputs[1]
+    merged = read_merged(m, ctx)  # scores, q, k and v as (B N, ., .): read the (B, N, ., .) they merge
+    if isinstance(merged, str):
+        return merged
+    if merged is not None:
+        q, k_in, kperm, v_in = merged.q, merged.k, merged.kperm, merged.v
+    else:
+        q = m.bound["q"]
+        key = key_input(m, ctx)
+        if isinstance(key, str):
+            return key
+        k_in, p = key
+        if p[0] != 0:
+            return "K's batch axis moved"
+        kperm = [p[0], p[3], p[1], p[2]]  # (B, L, N, H) is k_in through this
+        v_in = pv.inputs[1]
     qh, vh = heads_of(q), heads_of(v_in)
     ks = k_in.shape
-    if qh is None or vh is None or ks is None or len(ks) != 4 or vh[0] != qh[0] or p[0] != 0:
-        return "the head count or head size of q, k or v is unknown, or K's batch axis moved"
+    if qh is None or vh is None or ks is None or len(ks) != 4 or vh[0] != qh[0]:
+        return "the head count or head size of q, k or v is unknown"
     scale = attention_scale(m, ctx)
     if scale is None:
         return "the scale is not one constant"
@@ -280,15 +308,24 @@ def _attention(m: Match, ctx: Context) -> Emission | str:
     q3 = b.packed(q, [0, 2, 1, 3], heads * size)
     k3 = b.packed(k_in, kperm, heads * size)
     v3 = b.packed(v_in, [0, 2, 1, 3], heads * vh[1])
-    bias = _bias(m, ctx, b, q3)
+    if merged is None:
+        bias = _bias(m, ctx, b, q3)
+    else:
+        terms = merged_terms(m, ctx, b, merged, lambda node, cond: where_term(m, ctx, b, node, cond))
+        bias = None if terms is None else bias_of(ctx, b, terms, q3)
     if bias is None:
-        return "a bool mask whose fill value is not one constant"
+        return ("a bool mask whose fill value is not one constant" if merged is None else
+                "a score term whose layout is not (B N, ., .), or a bool mask whose fill is not one constant")
     o3 = b.node("MultiHeadAttention", [q3, k3, v3, "", "", bias], domain=MS, num_heads=heads, scale=scale)
     if form.guard:  # sdpa's NaN guard: a row whose every key is masked gives zeros, not NaN
         o3 = b.node("Where", [b.node("IsNaN", [o3]), b.const("guard_zero", np.zeros((), np.float32)), o3])
     keep = feeding(m, [k_in, v_in])
     remove = [n.name for n in m.nodes if id(n) not in keep]
-    write_output(m, ctx, b, o3, heads, vh[1], remove)
+    if merged is None:
+        write_output(m, ctx, b, o3, heads, vh[1], remove)
+    else:  # where the export split P @ V's (B N, S, Hv) output into (B, N, S, Hv)
+        remove += write_shapes(ctx, b, merged, q3, vh[1]) + [merged.out_split.name]
+        write_output(m, ctx, b, o3, heads, vh[1], remove, merged.out_split.outputs[0])
     return Emission(m.pattern.name, "MultiHeadAttention", remove, b.nodes, b.inits)
 
 

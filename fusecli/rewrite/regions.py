@@ -107,8 +107,8 @@ class Cutter:
                 if len(pulled) >= MAX_PULLED:
                     return f"{label}: over {MAX_PULLED} nodes compute its shape-valued inputs"
                 pulled.append(node)
-                for i in node.input:
-                    if i and i not in seen and i not in made_bridge:  # a bridge node makes it already
+                for i in node.input:  # a bridge node, or a replaced one (and its fused stand-in), makes
+                    if i and i not in seen and i not in made_bridge and i not in made_before:  # it already
                         if node.op_type in SHAPE_OPS:  # only its shape matters: a data input
                             problem = self._add_input(i, inputs)
                             if problem:
@@ -127,8 +127,9 @@ class Cutter:
         removed = sorted(removed, key=self._position)
         # shape computations that read a bridged tensor need the bridge on the fused side too
         shared = sorted(pulled + bridge, key=self._position) if _reads(pulled) & made_bridge else pulled
-        case = Case(label, pulled + bridge + [_copy(n) for n in removed], shared + [_copy(n) for n in added],
-                    constants, list(new_weights), sorted(inputs.values(), key=lambda d: d.name), outputs)
+        case = Case(label, _ordered(pulled + bridge + [_copy(n) for n in removed]),
+                    _ordered(shared + [_copy(n) for n in added]), constants, list(new_weights),
+                    sorted(inputs.values(), key=lambda d: d.name), outputs)
         case.signature = signature(case)
         return case
 
@@ -207,6 +208,33 @@ class Cutter:
         if self._order is None:
             self._order = {id(n): i for i, n in enumerate(self.weights.model.graph.node)}
         return self._order.get(id(node), 0)
+
+
+def _ordered(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
+    """``nodes`` in an order where each follows the producers of what it reads (a shape value pulled in
+    that reads a replaced node's output, P @ V's Shape, comes after it); otherwise as given."""
+    made = {o: k for k, n in enumerate(nodes) for o in n.output if o}
+    out: list[onnx.NodeProto] = []
+    state: dict[int, int] = {}  # 1: on the stack, 2: placed
+
+    def place(k: int) -> None:
+        stack = [(k, iter(nodes[k].input))]
+        state[k] = 1
+        while stack:
+            j, pending = stack[-1]
+            dep = next((made[i] for i in pending if i in made and state.get(made[i]) is None), None)
+            if dep is None:
+                stack.pop()
+                state[j] = 2
+                out.append(nodes[j])
+            else:
+                state[dep] = 1
+                stack.append((dep, iter(nodes[dep].input)))
+
+    for k in range(len(nodes)):
+        if k not in state:
+            place(k)
+    return out
 
 
 def _reads(nodes: Iterable[onnx.NodeProto]) -> set[str]:

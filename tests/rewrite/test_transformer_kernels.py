@@ -168,3 +168,25 @@ def test_deberta_position_matmuls_read_their_keys_in_place(hf_onnx, exporter, tm
     _torch_matches("deberta_v2", r.model, attn="default")
     fused = sum(n for k, n in got.items() if k.startswith(MS))
     assert fused >= _ort_extended_fused(path, tmp_path)
+
+
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+def test_heads_merged_attention_becomes_multi_head_attention(hf_onnx, exporter, tmp_path):
+    """BLOOM's ALiBi attention computes its scores heads-merged: q, K^T and v reshaped to (B N, ., .),
+    alibi (B N, 1, L) + q k^T / sqrt(d) split to (B, N, S, L) for the causal mask, P merged back for
+    P @ V, whose output is split into heads again (TorchScript also reads its Shape). One
+    MultiHeadAttention per layer: alibi split into (B, N, 1, L) at run time and summed with the mask into
+    the attention bias, the output written where the export's split wrote; verified, equal to PyTorch,
+    at least ONNX Runtime's own EXTENDED count, and verified again at another batch and length."""
+    path = hf_onnx("bloom", exporter, attn="default")
+    r = _rewrite(path)
+    got = r.ops_after
+    assert got.get(MS + "MultiHeadAttention") == 2 and "Softmax" not in got, r.warnings
+    assert not [w for w in r.warnings if "attention" in w], r.warnings
+    assert r.verification.ok and r.verification.uncut == []
+    _torch_matches("bloom", r.model, attn="default")
+    fused = sum(n for k, n in got.items() if k.startswith(MS))
+    assert fused >= _ort_extended_fused(path, tmp_path)
+    other = rewrite(path, RewriteOptions(batch=3, dims={"seq": 24}))
+    assert other.ops_after.get(MS + "MultiHeadAttention") == 2
+    assert other.verification.ok and other.verification.uncut == []
