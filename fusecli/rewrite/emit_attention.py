@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 
-from ..fusion.attention import LAYOUT, AttentionForm, read_attention
+from ..fusion.attention import LAYOUT, AttentionForm, read_attention, scalar_value
 from ..fusion.match import Match, is_noop
 from ..ir import Node, Tensor
 from .emit import MS, Context, Emission, _attr, _dtype, _new_init, _node
@@ -24,6 +24,7 @@ from .merged_heads import merged_terms, read_merged, write_shapes
 from .shape_values import int_value
 
 ADD = ("add", "sum", "bias_add")
+ABSORBING = -1e30  # a fill at or below this absorbs any score term added to it in float32 (ulp ~ 1e23)
 
 
 def scalar_of(ctx: Context, t: Tensor | None, depth: int = 8) -> float | None:
@@ -86,12 +87,30 @@ def _mha_form(m: Match, layouts: bool = False) -> AttentionForm | str:
     on_product = scale is None or any(t is qk.outputs[0] for t in scale.inputs)
     if len(form.scales) != scales or not on_product:
         return "a scale on the masked scores, not on q k^T: MultiHeadAttention scales before its bias"
-    if not layouts and any(n.kind in LAYOUT and not is_noop(n) and between_scores(n, m) for n in m.nodes):
+    if layouts:
+        return form
+    if any(n.kind in LAYOUT and not is_noop(n) and between_scores(n, m) for n in m.nodes):
         return "a layout op between the scores and the softmax: no attention_bias shape fits"
+    return terms_refusal(form, merged=False) or form
+
+
+def terms_refusal(form: AttentionForm, merged: bool) -> str | None:
+    """Why the score terms are more than the bias takes, else None: a mask and a position bias, or one bool
+    mask alone; heads-merged scores (read term by term) also one bool mask with up to two terms where the
+    mask's fill absorbs them (-inf or float32's lowest: s + c == c, so the additive mask is the Where)."""
     terms, wheres = len(form.terms), len(form.bool_masks)
     if (wheres == 0 and terms <= 2) or (wheres == 1 and terms == 0):
-        return form
-    return f"{terms} additive terms and {wheres} bool masks: the emitter takes a mask and a position bias"
+        return None
+    where = next((n for n in form.nodes if n.kind == "where" and n.inputs[0] is form.bool_masks[0]), None) \
+        if wheres == 1 else None
+    fill = None
+    if where is not None:
+        fill = scalar_value(where.inputs[2])
+        fill = scalar_value(where.inputs[1]) if fill is None else fill
+    if merged and where is not None and terms <= 2 and fill is not None and fill <= ABSORBING:
+        return None
+    why = f"{terms} additive terms and {wheres} bool masks: the emitter takes a mask and a position bias"
+    return why + (", or one bool mask whose fill absorbs up to two terms" if merged else "")
 
 
 def between_scores(node: Node, m: Match) -> bool:
@@ -284,6 +303,9 @@ def _attention(m: Match, ctx: Context) -> Emission | str:
     merged = read_merged(m, ctx)  # scores, q, k and v as (B N, ., .): read the (B, N, ., .) they merge
     if isinstance(merged, str):
         return merged
+    why = terms_refusal(form, merged is not None)
+    if why:
+        return why
     if merged is not None:
         q, k_in, kperm, v_in = merged.q, merged.k, merged.kperm, merged.v
     else:
@@ -324,7 +346,7 @@ def _attention(m: Match, ctx: Context) -> Emission | str:
     if merged is None:
         write_output(m, ctx, b, o3, heads, vh[1], remove)
     else:  # where the export split P @ V's (B N, S, Hv) output into (B, N, S, Hv)
-        remove += write_shapes(ctx, b, merged, q3, vh[1]) + [merged.out_split.name]
+        remove += write_shapes(ctx, b, m, merged, q3, k3) + [merged.out_split.name]
         write_output(m, ctx, b, o3, heads, vh[1], remove, merged.out_split.outputs[0])
     return Emission(m.pattern.name, "MultiHeadAttention", remove, b.nodes, b.inits)
 

@@ -34,7 +34,7 @@ class MergedHeads:
     chain: list[tuple[Node, Tensor]]  # the score ops from the softmax back to q k^T, with their chain input
     merged: set[int] = field(default_factory=set)  # ids of the chain's ops on (B N, S, L) scores
     out_split: Node | None = None  # P @ V's output (B N, S, Hv) -> (B, N, S, Hv)
-    shapes: list[Node] = field(default_factory=list)  # Shape ops reading P @ V's output
+    shapes: list[Node] = field(default_factory=list)  # Shape ops reading the replaced tensors
 
 
 def score_chain(m: Match) -> list[tuple[Node, Tensor]]:
@@ -135,6 +135,16 @@ def _read(m: Match, ctx: Context, chain: list[tuple[Node, Tensor]], layout: list
             return f"{c.op_type} {c.name} reads P @ V's (B N, S, H) output (not its split into heads)"
     if mh.out_split is None:
         return "P @ V's (B N, S, H) output is not split into heads"
+    inside = {id(n) for n in m.nodes}
+    for n in m.nodes:  # the export reads the scores' sizes too (TorchScript: the split's target)
+        for t in n.outputs:
+            for c in t.consumers if t is not out else ():
+                if id(c) not in inside and c.op_type == "Shape" and c.name in ctx.protos \
+                        and c.name not in ctx.claimed:
+                    mh.shapes.append(c)
+    for c in mh.shapes:
+        if any(_size(mh, m, d) is None for d in c.inputs[0].shape or [None]):
+            return f"{c.op_type} {c.name} reads a size that is not (B N, B, N, S, L or H)"
     if not same_dim(m.bound["q"].shape[0], out.shape[0]) or not same_dim(q.shape[2], out.shape[1]):
         return "P @ V's output and q differ in batch or length"
     return mh
@@ -176,26 +186,50 @@ def merged_terms(m: Match, ctx: Context, b, mh: MergedHeads, where_term) -> list
     return out
 
 
-def write_shapes(ctx: Context, b, mh: MergedHeads, packed_q: str, head_size: int) -> list[str]:
-    """The Shape ops that read P @ V's (B N, S, Hv) output, written from the kernel's (B, S, N H) query and
-    Hv (no other tensor: a region cut around the kernel reads what it reads); their names, to remove."""
+def _size(mh: MergedHeads, m: Match, d) -> str | int | None:
+    """What dim ``d`` of a replaced tensor is: 'BN', 'B', 'S' or 'L' (read at run time), a known size, or
+    None."""
+    if isinstance(d, int):
+        return d
+    k_len = mh.k.shape[mh.kperm[1]]
+    for key, dim in (("BN", m.bound["q"].shape[0]), ("B", mh.q.shape[0]), ("S", mh.q.shape[2]), ("L", k_len)):
+        if same_dim(d, dim):
+            return key
+    return None
+
+
+def write_shapes(ctx: Context, b, m: Match, mh: MergedHeads, packed_q: str, packed_k: str) -> list[str]:
+    """The Shape ops that read the replaced tensors (P @ V's output, the scores), their sizes read from the
+    kernel's (B, S, N H) query and (B, L, N H) key instead (no other tensor: a region cut around the kernel
+    reads what it reads); their names, to remove."""
     if not mh.shapes:
         return []
-    sizes = b.node("Shape", [packed_q])
+    q_sizes, k_sizes = b.node("Shape", [packed_q]), b.node("Shape", [packed_k])
 
-    def part(lo: int, hi: int) -> str:
-        return b.node("Slice", [sizes, b.const("from", np.array([lo], np.int64)),
-                                b.const("to", np.array([hi], np.int64))])
+    def part(sizes: str, i: int) -> str:
+        return b.node("Slice", [sizes, b.const("from", np.array([i], np.int64)),
+                                b.const("to", np.array([i + 1], np.int64))])
 
-    merged = b.node("Mul", [part(0, 1), b.const("heads", np.array([mh.heads], np.int64))])
-    full = b.node("Concat", [merged, part(1, 2), b.const("head_size", np.array([head_size], np.int64))],
-                  axis=0)
+    pieces: dict = {}
+
+    def piece(key) -> str:
+        if key not in pieces:
+            if isinstance(key, int):
+                pieces[key] = b.const("size", np.array([key], np.int64))
+            elif key == "BN":
+                pieces[key] = b.node("Mul", [piece("B"), b.const("heads", np.array([mh.heads], np.int64))])
+            else:
+                pieces[key] = part(*{"B": (q_sizes, 0), "S": (q_sizes, 1), "L": (k_sizes, 1)}[key])
+        return pieces[key]
+
     for s in mh.shapes:
+        full = b.node("Concat", [piece(_size(mh, m, d)) for d in s.inputs[0].shape], axis=0)
         start, end = _attr(ctx.protos[s.name], "start"), _attr(ctx.protos[s.name], "end")
         if start is None and end is None:
             b.node("Identity", [full], s.outputs[0].name)
         else:
+            rank = len(s.inputs[0].shape)
             lo = b.const("shape_start", np.array([0 if start is None else int(start)], np.int64))
-            hi = b.const("shape_end", np.array([3 if end is None else int(end)], np.int64))
+            hi = b.const("shape_end", np.array([rank if end is None else int(end)], np.int64))
             b.node("Slice", [full, lo, hi], s.outputs[0].name)
     return [s.name for s in mh.shapes]

@@ -156,18 +156,24 @@ def test_fixed_size_export_rewrites(hf_onnx, exporter):
 
 @pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
 def test_deberta_position_matmuls_read_their_keys_in_place(hf_onnx, exporter, tmp_path):
-    """DeBERTa-v2's disentangled attention (transformers runs it eager; its scores are reshaped between the
-    matmul and the softmax, which MultiHeadAttention cannot take, and the rewrite says so): the c2p and p2c
-    products q @ pos_k^T become FusedMatMul(transB), 2 per layer; verified, equal to PyTorch, and at least
-    ONNX Runtime's own EXTENDED model's count."""
+    """DeBERTa-v2's disentangled attention (transformers runs it eager): the c2p and p2c products
+    q @ pos_k^T become FusedMatMul(transB), 2 per layer; its heads-merged scores (B N, S, L) + c2p + p2c,
+    split to (B, N, S, L) under XSoftmax's bool mask (filled with float32's lowest, which absorbs the
+    terms), become one MultiHeadAttention per layer (TorchScript reads the scores' sizes too: written from
+    the kernel's inputs); verified at two sizes, equal to PyTorch, and at least ONNX Runtime's own
+    EXTENDED model's count."""
     path = hf_onnx("deberta_v2", exporter, attn="default")
     r = _rewrite(path)
     got = r.ops_after
     assert got.get(MS + "FusedMatMul", 0) >= 4, got
-    assert r.verification.ok
+    assert got.get(MS + "MultiHeadAttention") == 2 and "Softmax" not in got, r.warnings
+    assert r.verification.ok and r.verification.uncut == []
     _torch_matches("deberta_v2", r.model, attn="default")
     fused = sum(n for k, n in got.items() if k.startswith(MS))
     assert fused >= _ort_extended_fused(path, tmp_path)
+    other = rewrite(path, RewriteOptions(batch=3, dims={"seq": 24}))
+    assert other.ops_after.get(MS + "MultiHeadAttention") == 2
+    assert other.verification.ok and other.verification.uncut == []
 
 
 @pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
