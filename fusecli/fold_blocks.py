@@ -6,8 +6,9 @@ Scopes come from ``scopes.node_scope`` (the module path, list indices kept with 
 instance is every node under one indexed scope segment, plus the unscoped nodes all of whose neighbours
 lie in that instance (dynamo leaves a few ops without a module). Instances are equal when their nodes,
 in graph order, have the same op types, attributes and inputs (an input is a position inside the
-instance, or an outside tensor's kind and dtype). The outermost index whose equal instances repeat is
-folded; equal instances are grouped, so a first layer that differs is drawn on its own beside "x79".
+instance, or an outside tensor's dtype and whether it is a weight). The outermost index whose equal
+instances repeat is folded; equal instances are grouped, so a first layer that differs is drawn on its
+own beside "x79".
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from .ir import Node
+from .names import cut_end
 from .scopes import node_scope
 
 MIN_REPEATS = 2  # equal instances needed to fold
@@ -41,8 +43,9 @@ class Block:
         return self.members[0]
 
     def title(self) -> str:
-        span = f"{self.indices[0]}…{self.indices[-1]}" if self.count > 2 else \
-            ", ".join(map(str, self.indices))
+        first, last = self.indices[0], self.indices[-1]
+        run = self.count > 2 and last - first + 1 == self.count  # indices ascend
+        span = f"{first}…{last}" if run else cut_end(", ".join(map(str, self.indices)), 40)
         return f"{self.scope} x{self.count} ({span})"
 
 
@@ -74,7 +77,7 @@ def _attrs_key(n: Node) -> str:
 
 def _signature(nodes: list[Node]) -> tuple:
     """Op types, attributes and wiring of an instance: inputs as (position, output slot) inside it, or
-    the kind and dtype of an outside tensor."""
+    the dtype of an outside tensor and whether it is a weight (a graph input reads as any value)."""
     pos = {id(n): k for k, n in enumerate(nodes)}
     out = []
     for n in nodes:
@@ -85,7 +88,7 @@ def _signature(nodes: list[Node]) -> tuple:
             elif t.producer is not None and id(t.producer) in pos:
                 ins.append((pos[id(t.producer)], t.producer.outputs.index(t)))
             else:
-                ins.append((t.kind, t.dtype))
+                ins.append(("weight" if t.kind in ("parameter", "constant") else "value", t.dtype))
         out.append((n.op_type, n.domain, _attrs_key(n), tuple(ins), len(n.outputs)))
     return tuple(out)
 
@@ -96,7 +99,7 @@ def _adopt(nodes: list[Node], owner: dict[int, tuple]) -> None:
     for _ in range(3):
         changed = False
         for n in nodes:
-            if id(n) in owner:
+            if id(n) in owner or node_scope(n):
                 continue
             near = [t.producer for t in n.inputs if t is not None and t.producer is not None]
             near += [c for t in n.outputs if t is not None for c in t.consumers]
