@@ -255,6 +255,12 @@ def analyze(model: str, as_json: bool, batch: int | None, dims: tuple[str, ...],
               help="How far around --focus to draw.")
 @click.option("--collapse", type=click.IntRange(min=0), default=0, metavar="DEPTH",
               help="Draw each '/'-separated name scope of this depth as one node (0: off).")
+@click.option("--unfold", is_flag=True,
+              help="Draw every repeated block (layers.0 ... layers.79); by default, past 100 ops, equal "
+                   "blocks are drawn once as 'x80'.")
+@click.option("--shape-ops", "shape_ops", is_flag=True,
+              help="Draw the integer ops that only compute shapes (Shape, Gather, Concat ... feeding "
+                   "Reshape/Expand/Slice targets); hidden by default.")
 @click.option("--max-nodes", type=click.IntRange(min=1), default=1500, show_default=True,
               help="Refuse to lay out more nodes than this (use --focus, --collapse or --dot).")
 @_common_options
@@ -265,7 +271,8 @@ def analyze(model: str, as_json: bool, batch: int | None, dims: tuple[str, ...],
 @_autodiff_option
 def render(model: str, view: str, as_dot: bool, output: str | None, mode: str, focus: str | None,
            hops: int,
-           collapse: int, max_nodes: int, batch: int | None, dims: tuple[str, ...], signature: str | None,
+           collapse: int, unfold: bool, shape_ops: bool, max_nodes: int, batch: int | None,
+           dims: tuple[str, ...], signature: str | None,
            wrt: str, patterns: tuple[str, ...], constant_weights: str, autodiff: str | None) -> None:
     """Draw MODEL's before / after / backward view (Graphviz)."""
     from . import progress
@@ -298,7 +305,7 @@ def render(model: str, view: str, as_dot: bool, output: str | None, mode: str, f
         result = run_analysis(model, options)
         for w in result.warnings:
             click.echo(f"warning: {w}", err=True)
-        render_options = RenderOptions(view, focus, hops, collapse, mode, fmt)
+        render_options = RenderOptions(view, focus, hops, collapse, mode, fmt, unfold, shape_ops)
         try:
             count = count_nodes(result, render_options)
         except FocusError as e:
@@ -308,7 +315,7 @@ def render(model: str, view: str, as_dot: bool, output: str | None, mode: str, f
                             "with --focus NODE --hops N, collapse scopes with --collapse DEPTH, or write "
                             "--dot and lay it out yourself")
         stage(f"drawing {count} nodes")
-        source, count = build_dot(result, view, focus, hops, collapse, mode, fmt)
+        source, count = build_dot(result, view, focus, hops, collapse, mode, fmt, unfold, shape_ops)
         if fmt == "dot":
             if output is None:
                 click.echo(source)

@@ -6,7 +6,9 @@ backward ops side by side, each saved tensor an edge from the op that makes it t
 read it, labelled with its bytes; tensors that block a training fusion in red.
 
 Labels show the last scope segments of a name (the full name is the SVG tooltip), so a view's boxes
-stay narrow on real models. ``count_nodes`` walks the same code without building any DOT, so a view too
+stay narrow on real models. Unless asked (``--shape-ops``, ``--unfold``), shape plumbing is hidden and,
+past render_fold.FOLD_ABOVE ops, repeated blocks are drawn once in a cluster labelled "x80"
+(fold_blocks.py). ``count_nodes`` walks the same code without building any DOT, so a view too
 big to lay out is refused in about the time of the analysis.
 """
 
@@ -18,11 +20,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .errors import FuseError
+from .fold_blocks import Folding
 from .fusion.emitted import emitted_kernel
 from .fusion.match import Match
 from .ir import Graph, Node, Tensor
 from .names import common_scope, cut, last_segments
 from .pipeline import Analysis
+from .render_fold import draw_clusters, hide
 from .units import format_bytes, format_shape
 
 BIG_GRAPH_NODES = 150  # past this: straight edges, no shape labels on forward edges, cheaper layout
@@ -60,6 +64,8 @@ class RenderOptions:
     collapse: int = 0
     mode: str = "inference"
     fmt: str | None = None  # the output format: png gets a size cap
+    unfold: bool = False  # draw every repeated block (no folding)
+    shape_ops: bool = False  # draw the integer ops that only compute shapes
 
 
 def verdict_state(m: Match) -> str:
@@ -158,6 +164,10 @@ class _Drawer:
         self.ids: dict[object, str] = {}
         self.prefix, self.dry = prefix, dry
         self.mode = "inference"  # the --mode a view draws for (the after view's kernel labels)
+        self.focused = False  # --focus: tensors from ops not drawn enter as leaves
+        self.hidden: set[int] = set()  # ids of ops not drawn: shape plumbing, folded instances
+        self.hidden_names: set[str] = set()  # names of the hidden forward ops (their backward ops hide)
+        self.folding = Folding()
         self.dot = None
         if dry:
             return
@@ -174,6 +184,27 @@ class _Drawer:
             if not self.dry:
                 self.dot.node(self.ids[key], label(), **attrs)
         return self.ids[key]
+
+    def drawn_as(self, node: Node | None) -> Node | None:
+        """The op drawn in a node's place: itself, the first instance's op for a folded one; None when
+        there is no node or it is hidden."""
+        if node is None:
+            return None
+        node = self.folding.stand_in.get(id(node), node)
+        return None if id(node) in self.hidden else node
+
+    def enters(self, t: Tensor) -> bool:
+        """A tensor drawn as a leaf: a graph input, or one entering a focused drawing from an op not
+        drawn there (not from hidden shape plumbing or a folded instance)."""
+        p = t.producer
+        return t.kind == "input" or (self.focused and p is not None and not p.meta.get("constant")
+                                     and id(p) not in self.hidden)
+
+    def shows_backward(self, n: Node) -> bool:
+        """A backward op not folded away whose forward op is drawn (or that has none)."""
+        forward = self.folding.anchor.get(id(n), n.meta.get("forward"))
+        return id(n) not in self.hidden and id(n) not in self.folding.stand_in \
+            and forward not in self.hidden_names
 
     def edge(self, a: str, b: str, **attrs) -> None:
         if not self.dry:
@@ -266,10 +297,10 @@ def _forward_edges(d: _Drawer, a: Analysis, nodes: set[int] | None, drawn: dict[
         for t in n.inputs:
             if t is None:
                 continue
-            if t.producer is not None and id(t.producer) in drawn:
-                src = drawn[id(t.producer)]
-            elif t.kind == "input" or (t.producer is not None and nodes is not None
-                                       and not t.producer.meta.get("constant")):
+            p = d.drawn_as(t.producer)
+            if p is not None and id(p) in drawn:
+                src = drawn[id(p)]
+            elif d.enters(t):
                 src = _leaf(d, t)  # graph inputs, and tensors entering a focused drawing
             else:
                 continue  # parameters and constants are not drawn in the op graph
@@ -324,18 +355,18 @@ def draw_backward(d: _Drawer, a: Analysis, nodes: set[int] | None, o: RenderOpti
     joint, live = a.joint, a.liveness
     blocking = {b.tensor.name for m in a.matches for b in m.verdict.blocking}
     forward_ids = {n.name: id(n) for n in a.graph.nodes}
-    in_view = None if nodes is None else {n.name for n in a.graph.nodes if id(n) in nodes}
-    back = [n for n in joint.backward_nodes() if in_view is None or n.meta.get("forward") in in_view]
+    in_view = None if not d.focused else {n.name for n in a.graph.nodes if id(n) in nodes}
+    back = [n for n in joint.backward_nodes() if d.shows_backward(n)
+            and (in_view is None or n.meta.get("forward") in in_view)]
     bids = {}
     for n in back:
         bids[id(n)] = d.node(id(n), str) if d.dry else d.node(
             id(n), lambda n=n: _label(n.op_type, d.short(n.name)), tooltip=escape(n.name), **BACKWARD_STYLE)
     for n in back if not d.dry else ():
         for t in n.inputs:
-            if t is None or t.producer is None or t.producer.phase != "backward":
-                continue
-            if id(t.producer) in bids:
-                d.edge(bids[id(t.producer)], bids[id(n)], color="#b9770e", style="dashed")
+            p = d.drawn_as(t.producer) if t is not None else None
+            if p is not None and p.phase == "backward" and id(p) in bids and p is not n:
+                d.edge(bids[id(p)], bids[id(n)], color="#b9770e", style="dashed")
     # each backward op on the rank of the forward op it differentiates: backward runs up beside forward,
     # and saved-tensor edges stay short (long edges make dot's layout slow on big graphs)
     beside: dict[str, list[str]] = {}
@@ -350,8 +381,12 @@ def draw_backward(d: _Drawer, a: Analysis, nodes: set[int] | None, o: RenderOpti
         readers = [n for n in s.needed_by if id(n) in bids]
         if not readers or (t.kind in ("parameter", "constant") and not small):
             continue
-        if t.producer is not None and forward_ids.get(t.producer.name) in drawn:
-            src = drawn[forward_ids[t.producer.name]]
+        maker = d.drawn_as(a.graph.node(t.producer.name)) if t.producer is not None \
+            and a.graph.has_node(t.producer.name) else None
+        if maker is not None and id(maker) in drawn:
+            src = drawn[id(maker)]
+        elif t.producer is not None and t.producer.name in d.hidden_names:
+            continue  # made by hidden shape plumbing or a folded instance
         elif t.kind in ("input", "parameter") or t.producer is not None:
             src = _leaf(d, a.graph.tensors.get(t.name, t))
         else:
@@ -377,6 +412,7 @@ def draw_fused_training(d: _Drawer, a: Analysis, nodes: set[int] | None, o: Rend
     draw(d, a, nodes, o)
 
 
+MEMORY_VIEWS = ("backward", "fused-training")  # views whose folded blocks say what each keeps
 VIEWS: dict[str, View] = {"before": draw_before, "after": draw_after, "backward": draw_backward,
                           "fused-training": draw_fused_training}
 
@@ -393,8 +429,10 @@ def _draw(a: Analysis, o: RenderOptions, dry: bool) -> _Drawer:
     nodes = focus_nodes(a, o.focus, o.hops) if o.focus else None
     prefix = common_scope([n.name for n in a.graph.nodes if not n.meta.get("constant")])
     d = _Drawer(_title(a, o), prefix, dry)
-    d.mode = o.mode
+    d.mode, d.focused = o.mode, nodes is not None
+    nodes = hide(d, a, o, nodes)
     VIEWS[o.view](d, a, nodes, o)
+    draw_clusters(d, a, o.view in MEMORY_VIEWS)
     return d
 
 
@@ -404,9 +442,10 @@ def count_nodes(a: Analysis, options: RenderOptions) -> int:
 
 
 def build_dot(a: Analysis, view: str = "before", focus: str | None = None, hops: int = 2,
-              collapse: int = 0, mode: str = "inference", fmt: str | None = None) -> tuple[str, int]:
+              collapse: int = 0, mode: str = "inference", fmt: str | None = None, unfold: bool = False,
+              shape_ops: bool = False) -> tuple[str, int]:
     """The DOT source of a view and the number of nodes it draws."""
-    o = RenderOptions(view, focus, hops, collapse, mode, fmt)
+    o = RenderOptions(view, focus, hops, collapse, mode, fmt, unfold, shape_ops)
     d = _draw(a, o, dry=False)
     count = len(d.ids)
     if count > BIG_GRAPH_NODES:  # spline routing and crossing minimisation dominate dot's time

@@ -100,17 +100,17 @@ def draw_fused_training(d: _Drawer, a: Analysis, nodes, o) -> None:
         for t in n.inputs:
             if t is None:
                 continue
-            if t.producer is not None and id(t.producer) in fwd:
-                if fwd[id(t.producer)] != fwd[id(n)]:
-                    d.edge(fwd[id(t.producer)], fwd[id(n)], label=escape(format_shape(t.shape)))
-            elif t.kind == "input" or (nodes is not None and t.producer is not None
-                                       and not t.producer.meta.get("constant")):
+            p = d.drawn_as(t.producer)
+            if p is not None and id(p) in fwd:
+                if fwd[id(p)] != fwd[id(n)]:
+                    d.edge(fwd[id(p)], fwd[id(n)], label=escape(format_shape(t.shape)))
+            elif d.enters(t):
                 d.edge(_entering(d, t), fwd[id(n)])
-    in_view = None if nodes is None else {n.name for n in a.graph.nodes if id(n) in nodes}
+    in_view = None if not d.focused else {n.name for n in a.graph.nodes if id(n) in nodes}
     bwd: dict[int, str] = {}
     of_back = {id(n): m for m in back_fused for n in m.nodes}
     for n in a.joint.backward_nodes():
-        if in_view is not None and n.meta.get("forward") not in in_view:
+        if not d.shows_backward(n) or (in_view is not None and n.meta.get("forward") not in in_view):
             continue
         m = of_back.get(id(n))
         if m is not None:
@@ -126,7 +126,7 @@ def draw_fused_training(d: _Drawer, a: Analysis, nodes, o) -> None:
         if id(n) not in bwd:
             continue
         for t in n.inputs:
-            p = t.producer if t is not None else None
+            p = d.drawn_as(t.producer) if t is not None else None
             if p is None or p.phase != "backward" or id(p) not in bwd or bwd[id(p)] == bwd[id(n)]:
                 continue
             label = ""
@@ -143,9 +143,11 @@ def draw_fused_training(d: _Drawer, a: Analysis, nodes, o) -> None:
         readers = {bwd[id(r)] for r in s.needed_by if id(r) in bwd}
         if not readers:
             continue
-        f = forward_by_name.get(t.producer.name) if t.producer is not None else None
+        f = d.drawn_as(forward_by_name.get(t.producer.name)) if t.producer is not None else None
         if f is not None and id(f) in fwd:
             src = fwd[id(f)]
+        elif t.producer is not None and t.producer.name in d.hidden_names:
+            continue  # made by hidden shape plumbing or a folded instance
         else:
             src = _entering(d, t)
         dashed = t.name in recomputed

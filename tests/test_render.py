@@ -9,11 +9,12 @@ import subprocess
 
 import pytest
 from click.testing import CliRunner
-from onnx import helper
+from onnx import TensorProto, helper
 
 from fusecli.cli import main
 from fusecli.pipeline import Options, analyze
 from fusecli.render import COLORS, PNG_MAX_INCHES, FocusError, RenderOptions, build_dot, count_nodes, scope_of
+from fusecli.scopes import node_scope
 from tests.conftest import ZOO, make_model, vi
 
 needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's dot is not installed")
@@ -310,3 +311,110 @@ def test_after_view_names_only_kernels_rewrite_emits(hf_onnx):
     source = build_dot(a, "after")[0]
     boxes = re.findall(r'label="(matmul_bias|attention)\\n([^"\\]*)', source)
     assert ("matmul_bias", "Gemm") not in boxes and ("attention", "MultiHeadAttention") in boxes
+
+
+def _blocks_model(save_model, n_blocks: int = 4, ops: int = 30, odd: dict | None = None) -> str:
+    """``n_blocks`` blocks '/m/layers.K/opJ' of ``ops`` chained LeakyRelu/Add ops each (Add reads the op
+    before and the block's input). ``odd``: block -> 'attr' (one alpha differs) or 'wiring' (an Add
+    reads two ops back instead of the block's input)."""
+    odd = odd or {}
+    nodes, prev = [], "x"
+    for b in range(n_blocks):
+        start, last = prev, prev
+        for j in range(ops):
+            name, out = f"/m/layers.{b}/op{j}", f"/m/layers.{b}/op{j}_out"
+            if j % 2 == 0:
+                alpha = 0.2 if odd.get(b) == "attr" and j == 4 else 0.1
+                nodes.append(helper.make_node("LeakyRelu", [last], [out], name=name, alpha=alpha))
+            else:
+                other = nodes[-2].output[0] if odd.get(b) == "wiring" and j == 5 else start
+                nodes.append(helper.make_node("Add", [last, other], [out], name=name))
+            last = out
+        prev = last
+    nodes.append(helper.make_node("Relu", [prev], ["y"], name="/m/head/Relu"))
+    return save_model(make_model(nodes, [vi("x", 2, 3)], [vi("y", 2, 3)]))
+
+
+def _draws(source: str, name: str) -> bool:
+    """A box with this full name in its tooltip: its own, or a fused group's 'a > b: reason' (graphviz
+    quotes only names that need it)."""
+    return re.search(r'(tooltip="?|> )' + re.escape(name) + r'("|:| >|[ \]])', source) is not None
+
+
+def _fold_labels(source: str) -> list[str]:
+    return re.findall(r'subgraph cluster_fold_\d+ \{ label="([^"]*)"', source)
+
+
+@pytest.mark.parametrize("view", ["before", "after", "backward", "fused-training"])
+def test_equal_blocks_fold_and_unfold(save_model, view):
+    a = analyze(_blocks_model(save_model), Options(wrt_inputs=True))
+    source, count = build_dot(a, view)
+    full, full_count = build_dot(a, view, unfold=True)
+    assert count < full_count and count == count_nodes(a, RenderOptions(view=view))
+    assert full_count == count_nodes(a, RenderOptions(view=view, unfold=True))
+    assert [lab.split("\\n")[0] for lab in _fold_labels(source)] == ["m/layers.* x4 (0…3)"]
+    assert _fold_labels(full) == []
+    for b in range(4):  # --unfold draws every block's ops; folded, only the first block's
+        assert _draws(full, f"/m/layers.{b}/op7")
+        assert _draws(source, f"/m/layers.{b}/op7") == (b == 0)
+    if view in ("backward", "fused-training"):
+        assert "backward keeps" in _fold_labels(source)[0]
+
+
+@pytest.mark.parametrize("how", ["attr", "wiring"])
+def test_blocks_that_differ_structurally_are_not_folded_together(save_model, how):
+    a = analyze(_blocks_model(save_model, odd={2: how}), Options())
+    source, _ = build_dot(a, "before")
+    assert [lab.split("\\n")[0] for lab in _fold_labels(source)] == ["m/layers.* x3 (0, 1, 3)"]
+    assert _draws(source, "/m/layers.2/op7") and not _draws(source, "/m/layers.1/op7")
+
+
+def test_small_graphs_are_not_folded(save_model):
+    a = analyze(_blocks_model(save_model, ops=20), Options())  # 81 ops: under the fold threshold
+    source, count = build_dot(a, "before")
+    assert _fold_labels(source) == [] and count == build_dot(a, "before", unfold=True)[1]
+
+
+def test_shape_plumbing_hidden_unless_asked(save_model):
+    """Shape -> Gather -> Unsqueeze -> Concat feeds only Reshape's target: hidden; a Shape read as data
+    (Cast to float, multiplied in) stays."""
+    i64 = TensorProto.INT64
+    nodes = [helper.make_node("Shape", ["x"], ["s"], name="shape"),
+             helper.make_node("Gather", ["s", "zero"], ["d0"], name="gather", axis=0),
+             helper.make_node("Unsqueeze", ["d0", "axes"], ["d0u"], name="unsqueeze"),
+             helper.make_node("Concat", ["d0u", "minus1"], ["target"], name="concat", axis=0),
+             helper.make_node("Reshape", ["x", "target"], ["r"], name="reshape"),
+             helper.make_node("Shape", ["r"], ["s2"], name="shape_data"),
+             helper.make_node("Cast", ["s2"], ["s2f"], name="cast", to=TensorProto.FLOAT),
+             helper.make_node("ReduceSum", ["s2f"], ["n"], name="sum", keepdims=0),
+             helper.make_node("Mul", ["r", "n"], ["y"], name="mul")]
+    inits = [helper.make_tensor("zero", i64, [], [0]), helper.make_tensor("axes", i64, [1], [0]),
+             helper.make_tensor("minus1", i64, [1], [-1])]
+    a = analyze(save_model(make_model(nodes, [vi("x", "N", 3)], [vi("y", "N", 3)], inits)), Options())
+    for view in ("before", "after", "backward", "fused-training"):
+        hidden, _ = build_dot(a, view)
+        shown, _ = build_dot(a, view, shape_ops=True)
+        for name in ("shape", "gather", "unsqueeze", "concat"):
+            assert not _draws(hidden, name) and _draws(shown, name), (view, name)
+        assert _draws(hidden, "shape_data") and _draws(hidden, "reshape")
+
+
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+@pytest.mark.parametrize("view", ["before", "after"])
+def test_a_4_layer_gpt2_folds_to_one_layer(hf_onnx, exporter, view):
+    """Issue 27: repeated decoder layers drawn once as 'x4'; --unfold draws every layer's ops."""
+    a = analyze(hf_onnx("gpt2", exporter, attn="default", layers=4), Options(batch=2))
+    source, count = build_dot(a, view)
+    full, full_count = build_dot(a, view, unfold=True)
+    everything, every_count = build_dot(a, view, unfold=True, shape_ops=True)
+    assert count < full_count < every_count and count < 80
+    assert any(lab.startswith("inner/h.* x4 (0…3)") for lab in _fold_labels(source))
+    layer_ops = {k: [n for n in a.graph.nodes if len(node_scope(n)) > 1 and node_scope(n)[1] == f"h.{k}"
+                     and n.op_type in ("Gemm", "LayerNormalization")] for k in range(4)}
+    for k, ops in layer_ops.items():
+        assert ops and all(_draws(everything, n.name) for n in ops)
+        if view == "before":
+            assert all(_draws(full, n.name) for n in ops)
+            assert all(_draws(source, n.name) == (k == 0) for n in ops if n.op_type == "Gemm"), k
+    shape_ops = [n for n in a.graph.nodes if n.op_type == "Shape" and _draws(everything, n.name)]
+    assert shape_ops and sum(_draws(full, n.name) for n in shape_ops) < len(shape_ops)

@@ -8,6 +8,7 @@ from click.testing import CliRunner
 
 from fusecli.cli import main
 from fusecli.pipeline import Options, analyze
+from fusecli.render import build_dot
 from fusecli.render_training import build_training_dot
 
 
@@ -50,3 +51,21 @@ def test_a_recompute_that_frees_nothing_says_so(hf_onnx):
     source, _ = build_training_dot(a)
     labels = re.findall(r'label="([^"]*training-safe if recomputed[^"]*)"', source)
     assert labels and all(lab.endswith("training-safe if recomputed,\\nfrees nothing") for lab in labels)
+
+
+def test_folded_layers_say_what_backward_keeps_per_block(hf_onnx):
+    """Issue 27: a 4-layer GPT-2's layers drawn once as 'x4' with the bytes backward keeps of each;
+    --unfold draws every layer's backward ops, --shape-ops the shape plumbing."""
+    a = analyze(hf_onnx("gpt2", "torchscript", attn="default", layers=4), Options(batch=2))
+    source, count = build_dot(a, "fused-training")
+    full, full_count = build_dot(a, "fused-training", unfold=True)
+    every_count = build_dot(a, "fused-training", unfold=True, shape_ops=True)[1]
+    assert count < full_count < every_count
+    label = re.search(r'subgraph cluster_fold_\d+ \{ label="(inner/h\.\* x4 \(0…3\)[^"]*)"', source)
+    sizes = re.search(r"backward keeps (\S+) (\S+) per block, (\S+) (\S+) in all", label.group(1)).groups()
+    unit = {"B": 1, "KiB": 2**10, "MiB": 2**20}
+    per_block, total = (float(sizes[i]) * unit[sizes[i + 1]] for i in (0, 2))
+    assert per_block > 0 and abs(total - 4 * per_block) < 0.01 * total
+    for k in range(4):  # backward ops named after layer k's forward ops: all drawn unfolded, layer 0's folded
+        name = f"gradients/inner/h.{k}/mlp/c_fc/Gemm"
+        assert re.search(re.escape(name), full) and bool(re.search(re.escape(name), source)) == (k == 0)
