@@ -44,6 +44,7 @@ class Context:
     claimed: set[str] = field(default_factory=set)  # IR node names already rewritten in this pass
     skipped: list[str] = field(default_factory=list)  # matches an emitter could not rewrite, and why
     by_root: dict[str, Match] = field(default_factory=dict)  # this pass's matches by root node name
+    excluded: set[str] = field(default_factory=set)  # "pattern at root" failed verification: left unfused
 
 
 @dataclass

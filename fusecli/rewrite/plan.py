@@ -28,7 +28,8 @@ def plan(matches: list[Match], ctx: Context) -> list[Emission]:
 
     def take(ms: list[Match]) -> None:
         for m in sorted((m for m in ms if is_safe(m, ctx.mode)), key=saving):  # stable: graph order
-            if id(m) in tried or any(n.name in ctx.claimed for n in m.nodes):
+            if id(m) in tried or any(n.name in ctx.claimed for n in m.nodes) \
+                    or f"{m.pattern.name} at {m.root.name}" in ctx.excluded:
                 continue
             tried.add(id(m))
             e = _emission(m, ctx)

@@ -51,6 +51,7 @@ class Case:
     outputs: list[str]
     signature: str = ""
     copies: int = 1  # identical regions this case stands for
+    at: str = ""  # the emission it checks: "pattern at root node"
 
 
 @dataclass

@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 TARGETS = ("cpu", "cuda")
 MODES = ("inference", "training")
 SCOPES = ("auto", "regions", "model")
+MAX_ATTEMPTS = 3  # rewrites made again, each without the regions whose check failed in the one before
 # --verify auto runs the whole model too below these (onnxruntime's session set-up grows with both)
 AUTO_MODEL_NODES = 5_000
 AUTO_MODEL_WEIGHT_BYTES = 256 << 20
@@ -135,7 +136,8 @@ def analyze_model(model: onnx.ModelProto, options: Options, known: dict[str, onn
 def rewrite_passes(model: onnx.ModelProto, first: Analysis, options: RewriteOptions,
                    label: str, skipped: list[str] | None = None,
                    regions: list[list[Case | str]] | None = None,
-                   left_out: list[str] | None = None) -> tuple[list[Applied], int, int]:
+                   left_out: list[str] | None = None,
+                   excluded: set[str] = frozenset()) -> tuple[list[Applied], int, int]:
     """Plan and emit until a pass finds nothing more (BatchNorm folded in pass 1 makes Conv+Add+ReLU in 2);
     with ``regions``, each pass's emissions are cut out there for verification before they are applied."""
     analysis, known = first, {}
@@ -156,6 +158,7 @@ def rewrite_passes(model: onnx.ModelProto, first: Analysis, options: RewriteOpti
 
         weights = Weights(model, os.path.dirname(os.path.abspath(label)), dtype_of)
         ctx = Context(options.target, options.mode, opset_of(model), weights, Names(model), protos, outputs)
+        ctx.excluded = set(excluded)
         emissions = plan(analysis.matches, ctx)
         made = {o for e in emissions for name in e.remove for o in protos[name].output if o}
         cast_likes_to_casts(model, lambda name: _ELEM_TYPE.get(dtype_of(name)), made)
@@ -175,6 +178,9 @@ def rewrite_passes(model: onnx.ModelProto, first: Analysis, options: RewriteOpti
             cutter = Cutter(weights, analysis.graph, analysis.sizes, outputs)
             cases = [cutter.cut(f"{e.pattern} -> {e.kernel}", [protos[n] for n in e.remove], e.nodes,
                                 e.initializers, e.remove) for e in emissions]
+            for e, c in zip(emissions, cases, strict=True):
+                if isinstance(c, Case):
+                    c.at = f"{e.pattern} at {e.at}"
             emissions, cases = _drop_miswired(emissions, cases, skipped, left_out)
             if not emissions:
                 passes -= 1  # every emission left out: no pass made
@@ -214,7 +220,9 @@ def _drop_miswired(emissions: list, cases: list[Case | str], skipped: list[str] 
 def rewrite(path: str, options: RewriteOptions | None = None, output: str | None = None) -> RewriteResult:
     """Rewrite the model at ``path``; verify it (unless told not to), bench it if asked, write ``output``.
 
-    Raises FuseError (nothing written) on bad input or when verification finds a mismatch.
+    A region whose check fails is left unfused and the rewrite made again without it (said, and counted
+    in ``left_out``). Raises FuseError (nothing written) on bad input, or when a mismatch cannot be laid
+    at a region's door (the whole model differs while every region agrees).
     """
     options = options or RewriteOptions()
     if options.target not in TARGETS or options.mode not in MODES or options.verify_scope not in SCOPES:
@@ -226,76 +234,42 @@ def rewrite(path: str, options: RewriteOptions | None = None, output: str | None
         source = open_source(path, work, options.signature)
         pipeline_options = Options(batch=options.batch, dims=dict(options.dims), patterns=options.patterns,
                                    routing=options.routing)
-        first = analyze(source.onnx_path, pipeline_options)
-        model, data_files = load_weights(source.onnx_path)
-        if not source.converted:
-            source.protected += data_files
-        nodes_before, ops_before = len(model.graph.node), op_counts(model)
-        initializers_before = len(model.graph.initializer)
+        analysis = analyze(source.onnx_path, pipeline_options)
+        failed: dict[str, str] = {}  # "pattern at root" -> why its region failed verification
+        for _ in range(MAX_ATTEMPTS):
+            result, model, rewritten, spliced, first = _attempt(path, output, source, work, analysis,
+                                                                pipeline_options, options, failed)
+            v = result.verification
+            if v is None or v.ok:
+                break
+            new = {k: why for k, why in v.failed_at.items() if k not in failed}
+            if not new:
+                break
+            failed.update(new)  # left unfused; the rewrite is made again from the input without them
+        if result.verification is not None and not result.verification.ok:
+            level, c = result.verification.failures()[0]
+            what = f"region {c.name}" if c in result.verification.region_checks.get(level, []) \
+                else f"output {c.name!r}"
+            raise FuseError(f"verification failed: {what} differs from the original "
+                            f"(relative L2 error {c.error:.3g} > {c.tolerance:g}, onnxruntime "
+                            f"{'ORT_DISABLE_ALL' if level == 'disabled' else 'default'} "
+                            "optimizations); nothing written")
         base_dir = os.path.dirname(os.path.abspath(source.onnx_path))
-        scales = fold_conv_scales(model, base_dir) if options.mode == "inference" else []
-        said = first.warnings  # about the user's model (the re-analysis of the folded proto sizes less)
-        if scales:  # the graph changed under the analysis: analyze the folded model again
-            first = analyze_model(model, pipeline_options, {}, source.onnx_path)
-        with gc_paused():  # passes build and drop whole analyses: no collector walks meanwhile
-            skipped: list[str] = []
-            regions: list[list[Case | str]] | None = \
-                [] if options.verify and options.verify_scope != "model" else None
-            left_out: list[str] = []
-            applied, passes, folded = rewrite_passes(model, first, options, source.onnx_path, skipped,
-                                                     regions, left_out)
-            prune(model)
-        problem = undefined_read(model) if applied or scales else None
-        if problem:  # a bug of fusecli's, not the user's: said as what is wrong with the result
-            raise FuseError(f"the rewritten graph is broken ({problem}); nothing written")
-        applied = [Applied("conv_mul", "Conv(scale folded)", list(pair)) for pair in scales] + applied
-        spliced = not needs_external_data(model)  # payloads copied file to file when written
-        if not spliced:
-            restore_weights(model, source.onnx_path)  # past 2 GB: written with its own data file
-        result = RewriteResult(path, output, options, model, applied, nodes_before, len(model.graph.node),
-                               ops_before, op_counts(model), folded, passes,
-                               warnings=[*said, *(f"not rewritten: {s}" for s in skipped)],
-                               dims={n: first.sizes[n] for n in first.sizes.variables},
-                               left_out=len(left_out))
-        # nothing rewritten and nothing pruned: the output is the input's graph, there is nothing to compare
-        # (onnxruntime's sessions would be most of the time on a big graph)
-        result.unchanged = not applied and result.nodes_after == nodes_before \
-            and len(model.graph.initializer) == initializers_before
-        safe = sum(is_safe(m, options.mode) for m in first.matches)
-        if source.converted and not applied and safe:  # a SavedModel converted for nothing
-            result.refused = (f"none of the {safe} {options.mode}-safe matches has a kernel on target "
-                              f"{options.target} in tf2onnx's conversion; nothing written")
-        if result.refused is None and ((options.verify and not result.unchanged) or options.bench):
+        if result.refused is None and options.bench:
             from .verify import bench  # onnxruntime, imported only when it runs
 
-            # written once, when a whole-model session needs it
-            rewritten = functools.cache(lambda: _session_source(model, work, base_dir if spliced else None))
-
-            if options.verify and not result.unchanged:
-                result.verification = _verify(source.onnx_path, rewritten, model, first, options,
-                                              regions or [], bool(scales))
-                result.warnings += result.verification.warnings
-                if not result.verification.ok:
-                    level, c = result.verification.failures()[0]
-                    what = f"region {c.name}" if c in result.verification.region_checks.get(level, []) \
-                        else f"output {c.name!r}"
-                    raise FuseError(f"verification failed: {what} differs from the original "
-                                    f"(relative L2 error {c.error:.3g} > {c.tolerance:g}, onnxruntime "
-                                    f"{'ORT_DISABLE_ALL' if level == 'disabled' else 'default'} "
-                                    "optimizations); nothing written")
-            if options.bench:
-                stage(f"benchmarking ({options.bench_runs} runs of 4 sessions)")
-                result.timings = bench([("original", source.onnx_path, "disabled"),
-                                        ("rewritten", rewritten(), "disabled"),
-                                        ("original, ORT default opts", source.onnx_path, "default"),
-                                        ("rewritten, ORT default opts", rewritten(), "default")],
-                                       first.sizes.batch or 1, dict(first.sizes), options.threads,
-                                       runs=options.bench_runs)
-                slower = slowdown(result.timings)
-                if slower is not None and not options.force:
-                    result.refused = (f"the rewritten model is measurably slower ({slower.rewritten}: "
-                                      f"{slower.ratio:.2f}x the original's speed, outside the spread); "
-                                      "nothing written (--force writes it anyway)")
+            stage(f"benchmarking ({options.bench_runs} runs of 4 sessions)")
+            result.timings = bench([("original", source.onnx_path, "disabled"),
+                                    ("rewritten", rewritten(), "disabled"),
+                                    ("original, ORT default opts", source.onnx_path, "default"),
+                                    ("rewritten, ORT default opts", rewritten(), "default")],
+                                   first.sizes.batch or 1, dict(first.sizes), options.threads,
+                                   runs=options.bench_runs)
+            slower = slowdown(result.timings)
+            if slower is not None and not options.force:
+                result.refused = (f"the rewritten model is measurably slower ({slower.rewritten}: "
+                                  f"{slower.ratio:.2f}x the original's speed, outside the spread); "
+                                  "nothing written (--force writes it anyway)")
         if output is not None and result.refused is None and spliced:
             stage("writing")
             write_spliced(model, output, base_dir, source.protected)
@@ -305,6 +279,57 @@ def rewrite(path: str, options: RewriteOptions | None = None, output: str | None
         if spliced and options.keep_weights:
             restore_weights(model, source.onnx_path)
     return result
+
+
+def _attempt(path: str, output: str | None, source, work: str, first: Analysis, pipeline_options: Options,
+             options: RewriteOptions, failed: dict[str, str]) -> tuple:
+    """One rewrite of the input, the matches in ``failed`` left unfused, verified where asked:
+    (result, model, rewritten-model source, spliced, the analysis the passes started from)."""
+    model, data_files = load_weights(source.onnx_path)
+    if not source.converted:
+        source.protected += [f for f in data_files if f not in source.protected]
+    nodes_before, ops_before = len(model.graph.node), op_counts(model)
+    initializers_before = len(model.graph.initializer)
+    base_dir = os.path.dirname(os.path.abspath(source.onnx_path))
+    scales = fold_conv_scales(model, base_dir) if options.mode == "inference" else []
+    said = first.warnings  # about the user's model (the re-analysis of the folded proto sizes less)
+    if scales:  # the graph changed under the analysis: analyze the folded model again
+        first = analyze_model(model, pipeline_options, {}, source.onnx_path)
+    with gc_paused():  # passes build and drop whole analyses: no collector walks meanwhile
+        skipped: list[str] = []
+        regions: list[list[Case | str]] | None = \
+            [] if options.verify and options.verify_scope != "model" else None
+        left_out: list[str] = [f"{at}: {why}" for at, why in failed.items()]
+        skipped += left_out
+        applied, passes, folded = rewrite_passes(model, first, options, source.onnx_path, skipped,
+                                                 regions, left_out, set(failed))
+        prune(model)
+    problem = undefined_read(model) if applied or scales else None
+    if problem:  # a bug of fusecli's, not the user's: said as what is wrong with the result
+        raise FuseError(f"the rewritten graph is broken ({problem}); nothing written")
+    applied = [Applied("conv_mul", "Conv(scale folded)", list(pair)) for pair in scales] + applied
+    spliced = not needs_external_data(model)  # payloads copied file to file when written
+    if not spliced:
+        restore_weights(model, source.onnx_path)  # past 2 GB: written with its own data file
+    result = RewriteResult(path, output, options, model, applied, nodes_before, len(model.graph.node),
+                           ops_before, op_counts(model), folded, passes,
+                           warnings=[*said, *(f"not rewritten: {s}" for s in skipped)],
+                           dims={n: first.sizes[n] for n in first.sizes.variables}, left_out=len(left_out))
+    # nothing rewritten and nothing pruned: the output is the input's graph, there is nothing to compare
+    # (onnxruntime's sessions would be most of the time on a big graph)
+    result.unchanged = not applied and result.nodes_after == nodes_before \
+        and len(model.graph.initializer) == initializers_before
+    safe = sum(is_safe(m, options.mode) for m in first.matches)
+    if source.converted and not applied and safe:  # a SavedModel converted for nothing
+        result.refused = (f"none of the {safe} {options.mode}-safe matches has a kernel on target "
+                          f"{options.target} in tf2onnx's conversion; nothing written")
+    # written once, when a whole-model session needs it
+    rewritten = functools.cache(lambda: _session_source(model, work, base_dir if spliced else None))
+    if result.refused is None and options.verify and not result.unchanged:
+        result.verification = _verify(source.onnx_path, rewritten, model, first, options, regions or [],
+                                      bool(scales))
+        result.warnings += result.verification.warnings
+    return result, model, rewritten, spliced, first
 
 
 def _verify(original: str, rewritten: Callable[[], bytes | str], model: onnx.ModelProto, first: Analysis,

@@ -54,6 +54,7 @@ class Verification:
     model_skipped: str | None = None  # why the whole model was not run
     uncut: list[str] = field(default_factory=list)  # regions not checked on their own, and why
     warnings: list[str] = field(default_factory=list)  # what the user must hear about how it was checked
+    failed_at: dict[str, str] = field(default_factory=dict)  # "pattern at root" -> why its region failed
 
     @property
     def ok(self) -> bool:
@@ -211,7 +212,17 @@ def verify_regions(passes: list[list[Case]], opsets, ir_version: int, result: Ve
                       "regions' original")
             got = run(open_session(after.SerializeToString(), so, "regions' rewritten"), feeds,
                       "regions' rewritten")
-            result.region_checks.setdefault(level, []).extend(compare(ref, got, labels.__getitem__))
+            checks = compare(ref, got, labels.__getitem__)
+            result.region_checks.setdefault(level, []).extend(checks)
+            for name, c in zip(ref, checks, strict=True):
+                if not c.ok:  # every copy of a failing region: the same emitter wrote them all
+                    sig = chosen[origin[name][0]].signature
+                    opts = "ORT_DISABLE_ALL" if level == "disabled" else "default"
+                    why = (f"its region differs from the nodes it replaced (relative L2 error {c.error:.3g} "
+                           f"> {c.tolerance:g}, onnxruntime {opts} optimizations): left unfused")
+                    for case in cases:
+                        if case.signature == sig and case.at:
+                            result.failed_at.setdefault(case.at, why)
 
 
 def _region_label(case: Case, output: str) -> str:
