@@ -196,3 +196,41 @@ def test_heads_merged_attention_becomes_multi_head_attention(hf_onnx, exporter, 
     other = rewrite(path, RewriteOptions(batch=3, dims={"seq": 24}))
     assert other.ops_after.get(MS + "MultiHeadAttention") == 2
     assert other.verification.ok and other.verification.uncut == []
+
+
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+def test_kv_cache_attention_becomes_multi_head_attention(exporter, tmp_path):
+    """Past keys and values joined to the new ones by Concat before sdpa (a decode step with a cache, a
+    data mask): MultiHeadAttention over the joined K/V, verified, at the past and sequence lengths given."""
+    import torch
+
+    F = torch.nn.functional
+
+    class Cached(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            g = torch.Generator().manual_seed(0)
+            self.w = torch.nn.ParameterList(torch.nn.Parameter(torch.randn(32, 64, generator=g) / 6)
+                                            for _ in range(3))
+
+        def forward(self, x, past_k, past_v):
+            b, s, _ = x.shape
+            q, k, v = ((x @ w).view(b, s, 4, 16).transpose(1, 2) for w in self.w)
+            k, v = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
+            mask = (torch.rand(b, 1, s, k.shape[2]) > -1.0) & (x.sum() > -1e9)  # from a value
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape(b, s, 64)
+
+    model, path = Cached().eval(), str(tmp_path / "cached.onnx")
+    args = (torch.randn(2, 8, 32), torch.randn(2, 4, 4, 16), torch.randn(2, 4, 4, 16))
+    names = ["x", "past_k", "past_v"]
+    if exporter == "torchscript":
+        cache = {0: "batch", 2: "past"}
+        torch.onnx.export(model, args, path, dynamo=False, input_names=names,
+                          dynamic_axes={"x": {0: "batch", 1: "seq"}, "past_k": cache, "past_v": cache})
+    else:
+        b, s, p = (torch.export.Dim(n, min=2, max=64) for n in ("batch", "seq", "past"))
+        torch.onnx.export(model, args, dynamo=True, input_names=names, verbose=False,
+                          dynamic_shapes=({0: b, 1: s}, {0: b, 2: p}, {0: b, 2: p})).save(path)
+    r = rewrite(path, RewriteOptions(batch=2, dims={"seq": 8, "past": 4}))
+    assert r.kernel_counts() == {"MultiHeadAttention": 1} and r.verification.ok
+    assert not [w for w in r.warnings if w.startswith("not rewritten")], r.warnings
