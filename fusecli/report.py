@@ -14,7 +14,7 @@ from .pipeline import Analysis
 
 
 def to_json(a: Analysis) -> dict:
-    """The contract documented in the README; parts a pass has not filled are present and empty."""
+    """The contract documented in docs/json.md; parts a pass has not filled are present and empty."""
     with gc_paused():  # a big model's document is millions of small objects: no garbage among them
         return _document(a)
 

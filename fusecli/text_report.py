@@ -35,7 +35,7 @@ class TextOptions:
     verbose: bool = False
     quiet: bool = False
     all_saved: bool = False
-    top: int = 10  # saved tensors shown by default (README and --help say the 10 largest)
+    top: int = 10  # saved tensors shown by default (docs/cli.md and --help say the 10 largest)
     width: int | None = None  # None: the terminal's (COLUMNS), 80 when not a terminal
     color: bool = False
 

@@ -278,13 +278,13 @@ def test_recompute_lines_say_what_they_free(bert):
 
 # ---- cosmetics (issue 27) -------------------------------------------------------------------------
 
-def test_the_report_shows_the_10_largest_saved_tensors_as_help_and_readme_say(keras_resnet):
+def test_the_report_shows_the_10_largest_saved_tensors_as_help_and_reference_say(keras_resnet):
     text = report(keras_resnet, "--batch", "8")
     assert "saved for backward, largest 10 of " in text
     help_text = CliRunner().invoke(main, ["analyze", "--help"]).output
     assert "largest 10" in " ".join(help_text.split())
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    assert "the 10 largest tensors saved for backward" in " ".join(readme.split())
+    reference = (Path(__file__).parent.parent / "docs" / "cli.md").read_text()
+    assert "the 10 largest tensors saved for backward" in " ".join(reference.split())
 
 
 def _auto_named_dims_model() -> object:

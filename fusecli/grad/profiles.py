@@ -4,7 +4,7 @@ A profile holds what the plain per-op rules (``rules.RULES``) do not say: its ru
 relu6 reads x where TensorFlow's reads y), its composite ops (PyTorch's gelu is one autograd node that
 saves x, not the five tensors of its ONNX spelling), and its graph-building and shape-read habits
 (TensorFlow's ``ZerosLike`` of unused outputs, its gradients of constant operands, the tensors it keeps
-only to read their shape). The README's table of habits lists the same facts.
+only to read their shape). docs/profiles.md's table of habits lists the same facts.
 """
 
 from __future__ import annotations

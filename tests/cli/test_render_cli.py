@@ -29,10 +29,11 @@ def test_layers_fold_unless_unfold_and_shape_ops_show_on_request(hf_onnx):
     assert "/inner/h.3/attn/c_attn/Shape" in everything and "/inner/h.3/attn/c_attn/Shape" not in unfolded
 
 
-def test_help_and_readme_name_both_options():
+def test_help_and_reference_name_both_options():
     text = CliRunner().invoke(main, ["render", "--help"]).output
-    readme = (ROOT / "README.md").read_text()
-    render_entry = readme.split("fusecli render  MODEL")[1].split("fusecli diff")[0]
+    reference = (ROOT / "docs" / "cli.md").read_text()
+    render_entry = reference.split("fusecli render  MODEL")[1].split("\nfusecli ")[0]
+    render_section = reference.split("`render` draws with")[1].split("\n## ")[0]
     for option in ("--unfold", "--shape-ops"):
         assert option in text and option in render_entry
-        assert f"`{option}`" in readme.split("`render` draws with")[1]  # and what it does
+        assert f"`{option}`" in render_section  # and what it does

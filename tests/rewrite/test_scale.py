@@ -1,6 +1,6 @@
-"""rewrite's own passes stay within a small multiple of analyze on long chains (20k nodes here; the README
-has the 200k-node measurement). CPU time of this process, so that other work on a shared machine does not
-decide the ratio."""
+"""rewrite's own passes stay within a small multiple of analyze on long chains (20k nodes here;
+docs/performance.md has the 200k-node measurement). CPU time of this process, so that other work on a
+shared machine does not decide the ratio."""
 
 from __future__ import annotations
 
