@@ -156,6 +156,39 @@ def _check_plot(plot_path: str, model: str) -> None:
         raise FuseError("--plot needs matplotlib: pip install 'fusecli[plot]'")
 
 
+def _check_viewer_outputs(model: str, overlay: str | None, annotate: str | None) -> None:
+    """--overlay / --annotate: ONNX input, writable outputs that are no file of the input, before any
+    analysis."""
+    from .output import check_output
+
+    if overlay:
+        from .overlay import fusion_path
+
+        if os.path.isdir(model) or os.path.basename(model) == "saved_model.pb":
+            raise FuseError(f"--overlay: {model} is a SavedModel; --overlay keys its node data by the "
+                            "node ids Model Explorer gives ONNX models, so it takes ONNX models only")
+        check_output(overlay, [model], ("json",), "--overlay")
+        check_output(fusion_path(overlay), [model], ("json",), "--overlay")
+    if annotate:
+        from .annotate import check_annotatable
+
+        check_annotatable(model)
+        check_output(annotate, [model], ("onnx",), "--annotate")
+
+
+def _write_viewer_outputs(result, model: str, overlay: str | None, annotate: str | None) -> None:
+    """Write what --overlay and --annotate ask for; a note each on stderr."""
+    if overlay:
+        from .load.onnx_wire import read_structure
+        from .overlay import write_overlay
+
+        click.echo(write_overlay(result, read_structure(model)[0], overlay), err=True)
+    if annotate:
+        from .annotate import write_annotated
+
+        click.echo(write_annotated(result, model, annotate), err=True)
+
+
 def _routing_option(f):
     return click.option("--routing", type=click.Choice(["balanced"]), default=None,
                         help="Mixture-of-experts: size the tokens each expert gets by assuming the routers "
@@ -198,10 +231,16 @@ def main() -> None:
 @click.option("-v", "--verbose", is_flag=True, help="List every saved tensor and every match.")
 @click.option("-q", "--quiet", is_flag=True, help="Print the summary only (verdicts per pattern, memory).")
 @click.option("--all", "all_saved", is_flag=True, help="List every saved tensor (default: the largest 10).")
+@click.option("--overlay", "overlay_path", metavar="FILE.json", default=None,
+              help="ONNX: write Model Explorer node data, FILE.json (saved bytes per node) and "
+                   "FILE.fusion.json (each matched node's pattern and verdict).")
+@click.option("--annotate", "annotate_path", metavar="FILE.onnx", default=None,
+              help="ONNX: write a copy of MODEL with saved bytes, pattern and verdict as node metadata "
+                   "(shown by Netron) and totals as model metadata.")
 def analyze(model: str, as_json: bool, batch: int | None, dims: tuple[str, ...], signature: str | None,
             wrt: str, plot_path: str | None, patterns: tuple[str, ...], constant_weights: str,
             autodiff: str | None, device: str, routing: str | None, verbose: bool, quiet: bool,
-            all_saved: bool) -> None:
+            all_saved: bool, overlay_path: str | None, annotate_path: str | None) -> None:
     """Analyze MODEL (an .onnx file or a SavedModel folder)."""
     from .pipeline import Options
     from .pipeline import analyze as run_analysis
@@ -215,6 +254,7 @@ def analyze(model: str, as_json: bool, batch: int | None, dims: tuple[str, ...],
                       device=device, routing=routing)
     if plot_path:
         _check_plot(plot_path, model)
+    _check_viewer_outputs(model, overlay_path, annotate_path)
     result = run_analysis(model, options)
     if as_json:
         for w in result.warnings:
@@ -228,6 +268,7 @@ def analyze(model: str, as_json: bool, batch: int | None, dims: tuple[str, ...],
             stage("plotting")
             note = plot_timeline(result.liveness, plot_path, title)
         click.echo(f"wrote {plot_path} ({note})", err=True)
+    _write_viewer_outputs(result, model, overlay_path, annotate_path)
     if as_json:
         click.echo(_dump_json(to_json(result)))
         return
