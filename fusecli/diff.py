@@ -17,11 +17,11 @@ from . import __version__, progress
 from .dims import DimParseError, Poly, parse_dim
 from .errors import UsageError
 from .fusion.match import Match
+from .fusion.verdict import LADDER
 from .ir import gc_paused
 from .pipeline import Analysis, Options, analyze_graph
 from .scopes import fold, node_scope, pair_scopes, scope_sets, scoper, shared
 
-LADDER = ("not fusable", "inference only", "training-safe if recomputed", "training-safe")
 FAIL_ON = ("fusions", "verdicts", "memory")
 CATEGORY = {"fusion_lost": "fusions", "verdict_worse": "verdicts", "memory": "memory"}
 KINDS = ("fusion_lost", "fusion_gained", "verdict_worse", "verdict_better", "attention_kernel", "memory",

@@ -6,13 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from .fusion.verdict import LADDER
+
 if TYPE_CHECKING:
     import onnx
 
     from .pipeline import Analysis
-
-# The verdict ladder, worst first (fusion.verdict.Verdict.state)
-VERDICTS = ("not fusable", "inference only", "training-safe if recomputed", "training-safe")
 
 
 @dataclass
@@ -22,7 +21,7 @@ class NodeFacts:
     fusions: list[tuple[str, str]] = field(default_factory=list)  # (pattern, verdict) per match
 
     def best_verdict(self) -> str | None:
-        return max((v for _, v in self.fusions), key=VERDICTS.index, default=None)
+        return max((v for _, v in self.fusions), key=LADDER.index, default=None)
 
 
 def node_facts(a: Analysis) -> dict[str, NodeFacts]:

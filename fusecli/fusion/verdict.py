@@ -13,6 +13,9 @@ from .frameworks import framework_notes, not_fusable_notes
 from .match import Match, is_noop
 from .recompute import Recompute, plan
 
+# Verdict.state's values, worst first
+LADDER = ("not fusable", "inference only", "training-safe if recomputed", "training-safe")
+
 
 @dataclass
 class Blocking:
@@ -37,7 +40,7 @@ class Verdict:
 
     @property
     def state(self) -> str:
-        """The ladder: not fusable < inference only < training-safe if recomputed < training-safe."""
+        """Its rung of LADDER: not fusable < inference only < training-safe if recomputed < training-safe."""
         if self.training_safe:
             return "training-safe"
         if self.recompute is not None:
