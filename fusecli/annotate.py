@@ -24,13 +24,12 @@ PREFIX = "fusecli."
 
 def check_annotatable(model_path: str) -> None:
     """Refuse, before any analysis, a SavedModel or an ONNX model whose weights are in external data."""
-    import os
-
     import onnx
 
+    from .load import is_savedmodel
     from .load.onnx_wire import read_structure
 
-    if os.path.isdir(model_path) or os.path.basename(model_path) == "saved_model.pb":
+    if is_savedmodel(model_path):
         raise FuseError(f"--annotate: {model_path} is a SavedModel; --annotate writes ONNX models only")
     try:
         model, _ = read_structure(model_path)

@@ -159,12 +159,13 @@ def _check_plot(plot_path: str, model: str) -> None:
 def _check_viewer_outputs(model: str, overlay: str | None, annotate: str | None) -> None:
     """--overlay / --annotate: ONNX input, writable outputs that are no file of the input, before any
     analysis."""
+    from .load import is_savedmodel
     from .output import check_output
 
     if overlay:
         from .overlay import fusion_path
 
-        if os.path.isdir(model) or os.path.basename(model) == "saved_model.pb":
+        if is_savedmodel(model):
             raise FuseError(f"--overlay: {model} is a SavedModel; --overlay keys its node data by the "
                             "node ids Model Explorer gives ONNX models, so it takes ONNX models only")
         check_output(overlay, [model], ("json",), "--overlay")

@@ -8,6 +8,12 @@ from ..errors import FuseError
 from ..ir import Graph
 
 
+def is_savedmodel(path: str) -> bool:
+    """Whether ``path`` names a SavedModel (its folder, or the folder's saved_model.pb) rather than an ONNX
+    file; the loader checks that it really is one."""
+    return os.path.isdir(path) or os.path.basename(path) == "saved_model.pb"
+
+
 def load_model(path: str, signature: str | None = None, constant_weights: bool = True) -> Graph:
     """Load an ONNX file or a SavedModel folder (its ``signature``, default serving_default) into a
     forward Graph (ONNX ``constant_weights``: Constant nodes in a weight's role are parameters);
