@@ -81,3 +81,16 @@ def hf_onnx(tmp_path_factory):
         return made[key]
 
     return get
+
+
+def assert_savedmodel_refused(tmp_path, option: str, out: str) -> None:
+    """``analyze <a SavedModel folder> OPTION OUT`` of an ONNX-only option: one line, exit 1."""
+    from click.testing import CliRunner
+
+    from fusecli.cli import main
+
+    folder = tmp_path / "sm"
+    folder.mkdir()
+    (folder / "saved_model.pb").write_bytes(b"")
+    r = CliRunner().invoke(main, ["analyze", str(folder), option, out])
+    assert r.exit_code == 1 and "ONNX models only" in r.stderr and len(r.stderr.splitlines()) == 1

@@ -9,6 +9,7 @@ from click.testing import CliRunner
 from onnx import numpy_helper
 
 from fusecli.cli import main
+from tests.conftest import assert_savedmodel_refused
 
 
 def _strip(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -51,11 +52,7 @@ def test_annotate_again_replaces_its_own_entries(tmp_path, sample):
 
 
 def test_annotate_refuses_savedmodel_input_and_external_data(tmp_path, sample):
-    folder = tmp_path / "sm"
-    folder.mkdir()
-    (folder / "saved_model.pb").write_bytes(b"")
-    r = CliRunner().invoke(main, ["analyze", str(folder), "--annotate", str(tmp_path / "a.onnx")])
-    assert r.exit_code == 1 and "ONNX models only" in r.stderr and len(r.stderr.splitlines()) == 1
+    assert_savedmodel_refused(tmp_path, "--annotate", str(tmp_path / "a.onnx"))
     model = onnx.load(sample("conv_bn_relu"))
     ext = str(tmp_path / "ext.onnx")
     onnx.save(model, ext, save_as_external_data=True, all_tensors_to_one_file=True, location="w.bin",

@@ -11,6 +11,7 @@ from click.testing import CliRunner
 from fusecli.cli import main
 from fusecli.overlay import fusion_path, model_explorer_ids
 from tests.builders import Net
+from tests.conftest import assert_savedmodel_refused
 
 
 def _traps(save_model) -> str:
@@ -79,11 +80,7 @@ def test_model_explorer_ids_follow_its_name_fix_pass():
 
 
 def test_overlay_refuses_a_savedmodel_and_a_wrong_extension(tmp_path, sample):
-    folder = tmp_path / "sm"
-    folder.mkdir()
-    (folder / "saved_model.pb").write_bytes(b"")
-    r = CliRunner().invoke(main, ["analyze", str(folder), "--overlay", str(tmp_path / "o.json")])
-    assert r.exit_code == 1 and "ONNX models only" in r.stderr and len(r.stderr.splitlines()) == 1
+    assert_savedmodel_refused(tmp_path, "--overlay", str(tmp_path / "o.json"))
     r = CliRunner().invoke(main, ["analyze", sample("conv_bn_relu"), "--overlay", str(tmp_path / "o.txt")])
     assert r.exit_code == 2 and ".json" in r.stderr
     assert not list(tmp_path.glob("o*"))

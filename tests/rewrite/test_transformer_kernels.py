@@ -154,6 +154,17 @@ def test_fixed_size_export_rewrites(hf_onnx, exporter):
     _torch_matches("bert", r.model, attn="default")
 
 
+def _verified_everywhere(name: str, path: str, r, tmp_path) -> None:
+    """Every region of ``r`` checked and passed, the rewritten model equal to PyTorch's, at least ONNX
+    Runtime's own EXTENDED count, and the same 2 MultiHeadAttention verified at another batch and length."""
+    assert r.verification.ok and r.verification.uncut == []
+    _torch_matches(name, r.model, attn="default")
+    assert sum(n for k, n in r.ops_after.items() if k.startswith(MS)) >= _ort_extended_fused(path, tmp_path)
+    other = rewrite(path, RewriteOptions(batch=3, dims={"seq": 24}))
+    assert other.ops_after.get(MS + "MultiHeadAttention") == 2
+    assert other.verification.ok and other.verification.uncut == []
+
+
 @pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
 def test_deberta_position_matmuls_read_their_keys_in_place(hf_onnx, exporter, tmp_path):
     """DeBERTa-v2's disentangled attention (transformers runs it eager): the c2p and p2c products
@@ -167,13 +178,7 @@ def test_deberta_position_matmuls_read_their_keys_in_place(hf_onnx, exporter, tm
     got = r.ops_after
     assert got.get(MS + "FusedMatMul", 0) >= 4, got
     assert got.get(MS + "MultiHeadAttention") == 2 and "Softmax" not in got, r.warnings
-    assert r.verification.ok and r.verification.uncut == []
-    _torch_matches("deberta_v2", r.model, attn="default")
-    fused = sum(n for k, n in got.items() if k.startswith(MS))
-    assert fused >= _ort_extended_fused(path, tmp_path)
-    other = rewrite(path, RewriteOptions(batch=3, dims={"seq": 24}))
-    assert other.ops_after.get(MS + "MultiHeadAttention") == 2
-    assert other.verification.ok and other.verification.uncut == []
+    _verified_everywhere("deberta_v2", path, r, tmp_path)
 
 
 @pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
@@ -189,13 +194,7 @@ def test_heads_merged_attention_becomes_multi_head_attention(hf_onnx, exporter, 
     got = r.ops_after
     assert got.get(MS + "MultiHeadAttention") == 2 and "Softmax" not in got, r.warnings
     assert not [w for w in r.warnings if "attention" in w], r.warnings
-    assert r.verification.ok and r.verification.uncut == []
-    _torch_matches("bloom", r.model, attn="default")
-    fused = sum(n for k, n in got.items() if k.startswith(MS))
-    assert fused >= _ort_extended_fused(path, tmp_path)
-    other = rewrite(path, RewriteOptions(batch=3, dims={"seq": 24}))
-    assert other.ops_after.get(MS + "MultiHeadAttention") == 2
-    assert other.verification.ok and other.verification.uncut == []
+    _verified_everywhere("bloom", path, r, tmp_path)
 
 
 @pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
