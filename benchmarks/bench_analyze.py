@@ -169,6 +169,15 @@ def ensure_inputs(quick: bool) -> None:
         print(f"  done in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
 
 
+def built_once(path: Path, code: str, *args: str, quiet: bool = False) -> Path:
+    """``path``, made first where it is missing by ``python -c CODE ARGS`` run from the repository root
+    (``quiet``: its output kept off the terminal)."""
+    if not path.exists():
+        WORK.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, "-c", code, *args], check=True, cwd=ROOT, capture_output=quiet)
+    return path
+
+
 # -- measuring --------------------------------------------------------------------------------------------
 @dataclass
 class Run:

@@ -12,15 +12,14 @@ DOT, Graphviz layout) timed wall-clock, the boxes it draws, whether the SVG says
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-WORK = ROOT / "benchmarks" / "work"
+from bench_analyze import ROOT, WORK, built_once
+
 EXPORTERS = ("torchscript", "dynamo")
 VIEWS = ("after", "fused-training")
 SIZES = ("--batch", "2", "--dim", "seq=16")
@@ -28,14 +27,10 @@ SIZES = ("--batch", "2", "--dim", "seq=16")
 
 def export(name: str, exporter: str, layers: int) -> Path:
     path = WORK / f"{name}_{exporter}_{layers}layers.onnx"
-    if not path.exists():
-        WORK.mkdir(parents=True, exist_ok=True)
-        code = ("import sys; from tests import hf_models; "
-                "hf_models.export(sys.argv[1], sys.argv[2], sys.argv[3], True, attn='default', "
-                "layers=int(sys.argv[4]))")
-        subprocess.run([sys.executable, "-c", code, name, str(path), exporter, str(layers)], check=True,
-                       cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True)
-    return path
+    code = ("import sys; from tests import hf_models; "
+            "hf_models.export(sys.argv[1], sys.argv[2], sys.argv[3], True, attn='default', "
+            "layers=int(sys.argv[4]))")
+    return built_once(path, code, name, str(path), exporter, str(layers), quiet=True)
 
 
 def render(model: Path, view: str, *args: str) -> tuple[float, int, str]:

@@ -21,18 +21,15 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench_analyze import ROOT, WORK, interleaved, machine_info
+from bench_analyze import ROOT, WORK, built_once, interleaved, machine_info
 
 
 def build(kind: str, nodes: int) -> Path:
     path = WORK / f"{kind}_chain_{nodes}.onnx"
-    if not path.exists():
-        WORK.mkdir(parents=True, exist_ok=True)
-        code = ("import sys, onnx; from tests.rewrite.test_scale import _plain_chain, _conv_chain; "
-                "b = {'plain': _plain_chain, 'conv': _conv_chain}[sys.argv[1]]; "
-                "onnx.save(b(int(sys.argv[2])), sys.argv[3])")
-        subprocess.run([sys.executable, "-c", code, kind, str(nodes), str(path)], check=True, cwd=ROOT)
-    return path
+    code = ("import sys, onnx; from tests.rewrite.test_scale import _plain_chain, _conv_chain; "
+            "b = {'plain': _plain_chain, 'conv': _conv_chain}[sys.argv[1]]; "
+            "onnx.save(b(int(sys.argv[2])), sys.argv[3])")
+    return built_once(path, code, kind, str(nodes), str(path))
 
 
 def verification_of(model: Path, out: Path) -> str:
