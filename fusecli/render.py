@@ -2,8 +2,8 @@
 
 before: the forward op graph as in the model. after: each chosen fusion match drawn as one fused node,
 coloured by verdict (``--mode training`` draws only what is safe for training). backward: forward and
-backward ops side by side, each saved tensor an edge from the op that makes it to the backward ops that
-read it, labelled with its bytes; tensors that block a training fusion in red.
+backward ops side by side, each saved tensor a note with its name and bytes on the way from the op that
+makes it to the backward ops that read it; tensors that block a training fusion in red.
 
 Labels show the last scope segments of a name (the full name is the SVG tooltip), so a view's boxes
 stay narrow on real models. Unless asked (``--shape-ops``, ``--unfold``), shape plumbing is hidden and,
@@ -39,6 +39,7 @@ FORWARD_STYLE = {"shape": "box", "style": "rounded,filled", "fillcolor": "#e8f0f
 BACKWARD_STYLE = {"shape": "box", "style": "filled", "fillcolor": "#fdebd0", "color": "#b9770e"}
 LEAF_STYLE = {"shape": "ellipse", "style": "filled", "fillcolor": "#f2f2f2", "color": "#888888",
               "fontsize": "10"}
+SAVED_STYLE = {"shape": "note", "fontsize": "9", "margin": "0.05,0.02", "height": "0.3"}  # a saved tensor
 SCOPE_STYLE = {"shape": "box3d", "style": "filled", "fillcolor": "#eeeeee"}
 
 
@@ -391,18 +392,25 @@ def draw_backward(d: _Drawer, a: Analysis, nodes: set[int] | None, o: RenderOpti
             src = _leaf(d, a.graph.tensors.get(t.name, t))
         else:
             continue
-        blocks = t.name in blocking
+        colour = COLORS["none"] if t.name in blocking else "#4a6fa5"
+        saved = saved_node(d, t, format_bytes(s.bytes) + (" (shape)" if s.reads == "shape" else ""), colour)
+        d.edge(src, saved, color=colour, arrowhead="none")
         for r in readers if not d.dry else ():
-            d.edge(src, bids[id(r)], label=escape(f"{d.short(t.name)} {format_bytes(s.bytes)}"
-                                                  + (" (shape)" if s.reads == "shape" else ""), 200),
-                   tooltip=escape(t.name), color=COLORS["none"] if blocks else "#4a6fa5",
-                   penwidth="2.5" if blocks else "1.2", fontcolor=COLORS["none"] if blocks else "#333333")
+            d.edge(saved, bids[id(r)], color=colour, penwidth="2.5" if colour == COLORS["none"] else "1.2")
     d.legend(FORWARD_LEGEND + [
         ("backward op", BACKWARD_STYLE),
-        ("saved tensor: edge from its maker\nto the backward ops that read it", {"shape": "plaintext",
-                                                                                "fontcolor": "#4a6fa5"}),
-        ("red: read from inside a fused kernel\n(blocks a training fusion)", {"shape": "plaintext",
-                                                                             "fontcolor": COLORS["none"]})])
+        ("saved tensor and its bytes, between\nits maker and the backward ops that read it",
+         {**SAVED_STYLE, "color": "#4a6fa5", "fontcolor": "#4a6fa5"}),
+        ("red: read from inside a fused kernel\n(blocks a training fusion)",
+         {**SAVED_STYLE, "color": COLORS["none"], "fontcolor": COLORS["none"]})])
+
+
+def saved_node(d: _Drawer, t: Tensor, size: str, colour: str, **attrs) -> str:
+    """A saved tensor drawn once, between its maker and its readers: its name and bytes as a node, so the
+    text takes its own place in the layout (edge labels are placed after routing and other edges cross
+    them)."""
+    return d.node(("saved", t.name), lambda: _label(d.short(t.name), size), tooltip=escape(t.name),
+                  **{**SAVED_STYLE, "color": colour, "fontcolor": colour, **attrs})
 
 
 View = Callable[[_Drawer, Analysis, "set[int] | None", RenderOptions], None]

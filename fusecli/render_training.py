@@ -2,8 +2,8 @@
 
 Forward ops with every training-usable match (training-safe, or training-safe if recomputed) drawn as
 one fused node, backward ops with every backward match (ReluGrad + BatchNormGrad, ...) drawn as one
-fused node, and only the tensors that cross between the two: each saved tensor an edge from the op that
-makes it (or a leaf: input, parameter) to the backward ops that read it, labelled with its bytes;
+fused node, and only the tensors that cross between the two: each saved tensor a note with its name and
+bytes, between the op that makes it (or a leaf: input, parameter) and the backward ops that read it;
 tensors a fused backward recomputes instead of keeping drawn dashed; gradients that leave a fused
 backward node labelled d<tensor> with their bytes.
 """
@@ -17,11 +17,13 @@ from .render import (
     COLORS,
     FORWARD_STYLE,
     LEAF_STYLE,
+    SAVED_STYLE,
     _Drawer,
     _label,
     _node_label,
     build_dot,
     escape,
+    saved_node,
     state_text,
 )
 from .units import format_bytes, format_shape
@@ -151,12 +153,12 @@ def draw_fused_training(d: _Drawer, a: Analysis, nodes, o) -> None:
         else:
             src = _entering(d, t)
         dashed = t.name in recomputed
+        size = format_bytes(s.bytes) if s.bytes is not None else "? B"  # None: an unknown size
+        colour, style = (RECOMPUTE_COLOR, "dashed") if dashed else ("#4a6fa5", "solid")
+        saved = saved_node(d, t, size + (" (recomputed)" if dashed else ""), colour, style=style)
+        d.edge(src, saved, color=colour, style=style, arrowhead="none", constraint="false")
         for r in sorted(readers):
-            size = format_bytes(s.bytes) if s.bytes is not None else "? B"  # None: an unknown size
-            d.edge(src, r, label=escape(f"{d.short(t.name)} {size}"
-                                        + (" (recomputed)" if dashed else "")),
-                   color=RECOMPUTE_COLOR if dashed else "#4a6fa5", style="dashed" if dashed else "solid",
-                   penwidth="1.2" if dashed else "2", constraint="false")
+            d.edge(saved, r, color=colour, style=style, penwidth="1.2" if dashed else "2", constraint="false")
     fused_style = {"shape": "box", "style": "rounded,filled"}
     d.legend([("forward op", FORWARD_STYLE), ("backward op", BACKWARD_STYLE),
               ("fused, training-safe", {**fused_style, "color": COLORS["training"],
@@ -164,5 +166,7 @@ def draw_fused_training(d: _Drawer, a: Analysis, nodes, o) -> None:
               ("fused, training-safe\nif recomputed", {**fused_style, "color": RECOMPUTE_COLOR,
                                                        "fillcolor": RECOMPUTE_COLOR + "33"}),
               ("input / parameter", LEAF_STYLE),
-              ("solid edge: a tensor backward keeps\ndashed blue: recomputed instead",
-               {"shape": "plaintext"})], "fused for training")
+              ("a tensor backward keeps, and its bytes", {**SAVED_STYLE, "color": "#4a6fa5",
+                                                          "fontcolor": "#4a6fa5"}),
+              ("dashed: recomputed instead", {**SAVED_STYLE, "color": RECOMPUTE_COLOR, "style": "dashed",
+                                              "fontcolor": RECOMPUTE_COLOR})], "fused for training")

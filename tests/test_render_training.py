@@ -13,7 +13,9 @@ from fusecli.render_training import build_training_dot
 
 
 def _edges(source: str) -> list[str]:
-    return re.findall(r'->\s*\w+\s*\[[^\]]*label="([^"]*)"', source)
+    """Edge labels and saved-tensor notes ("name bytes"), as the DOT source writes them."""
+    notes = re.findall(r'^\s*n\d+ \[label="([^"]*)"[^\]]*shape=note', source, re.M)
+    return re.findall(r'->\s*\w+\s*\[[^\]]*label="([^"]*)"', source) + [n.replace("\\n", " ") for n in notes]
 
 
 def test_bn_add_relu_is_the_seed_figure(sample):
@@ -25,14 +27,15 @@ def test_bn_add_relu_is_the_seed_figure(sample):
     crossing = {lab.split()[0] for lab in labels if lab.endswith("KiB") or lab.endswith(" B")}
     # x (BN's input, here conv_a's output), gamma, the statistics and y cross; dz leaves the fused backward
     assert {"conv_a_out", "bn_scale", "bn_mean", "bn_var", "y", "dz"} <= crossing
-    assert "y 16.0 KiB" in labels and count < 15
+    notes = source.count("shape=note") - 2  # the legend has two
+    assert "y 16.0 KiB" in labels and count - notes < 15
 
 
 def test_recomputed_tensors_are_dashed(hf_onnx):
     a = analyze(hf_onnx("gpt2", dynamic=False), Options(batch=2))
     source, _ = build_training_dot(a)
     assert "(attention)\\ntraining-safe if recomputed" in source
-    assert re.search(r'label="[^"]*Softmax[^"]* 4\.0 KiB \(recomputed\)"[^\]]*style=dashed', source)
+    assert re.search(r'label="[^"]*Softmax[^"]*\\n4\.0 KiB \(recomputed\)"[^\]]*style=dashed', source)
 
 
 def test_cli_view(sample, tmp_path):
