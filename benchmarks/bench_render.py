@@ -23,13 +23,15 @@ from bench_analyze import ROOT, WORK, built_once
 EXPORTERS = ("torchscript", "dynamo")
 VIEWS = ("after", "fused-training")
 SIZES = ("--batch", "2", "--dim", "seq=16")
+# Llama with one K/V head per query head: the TorchScript exporter has no sdpa with enable_gqa
+KV_HEADS = {"llama": 2}
 
 
 def export(name: str, exporter: str, layers: int) -> Path:
     path = WORK / f"{name}_{exporter}_{layers}layers.onnx"
-    code = ("import sys; from tests import hf_models; "
+    code = (f"import sys; from tests import hf_models; KV_HEADS = {KV_HEADS!r}; "
             "hf_models.export(sys.argv[1], sys.argv[2], sys.argv[3], True, attn='default', "
-            "layers=int(sys.argv[4]))")
+            "layers=int(sys.argv[4]), kv_heads=KV_HEADS.get(sys.argv[1]))")
     return built_once(path, code, name, str(path), exporter, str(layers), quiet=True)
 
 

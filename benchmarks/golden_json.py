@@ -9,7 +9,7 @@ the synthetic residual graph of ``bench_analyze.py``. Then it records every comm
 
     python benchmarks/golden_json.py build
     python benchmarks/golden_json.py record OUT_DIR [--only SUBSTRING]
-    python benchmarks/golden_json.py compare BEFORE_DIR AFTER_DIR
+    python benchmarks/golden_json.py compare BEFORE_DIR AFTER_DIR [--subset]
 
 ``compare`` lists the outputs that differ (first differing line of each) and exits 1 if any does.
 """
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -115,15 +116,17 @@ def record(out: Path, only: str | None) -> None:
             m, tag, args = job
             done = subprocess.run([sys.executable, "-m", "fusecli", *args], cwd=ROOT, capture_output=True,
                                   text=True, env={**os.environ, "COLUMNS": "100"})
-            (out / f"{m.stem}.{tag}.json").write_text(f"exit {done.returncode}\n{done.stdout}")
+            stdout = done.stdout.replace(tmp, "$OUT")  # rewrite's output path: a fresh folder each run
+            (out / f"{m.stem}.{tag}.json").write_text(f"exit {done.returncode}\n{stdout}")
 
         with ThreadPoolExecutor(2) as pool:
             list(pool.map(one, jobs))
     print(f"{len(jobs)} outputs of {len(models)} models in {out}")
 
 
-def compare(before: Path, after: Path) -> int:
-    names = sorted({p.name for p in before.iterdir()} | {p.name for p in after.iterdir()})
+def compare(before: Path, after: Path, subset: bool) -> int:
+    names = {p.name for p in after.iterdir()}
+    names = sorted(names if subset else names | {p.name for p in before.iterdir()})
     bad = 0
     for n in names:
         a, b = before / n, after / n
@@ -131,7 +134,7 @@ def compare(before: Path, after: Path) -> int:
             print(f"{n}: only in {'after' if not a.exists() else 'before'}")
             bad += 1
             continue
-        x, y = a.read_text().splitlines(), b.read_text().splitlines()
+        x, y = (re.sub(r"/tmp/tmp\w+", "$OUT", p.read_text()).splitlines() for p in (a, b))
         if x != y:
             first = next(iter(difflib.unified_diff(x, y, lineterm="", n=0)), "")
             diff = [d for d in difflib.unified_diff(x, y, lineterm="", n=0)][2:6]
@@ -151,13 +154,14 @@ def main() -> None:
     c = sub.add_parser("compare")
     c.add_argument("before", type=Path)
     c.add_argument("after", type=Path)
+    c.add_argument("--subset", action="store_true", help="compare only the outputs AFTER holds")
     args = ap.parse_args()
     if args.cmd == "build":
         build()
     elif args.cmd == "record":
         record(args.out, args.only)
     else:
-        sys.exit(compare(args.before, args.after))
+        sys.exit(compare(args.before, args.after, args.subset))
 
 
 if __name__ == "__main__":
