@@ -19,7 +19,7 @@ import onnx
 
 from ..fusion.match import Match, through_noops
 from ..ir import Node, Tensor
-from .emit import MS, Context, Emission, attr_value, make_node, new_initializer
+from .kit import MS, Context, Emission, attr_value, make_node, new_initializer
 from .shape_values import int_value
 
 INT_MAX = 2**62  # a Slice end at or past this means "to the end"
