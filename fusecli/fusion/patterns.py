@@ -5,23 +5,15 @@ Adding a pattern is one ``Pattern(...)`` entry here plus its tests in tests/fusi
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from ..ir import Node, Tensor
+from ..ir import Tensor
+from ..spellings import gelu, norms
+from ..spellings.acts import HARD_SWISH, SILU, gate_acts
+from ..spellings.common import ADD, SUM, is_activation, is_param, optional, scalar, select, swaps_last_two
+from ..spellings.rotary import ROTARY
 from .attention import attention_match
-from .forms import (
-    HARD_SWISH,
-    RMS_NORM,
-    ROTARY,
-    SILU,
-    gate_acts,
-    is_activation,
-    is_param,
-    optional,
-    scalar,
-)
 from .match import Op, Var, op, through_noops
 
 
@@ -58,13 +50,6 @@ def made_by(*kinds: str) -> Callable[[Tensor], bool]:
 _PROJECTION = made_by("matmul", "gemm", "bias_add")
 
 
-def swaps_last_two(n: Node) -> bool:
-    """A Transpose that swaps its last two axes only (what a GEMM's transB reads in place)."""
-    perm = n.attrs.get("perm")
-    return perm is not None and len(perm) >= 2 and list(perm) == [*range(len(perm) - 2), len(perm) - 1,
-                                                                  len(perm) - 2]
-
-
 def transposed_weight(t: Tensor) -> bool:
     """A weight made at run time by a Transpose of a weight that swaps its last two axes only (what a
     GEMM's transB reads in place); the Transpose is a view of the parameter, not part of the match."""
@@ -88,7 +73,6 @@ def projected(t: Tensor) -> bool:
 
 ACTIVATIONS = frozenset({"relu", "relu6", "clip", "leaky_relu", "elu", "sigmoid", "tanh", "gelu",
                          "hard_sigmoid"})
-ADD = frozenset({"add", "sum"})
 X, W = Var(), Var()
 BIAS = Var(check=is_param)
 Z = Var(check=is_activation)  # a residual side input: an activation, not a constant
@@ -133,100 +117,11 @@ def scaled(arg: Op | Var) -> tuple[Op, Op]:
 
 
 def residual_add(arg: Op) -> Op:
-    return op(ADD, arg, Z, role="add", commutative=True)
+    return op(SUM, arg, Z, role="add", commutative=True)
 
 
-# -- GELU forms: 0.5 x (1 + erf(x / sqrt 2)) and 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) ---------
-def _gelu_trees(one_plus: Op) -> tuple[Op, ...]:
-    xv, half = Var("x"), Var(check=scalar(0.5))
-    return (op("mul", op("mul", xv, half, commutative=True), one_plus, commutative=True, role="gelu"),
-            op("mul", op("mul", xv, one_plus, commutative=True), half, commutative=True, role="gelu"),
-            op("mul", xv, op("mul", one_plus, half, commutative=True), commutative=True, role="gelu"))
-
-
-_ERF_ARG = (op("div", Var("x"), Var(check=scalar(math.sqrt(2)))),
-            op("mul", Var("x"), Var(check=scalar(1 / math.sqrt(2))), commutative=True))
-_ONE = Var(check=scalar(1.0))
-GELU_ERF = tuple(t for a in _ERF_ARG
-                 for t in _gelu_trees(op(ADD | {"bias_add"}, op("erf", a), _ONE, commutative=True)))
-# TensorFlow writes the erf form as 0.5 x erfc(-x / sqrt 2)
-_ERFC_ARG = (op("mul", op("neg", Var("x")), Var(check=scalar(1 / math.sqrt(2))), commutative=True),
-             op("mul", Var("x"), Var(check=scalar(-1 / math.sqrt(2))), commutative=True))
-GELU_ERFC = tuple(op("mul", op("mul", Var("x"), Var(check=scalar(0.5)), commutative=True), op("erfc", a),
-                     commutative=True, role="gelu") for a in _ERFC_ARG)
-# x^3 as the exporters write it: Pow(x, 3) (dynamo), x * (x * x) (TorchScript's F.gelu), (x * x) * x
-CUBES = (op("pow", Var("x"), Var(check=scalar(3.0))),
-         op("mul", Var("x"), op("mul", Var("x"), Var("x")), commutative=True),
-         op("mul", op("mul", Var("x"), Var("x")), Var("x"), commutative=True))
-
-
-def tanh_gelu_arg(cube: Op) -> Op:
-    """sqrt(2/pi) (x + 0.044715 x^3): the tanh approximation's argument."""
-    return op("mul", op(ADD | {"bias_add"}, Var("x"), op("mul", cube, Var(check=scalar(0.044715)),
-                                                        commutative=True), commutative=True),
-              Var(check=scalar(math.sqrt(2 / math.pi))), commutative=True)
-
-
-_TANH_ARGS = tuple(tanh_gelu_arg(c) for c in CUBES)
-# BLOOM (transformers' bloom_gelu_forward): tanh(0.79788456 x (1 + 0.044715 x x)), both torch exporters
-TANH_ARG_BLOOM = op("mul", op("mul", Var("x"), Var(check=scalar(math.sqrt(2 / math.pi))), commutative=True),
-                    op(ADD | {"bias_add"}, op("mul", op("mul", Var("x"), Var(check=scalar(0.044715)),
-                                                        commutative=True), Var("x"), commutative=True),
-                       _ONE, commutative=True), commutative=True)
-GELU_OP = (op("gelu", Var("x"), role="gelu", more=True),)  # the Gelu op itself (opset 20, contrib)
-GELU_TANH = tuple(t for a in (*_TANH_ARGS, TANH_ARG_BLOOM)
-                  for t in _gelu_trees(op(ADD | {"bias_add"}, op("tanh", a), _ONE, commutative=True)))
-
-
-# -- LayerNorm decomposed: (x - mean(x)) / sqrt(mean((x - mean)^2) + eps) * gamma + beta --------------------
-def _layer_norm_trees() -> tuple[Op, ...]:
-    d = op("sub", Var("x"), op("reduce_mean", Var("x"), more=True), name="d")
-    sq = (op("pow", Var("d"), Var(check=scalar(2.0))), op("mul", Var("d"), Var("d")))
-    trees = []
-    for s in sq:
-        var = op("reduce_mean", s, more=True)
-        std = op("sqrt", op(ADD | {"bias_add"}, var, Var(check=scalar()), commutative=True))
-        normed = op("div", d, std, role="normalize")
-        affine = op(ADD | {"bias_add"}, op("mul", normed, Var(check=is_param), commutative=True),
-                    Var(check=is_param), commutative=True, role="layer_norm")
-        trees += [affine, normed]
-    return tuple(trees)
-
-
-def _moments_layer_norm_trees() -> tuple[Op, ...]:
-    """Keras 3 / TensorFlow: x * inv + (beta - mean * inv), inv = rsqrt(var(x) + eps) * gamma."""
-    mean = op("reduce_mean", Var("x"), more=True, name="mean")
-    var = op("reduce_mean", op("squared_difference", Var("x"), op("stop_gradient", mean)), more=True)
-    rsqrt = op("rsqrt", op(ADD | {"bias_add"}, var, Var(check=scalar()), commutative=True))
-    trees = []
-    for inv in (op("mul", rsqrt, Var(check=is_param), commutative=True, name="inv"),
-                op("rsqrt", rsqrt.args[0], name="inv")):
-        neg_mean_inv = op("mul", op("neg", Var("mean")), Var("inv"), commutative=True)
-        for shift in (op(ADD | {"bias_add"}, neg_mean_inv, Var(check=is_param), commutative=True),
-                      neg_mean_inv):
-            trees.append(op(ADD, op("mul", Var("x"), inv, commutative=True), shift, commutative=True,
-                            role="layer_norm"))
-    return tuple(trees)
-
-
-def _tf2onnx_moments_trees() -> tuple[Op, ...]:
-    """The moments form as tf2onnx writes it: (x - mean)^2 as d * d, rsqrt as Reciprocal(Sqrt)."""
-    mean = op("reduce_mean", Var("x"), more=True, name="mean")
-    var = op("reduce_mean", op("mul", op("sub", Var("x"), mean, name="d"), Var("d")), more=True)
-    rs = op("reciprocal", op("sqrt", op(ADD | {"bias_add"}, var, Var(check=scalar()), commutative=True,
-                                        role="ln_eps")))
-    trees = []
-    for inv in (op("mul", rs, Var(check=is_param), commutative=True, name="inv", role="ln_inv"),
-                replace(rs, name="inv", role="ln_inv")):
-        neg_mean_inv = op("mul", op("neg", Var("mean")), Var("inv"), commutative=True)
-        for shift in (op(ADD | {"bias_add"}, neg_mean_inv, Var(check=is_param), commutative=True,
-                         role="ln_shift"), neg_mean_inv):
-            trees.append(op(ADD, op("mul", Var("x"), inv, commutative=True), shift, commutative=True,
-                            role="layer_norm"))
-    return tuple(trees)
-
-
-LAYER_NORM = _layer_norm_trees() + _moments_layer_norm_trees() + _tf2onnx_moments_trees()
+GELU = gelu.ALL_ERF + gelu.ALL_ERFC + gelu.ALL_TANH  # written out (the Gelu op: bias_gelu only)
+LAYER_NORM, RMS_NORM = norms.ALL_LAYER_NORM, norms.ALL_RMS_NORM
 SKIP_LAYOUT = frozenset({"reshape", "flatten", "squeeze", "unsqueeze"})  # between a residual sum and its norm
 RESIDUAL_X = Var("x", check=lambda t: made_by("add", "sum")(through_noops(t))
                  and all(is_activation(i) for i in through_noops(t).producer.inputs if i is not None))
@@ -277,10 +172,10 @@ CATALOGUE: tuple[Pattern, ...] = (
                                                     check=swaps_last_two), role="matmul")),
             "FusedMatMul (transB)", "y = x @ w^T for w transposed at run time (a MoE expert's w[e], "
             "DeBERTa's position keys): the GEMM reads w in place [ORT MatMulTransposeFusion]"),
-    Pattern("bias_gelu", GELU_OP + GELU_ERF + GELU_ERFC + GELU_TANH, "BiasGelu / FastGelu with bias",
+    Pattern("bias_gelu", select(gelu.OP) + GELU, "BiasGelu / FastGelu with bias",
             "y = gelu(x + b)", fused_kind="bias_gelu", include_producers=("x",),
             require=lambda roles, bound: made_by("bias_add")(bound["x"])),
-    Pattern("gelu", GELU_ERF + GELU_ERFC + GELU_TANH, "Gelu / FastGelu",
+    Pattern("gelu", GELU, "Gelu / FastGelu",
             "y = x Phi(x): erf form, or the tanh approximation", fused_kind="gelu"),
     Pattern("skip_layer_norm", (op("layer_norm", op("add", Z, Z, role="add", name="x"), role="layer_norm",
                                    more=True),
@@ -293,7 +188,7 @@ CATALOGUE: tuple[Pattern, ...] = (
             require=lambda roles, bound: "add" in roles or RESIDUAL_X.check(bound["x"])),
     Pattern("layer_norm", LAYER_NORM, "LayerNormalization",
             "y = (x - mean) / sqrt(var + eps) * gamma + beta", fused_kind="layer_norm"),
-    # transformer-era patterns (fusion/forms.py holds the exporters' spellings)
+    # transformer-era patterns (fusecli/spellings holds the exporters' spellings)
     Pattern("attention", (), "Attention / MultiHeadAttention; FlashAttention in training",
             "y = softmax(q k^T s + bias) v, read by its form (fusion/attention.py): eager backward reads P "
             "(b h s^2); FlashAttention keeps the softmax row statistics (b h s) and recomputes P",
@@ -317,10 +212,10 @@ CATALOGUE: tuple[Pattern, ...] = (
             "y = x sigmoid(beta x): backward reads x and recomputes sigmoid (PyTorch's silu saves x only)"),
     Pattern("hard_swish", HARD_SWISH[1:], "HardSwish",
             "y = x relu6(x + 3) / 6: one op whose backward reads x"),
-    Pattern("bias_softmax", (op("softmax", op(ADD | {"bias_add"}, Var(check=is_activation), Var(),
+    Pattern("bias_softmax", (op("softmax", op(ADD, Var(check=is_activation), Var(),
                                               commutative=True, role="bias"), role="softmax", more=True),),
             "BiasSoftmax", "y = softmax(x + b): softmax's backward reads y, Add's nothing"),
-    Pattern("bias_dropout", (op(ADD, op("dropout", bias(X), role="dropout", more=True), Z, role="add",
+    Pattern("bias_dropout", (op(SUM, op("dropout", bias(X), role="dropout", more=True), Z, role="add",
                                 commutative=True),
                              op("dropout", bias(X), role="dropout", more=True)),
             "BiasDropout", "y = dropout(x + b) (+ residual): backward reads only the dropout mask"),

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..fusion.forms import gate_act_kind
 from ..fusion.match import Match
+from ..spellings.acts import gate_act_kind
 from .kit import MS, Context, Emission, attr_value, clip_bounds, dtype_of, make_node, out_name
 
 

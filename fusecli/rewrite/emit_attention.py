@@ -19,11 +19,11 @@ import numpy as np
 from ..fusion.attention import LAYOUT, AttentionForm, read_attention, scalar_value
 from ..fusion.match import Match, is_noop
 from ..ir import Node, Tensor
+from ..spellings.common import ADD
 from .kit import MS, Context, Emission, attr_value, dtype_of, make_node, new_initializer
 from .merged_heads import merged_terms, read_merged, write_shapes
 from .shape_values import int_value
 
-ADD = ("add", "sum", "bias_add")
 ABSORBING = -1e30  # a fill at or below this absorbs any score term added to it in float32 (ulp ~ 1e23)
 
 

@@ -24,8 +24,8 @@ import numpy as np
 from ..fusion.attention import LAYOUT, AttentionForm, depends_on_input, read_attention
 from ..fusion.match import Match, is_noop
 from ..ir import Node, Tensor
+from ..spellings.common import ADD
 from .emit_attention import (
-    ADD,
     Builder,
     common_refusal,
     heads_of,

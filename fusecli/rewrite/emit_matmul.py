@@ -6,7 +6,7 @@ matmul_transpose.
 from __future__ import annotations
 
 from ..fusion.match import Match
-from ..fusion.patterns import swaps_last_two
+from ..spellings.common import swaps_last_two
 from .kit import (
     MS,
     Context,

@@ -12,6 +12,7 @@ import numpy as np
 
 from ..fusion.match import Match
 from ..ir import Tensor
+from ..spellings.common import ADD
 from .kit import (
     MS,
     Context,
@@ -23,8 +24,6 @@ from .kit import (
     reduce_axes,
     skip_operands,
 )
-
-ADD = ("add", "sum", "bias_add")
 
 
 def _rms_parts(m: Match, ctx: Context) -> tuple[Tensor, float, Tensor | None] | None:
