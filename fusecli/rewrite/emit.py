@@ -1,31 +1,17 @@
 """One match -> the ONNX Runtime nodes that replace it (an Emission), or None where no kernel fits.
 
-The registry is the union of the kernel family modules' EMITTERS; what an emitter reads and writes, and
-the helpers they share, are in ``kit``. ``--target cuda`` keeps to what the CUDA provider has; where an
-activation has no kernel, the foldable part is still folded and the activation kept.
+The registry is the union of the fusion families' EMITTERS (fusion/families/); what an emitter reads and
+writes, and the helpers they share, are in ``kit``. ``--target cuda`` keeps to what the CUDA provider has;
+where an activation has no kernel, the foldable part is still folded and the activation kept.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
+from ..fusion.families import EMITTERS
 from ..fusion.match import Match
-from . import (
-    emit_acts,
-    emit_gelu,
-    emit_gqa,
-    emit_layer_norm,
-    emit_layout,
-    emit_matmul,
-    emit_norms,
-    emit_rotary,
-)
 from .kit import Context, Emission
 
-EMITTERS: dict[str, Callable[[Match, Context], Emission | None]] = {}
-for _family in (emit_matmul, emit_gelu, emit_layer_norm, emit_acts, emit_gqa, emit_norms, emit_layout,
-                emit_rotary):
-    EMITTERS.update(_family.EMITTERS)  # emit_layout's conv entries cover emit_conv's plain ones too
+__all__ = ["EMITTERS", "emit"]
 
 
 def emit(m: Match, ctx: Context) -> Emission | None:

@@ -67,6 +67,3 @@ def hard_swish(m: Match, ctx: Context) -> Emission | None:
         return None
     node = make_node("HardSwish", [x.name], out_name(m.root), m.root.name)
     return Emission(m.pattern.name, "HardSwish", [n.name for n in m.nodes], [node])
-
-
-EMITTERS = {"silu": silu, "swiglu": swiglu, "hard_swish": hard_swish}

@@ -27,6 +27,3 @@ def gelu(m: Match, ctx: Context) -> Emission | None:
         remove = [n for n in remove if n != bnode.name]  # a bias off the last axis stays an Add
     op = "FastGelu" if tanh else "Gelu"
     return Emission(m.pattern.name, op, remove, [make_node(op, [x.name], out_name(m.root), name, MS)])
-
-
-EMITTERS = {"gelu": gelu, "bias_gelu": gelu}

@@ -312,6 +312,3 @@ def attention(m: Match, ctx: Context) -> Emission | None:
         ctx.skipped.append(f"GroupQueryAttention at {pv.name}: {why_not_gqa}; MultiHeadAttention over the "
                            "repeated K/V instead")
     return emission
-
-
-EMITTERS = {"attention": attention}

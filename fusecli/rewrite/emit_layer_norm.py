@@ -175,6 +175,3 @@ def skip_layer_norm(m: Match, ctx: Context) -> Emission | None:
     if total.name in ctx.graph_outputs or any(id(c) not in inside for c in total.consumers):
         node.output.extend(["", "", total.name])  # pre-LN: the sum is read again, the kernel's 4th output
     return Emission(m.pattern.name, kernel, remove, [node], inits)
-
-
-EMITTERS = {"layer_norm": layer_norm, "skip_layer_norm": skip_layer_norm}

@@ -111,6 +111,3 @@ def _scale_shift(m: Match, ctx: Context, scale_node, bn, rank: int, c_out: int, 
         return None
     s, t = channel_vector(s, rank, c_out, axis=axis), channel_vector(t, rank, c_out, axis=axis)
     return None if s is None or t is None else (s, sign * t)
-
-
-EMITTERS = {name: through_layout for name in _CONV}

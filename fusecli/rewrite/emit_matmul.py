@@ -105,7 +105,3 @@ def matmul_transpose(m: Match, ctx: Context) -> Emission | None:
         return None
     node = make_node("FusedMatMul", [a.name, w.name], out_name(m.root), mm.name, MS, transB=1)
     return Emission(m.pattern.name, "FusedMatMul(transB)", [n.name for n in m.nodes], [node])
-
-
-EMITTERS = {"matmul_bias_act": matmul_family, "matmul_bias": matmul_family, "matmul_scale": matmul_scale,
-            "matmul_transpose": matmul_transpose}

@@ -97,6 +97,3 @@ def skip_rms_norm(m: Match, ctx: Context) -> Emission | None:
                   for t in read[1:]]
     return Emission(m.pattern.name, "SkipSimplifiedLayerNormalization", [n.name for n in m.nodes], nodes,
                     inits)
-
-
-EMITTERS = {"rms_norm": rms_norm, "skip_rms_norm": skip_rms_norm}

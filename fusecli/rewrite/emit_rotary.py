@@ -207,6 +207,3 @@ def rotary(m: Match, ctx: Context) -> Emission | None:
     nodes.append(make_node("RotaryEmbedding", [parts.x.name, pos, *parts.caches], m.root.outputs[0].name,
                            m.root.name, MS, interleaved=0))
     return Emission(m.pattern.name, "RotaryEmbedding", [n.name for n in m.nodes], nodes, inits)
-
-
-EMITTERS = {"rotary": rotary}
