@@ -4,7 +4,7 @@ ops and pairing, laid out in the terminal's width (80 columns when not a termina
 from __future__ import annotations
 
 from .names import ELLIPSIS, cut
-from .text_report import Column, _Style, table, terminal_width, wrap
+from .text_report import Column, Style, table, terminal_width, wrap
 from .units import format_bytes
 
 MAX_ROWS = 12  # rows per section; the JSON has them all
@@ -50,7 +50,7 @@ class Scopes:
         return scope
 
 
-def summary_lines(doc: dict, width: int, style: _Style) -> list[str]:
+def summary_lines(doc: dict, width: int, style: Style) -> list[str]:
     s, old, new = doc["summary"], doc["old"], doc["new"]
     lines = [cut(f"OLD {old['model']}", width), cut(f"NEW {new['model']}", width)]
     if s["regression"]:
@@ -144,7 +144,7 @@ def other_lines(doc: dict, width: int) -> list[str]:
 
 def report_lines(doc: dict, width: int | None = None, color: bool = False) -> list[str]:
     width = width or terminal_width()
-    style = _Style(color)
+    style = Style(color)
     diffs = doc["differences"]
     scope = Scopes(diffs)
     names = [cut(f"scopes: {ELLIPSIS}/ stands for {scope.prefix}", width)] if scope.prefix else []

@@ -20,41 +20,39 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .errors import FuseError
-from .fold_blocks import Folding
 from .fusion.emitted import emitted_kernel
 from .fusion.match import Match
 from .ir import Graph, Node, Tensor
-from .names import common_scope, cut, last_segments
+from .names import common_scope, cut
 from .pipeline import Analysis
 from .render_fold import draw_clusters, hide
+from .render_kit import (
+    BACKWARD_STYLE,
+    COLORS,
+    FORWARD_STYLE,
+    LABEL_CHARS,
+    LEAF_STYLE,
+    SAVED_STYLE,
+    SCOPE_STYLE,
+    STATE_TEXT,
+    Drawer,
+    dot_label,
+    escape,
+    node_label,
+    saved_node,
+    state_text,
+    verdict_state,
+)
+from .render_training_view import draw_fused_training  # the seeds' Fig. 4 for any model
 from .units import format_bytes, format_shape
 
 BIG_GRAPH_NODES = 150  # past this: straight edges, no shape labels on forward edges, cheaper layout
 PARAMS_DRAWN_UP_TO = 12  # backward view: saved weights are drawn only for graphs this small
-LABEL_CHARS = 40  # a name in a label (its last scope segments)
-TOOLTIP_CHARS = 4000  # dot refuses quoted strings over 16,384 characters (escaping may double them)
 PNG_MAX_INCHES = 150  # PNG output is scaled to fit 150 x 150 in at 96 dpi (14,400 px)
-COLORS = {"training": "#2ca02c", "recompute": "#17becf", "inference": "#ff7f0e", "none": "#d62728"}
-FORWARD_STYLE = {"shape": "box", "style": "rounded,filled", "fillcolor": "#e8f0fe", "color": "#4a6fa5"}
-BACKWARD_STYLE = {"shape": "box", "style": "filled", "fillcolor": "#fdebd0", "color": "#b9770e"}
-LEAF_STYLE = {"shape": "ellipse", "style": "filled", "fillcolor": "#f2f2f2", "color": "#888888",
-              "fontsize": "10"}
-SAVED_STYLE = {"shape": "note", "fontsize": "9", "margin": "0.05,0.02", "height": "0.3"}  # a saved tensor
-SCOPE_STYLE = {"shape": "box3d", "style": "filled", "fillcolor": "#eeeeee"}
 
 
 class FocusError(FuseError):
     """A --focus value that names no node and no match (a usage error)."""
-
-
-def escape(text: str, limit: int = TOOLTIP_CHARS) -> str:
-    """Text safe inside a quoted DOT string: cut to ``limit``, backslashes doubled, quotes escaped."""
-    text = cut(text, limit)
-    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ").replace("\r", " ")
-
-
-def _label(*lines: str) -> str:
-    return "\\n".join(escape(line, 200) for line in lines if line)
 
 
 @dataclass
@@ -67,27 +65,6 @@ class RenderOptions:
     fmt: str | None = None  # the output format: png gets a size cap
     unfold: bool = False  # draw every repeated block (no folding)
     shape_ops: bool = False  # draw the integer ops that only compute shapes
-
-
-def verdict_state(m: Match) -> str:
-    """'training', 'recompute' (training-safe if recomputed), 'inference' or 'none' (not fusable)."""
-    v = m.verdict
-    if v.training_safe:
-        return "training"
-    if getattr(v, "recompute", None) is not None:
-        return "recompute"
-    return "inference" if v.inference_safe else "none"
-
-
-STATE_TEXT = {"training": "training-safe", "recompute": "training-safe if recomputed",
-              "inference": "inference only", "none": "not fusable"}
-
-
-def state_text(m: Match) -> str:
-    """The verdict as a label: a recompute that keeps as much as it frees says it frees nothing."""
-    text = STATE_TEXT[verdict_state(m)]
-    rc = getattr(m.verdict, "recompute", None)
-    return text + ",\nfrees nothing" if rc is not None and getattr(rc, "frees_nothing", False) else text
 
 
 def choose_fused(matches: list[Match], mode: str = "inference") -> list[Match]:
@@ -158,95 +135,17 @@ def scope_of(name: str, depth: int, prefix: str = "") -> str | None:
     return lead + "/".join(parts[:depth]) if depth > 0 and len(parts) > depth else None
 
 
-class _Drawer:
-    """Builds one graphviz.Digraph; node ids are n<k>, never the model's names. ``dry``: only count."""
-
-    def __init__(self, title: str, prefix: str, dry: bool = False) -> None:
-        self.ids: dict[object, str] = {}
-        self.prefix, self.dry = prefix, dry
-        self.mode = "inference"  # the --mode a view draws for (the after view's kernel labels)
-        self.focused = False  # --focus: tensors from ops not drawn enter as leaves
-        self.hidden: set[int] = set()  # ids of ops not drawn: shape plumbing, folded instances
-        self.hidden_names: set[str] = set()  # names of the hidden forward ops (their backward ops hide)
-        self.folding = Folding()
-        self.dot = None
-        if dry:
-            return
-        import graphviz
-
-        self.dot = graphviz.Digraph("fusecli", graph_attr={
-            "rankdir": "TB", "fontname": "Helvetica", "label": escape(title), "labelloc": "t",
-            "fontsize": "12"}, node_attr={"fontname": "Helvetica", "fontsize": "10"},
-            edge_attr={"fontname": "Helvetica", "fontsize": "9", "color": "#666666"})
-
-    def node(self, key: object, label: Callable[[], str], **attrs) -> str:
-        if key not in self.ids:
-            self.ids[key] = f"n{len(self.ids)}"
-            if not self.dry:
-                self.dot.node(self.ids[key], label(), **attrs)
-        return self.ids[key]
-
-    def drawn_as(self, node: Node | None) -> Node | None:
-        """The op drawn in a node's place: itself, the first instance's op for a folded one; None when
-        there is no node or it is hidden."""
-        if node is None:
-            return None
-        node = self.folding.stand_in.get(id(node), node)
-        return None if id(node) in self.hidden else node
-
-    def enters(self, t: Tensor) -> bool:
-        """A tensor drawn as a leaf: a graph input, or one entering a focused drawing from an op not
-        drawn there (not from hidden shape plumbing or a folded instance)."""
-        p = t.producer
-        return t.kind == "input" or (self.focused and p is not None and not p.meta.get("constant")
-                                     and id(p) not in self.hidden)
-
-    def shows_backward(self, n: Node) -> bool:
-        """A backward op not folded away whose forward op is drawn (or that has none)."""
-        forward = self.folding.anchor.get(id(n), n.meta.get("forward"))
-        return id(n) not in self.hidden and id(n) not in self.folding.stand_in \
-            and forward not in self.hidden_names
-
-    def edge(self, a: str, b: str, **attrs) -> None:
-        if not self.dry:
-            self.dot.edge(a, b, **attrs)
-
-    def same_rank(self, groups: dict[str, list[str]]) -> None:
-        """Draw each key's nodes on the rank of the key."""
-        if self.dry:
-            return
-        for key, ids in groups.items():
-            self.dot.body.append("\t{rank=same; " + "; ".join([key, *ids]) + "}\n")
-
-    def short(self, name: str) -> str:
-        return last_segments(name, self.prefix, limit=LABEL_CHARS)
-
-    def legend(self, items: list[tuple[str, dict]], title: str = "legend") -> None:
-        if self.dry:
-            return
-        with self.dot.subgraph(name="cluster_legend") as s:
-            s.attr(label=title, fontsize="10", color="#bbbbbb")
-            for k, (text, attrs) in enumerate(items):
-                s.node(f"legend_{k}", _label(*text.split("\n")), **{"fontsize": "9", **attrs})
-
-
 def _drawable(g: Graph, nodes: set[int] | None) -> list[Node]:
     return [n for n in g.forward_nodes() if not n.meta.get("constant")
             and (nodes is None or id(n) in nodes)]
 
 
-def _node_label(d: _Drawer, n: Node) -> str:
-    out = n.outputs[0] if n.outputs and n.outputs[0] is not None else None
-    shape = cut(f"{format_shape(out.shape)} {out.dtype}", LABEL_CHARS) if out is not None else ""
-    return _label(n.op_type, d.short(n.name), shape)
-
-
-def _fused_label(d: _Drawer, m: Match) -> str:
+def _fused_label(d: Drawer, m: Match) -> str:
     scope = d.short(m.root.name.rsplit("/", 1)[0] if "/" in m.root.name else m.root.name)
-    return _label(m.pattern.name, emitted_kernel(m, d.mode) or "", scope, *state_text(m).split("\n"))
+    return dot_label(m.pattern.name, emitted_kernel(m, d.mode) or "", scope, *state_text(m).split("\n"))
 
 
-def _forward(d: _Drawer, a: Analysis, nodes: set[int] | None, fused: list[Match], collapse: int,
+def _forward(d: Drawer, a: Analysis, nodes: set[int] | None, fused: list[Match], collapse: int,
              rejected: list[Match] = ()) -> dict[int, str]:
     """Draw forward nodes (fused groups and collapsed scopes as one node); map node -> drawn id.
     ``rejected``: not-fusable matches, whose ops are drawn apart with a red dashed border."""
@@ -272,7 +171,7 @@ def _forward(d: _Drawer, a: Analysis, nodes: set[int] | None, fused: list[Match]
         scope = scope_of(n.name, collapse, d.prefix) if collapse else None
         if scope is not None:
             drawn[id(n)] = d.node(("scope", scope),
-                                  lambda s=scope: _label(cut(s, LABEL_CHARS) + "/…", "(collapsed scope)"),
+                                  lambda s=scope: dot_label(cut(s, LABEL_CHARS) + "/…", "(collapsed scope)"),
                                   tooltip=escape(d.prefix + scope), **SCOPE_STYLE)
             continue
         style = dict(FORWARD_STYLE, tooltip=escape(n.name))
@@ -280,18 +179,18 @@ def _forward(d: _Drawer, a: Analysis, nodes: set[int] | None, fused: list[Match]
         if r is not None:
             style.update(color=COLORS["none"], style="rounded,filled,dashed", penwidth="2",
                          tooltip=escape(f"{n.name}: {r.pattern.name} {r.verdict.reason}"))
-        drawn[id(n)] = d.node(id(n), lambda n=n: _node_label(d, n), **style)
+        drawn[id(n)] = d.node(id(n), lambda n=n: node_label(d, n), **style)
     return drawn
 
 
-def _leaf(d: _Drawer, t: Tensor) -> str:
+def _leaf(d: Drawer, t: Tensor) -> str:
     def label() -> str:
-        return _label(d.short(t.name), f"{t.kind} {cut(format_shape(t.shape), LABEL_CHARS)}")
+        return dot_label(d.short(t.name), f"{t.kind} {cut(format_shape(t.shape), LABEL_CHARS)}")
 
     return d.node(id(t), label, tooltip=escape(t.name), **LEAF_STYLE)
 
 
-def _forward_edges(d: _Drawer, a: Analysis, nodes: set[int] | None, drawn: dict[int, str]) -> None:
+def _forward_edges(d: Drawer, a: Analysis, nodes: set[int] | None, drawn: dict[int, str]) -> None:
     seen = set()
     labelled = len(drawn) <= BIG_GRAPH_NODES
     for n in _drawable(a.graph, nodes):
@@ -320,13 +219,13 @@ def _forward_edges(d: _Drawer, a: Analysis, nodes: set[int] | None, drawn: dict[
 FORWARD_LEGEND = [("forward op", FORWARD_STYLE), ("input / tensor entering", LEAF_STYLE)]
 
 
-def draw_before(d: _Drawer, a: Analysis, nodes: set[int] | None, o: RenderOptions) -> None:
+def draw_before(d: Drawer, a: Analysis, nodes: set[int] | None, o: RenderOptions) -> None:
     drawn = _forward(d, a, nodes, [], o.collapse)
     _forward_edges(d, a, nodes, drawn)
     d.legend(FORWARD_LEGEND + ([("collapsed scope", SCOPE_STYLE)] if o.collapse else []))
 
 
-def draw_after(d: _Drawer, a: Analysis, nodes: set[int] | None, o: RenderOptions) -> None:
+def draw_after(d: Drawer, a: Analysis, nodes: set[int] | None, o: RenderOptions) -> None:
     fused = choose_fused(a.matches, o.mode)
     if nodes is not None:  # a match that reaches into the focus is drawn whole, as in the full view
         nodes = set(nodes)
@@ -349,7 +248,7 @@ def draw_after(d: _Drawer, a: Analysis, nodes: set[int] | None, o: RenderOptions
     d.legend(items + FORWARD_LEGEND, f"fused for {o.mode}")
 
 
-def draw_backward(d: _Drawer, a: Analysis, nodes: set[int] | None, o: RenderOptions) -> None:
+def draw_backward(d: Drawer, a: Analysis, nodes: set[int] | None, o: RenderOptions) -> None:
     """Backward ops, gradient edges between them, and saved tensors as red/blue edges with bytes."""
     drawn = _forward(d, a, nodes, [], o.collapse)
     _forward_edges(d, a, nodes, drawn)
@@ -362,7 +261,8 @@ def draw_backward(d: _Drawer, a: Analysis, nodes: set[int] | None, o: RenderOpti
     bids = {}
     for n in back:
         bids[id(n)] = d.node(id(n), str) if d.dry else d.node(
-            id(n), lambda n=n: _label(n.op_type, d.short(n.name)), tooltip=escape(n.name), **BACKWARD_STYLE)
+            id(n), lambda n=n: dot_label(n.op_type, d.short(n.name)), tooltip=escape(n.name),
+            **BACKWARD_STYLE)
     for n in back if not d.dry else ():
         for t in n.inputs:
             p = d.drawn_as(t.producer) if t is not None else None
@@ -405,21 +305,7 @@ def draw_backward(d: _Drawer, a: Analysis, nodes: set[int] | None, o: RenderOpti
          {**SAVED_STYLE, "color": COLORS["none"], "fontcolor": COLORS["none"]})])
 
 
-def saved_node(d: _Drawer, t: Tensor, size: str, colour: str, **attrs) -> str:
-    """A saved tensor drawn once, between its maker and its readers: its name and bytes as a node, so the
-    text takes its own place in the layout (edge labels are placed after routing and other edges cross
-    them)."""
-    return d.node(("saved", t.name), lambda: _label(d.short(t.name), size), tooltip=escape(t.name),
-                  **{**SAVED_STYLE, "color": colour, "fontcolor": colour, **attrs})
-
-
-View = Callable[[_Drawer, Analysis, "set[int] | None", RenderOptions], None]
-def draw_fused_training(d: _Drawer, a: Analysis, nodes: set[int] | None, o: RenderOptions) -> None:
-    from .render_training import draw_fused_training as draw  # the seeds' Fig. 4 for any model
-
-    draw(d, a, nodes, o)
-
-
+View = Callable[[Drawer, Analysis, "set[int] | None", RenderOptions], None]
 MEMORY_VIEWS = ("backward", "fused-training")  # views whose folded blocks say what each keeps
 VIEWS: dict[str, View] = {"before": draw_before, "after": draw_after, "backward": draw_backward,
                           "fused-training": draw_fused_training}
@@ -431,12 +317,12 @@ def _title(a: Analysis, o: RenderOptions) -> str:
         + (f" (focus {o.focus}, {o.hops} hops)" if o.focus else "")
 
 
-def _draw(a: Analysis, o: RenderOptions, dry: bool) -> _Drawer:
+def _draw(a: Analysis, o: RenderOptions, dry: bool) -> Drawer:
     if o.view not in VIEWS:
         raise FuseError(f"unknown view {o.view!r}; choose one of {', '.join(VIEWS)}")
     nodes = focus_nodes(a, o.focus, o.hops) if o.focus else None
     prefix = common_scope([n.name for n in a.graph.nodes if not n.meta.get("constant")])
-    d = _Drawer(_title(a, o), prefix, dry)
+    d = Drawer(_title(a, o), prefix, dry)
     d.mode, d.focused = o.mode, nodes is not None
     nodes = hide(d, a, o, nodes)
     VIEWS[o.view](d, a, nodes, o)

@@ -128,7 +128,9 @@ def wrap(text: str, width: int, indent: str) -> list[str]:
     return [x.replace("\u00a0", " ") for x in lines]
 
 
-class _Style:
+class Style:
+    """Colour on or off for the text report's lines (diff_text draws with it too)."""
+
     def __init__(self, color: bool) -> None:
         self.color = color
 
@@ -209,7 +211,7 @@ def ops_lines(a: Analysis, width: int, verbose: bool) -> list[str]:
     return [cut_end("ops: " + ", ".join(f"{c} {op}" for op, c in merged.most_common()), width)]
 
 
-def summary_lines(a: Analysis, width: int, style: _Style) -> list[str]:
+def summary_lines(a: Analysis, width: int, style: Style) -> list[str]:
     """Per pattern: matches, inference-safe, training-safe, training-safe if recomputed, blocked bytes."""
     if not a.matches:
         return ["", "fusion: no pattern matched"]
@@ -353,7 +355,7 @@ def _frameworks(m: Match, verbose: bool) -> str:
     return "; ".join(parts)
 
 
-def matches_lines(a: Analysis, namer: Namer, width: int, verbose: bool, style: _Style) -> list[str]:
+def matches_lines(a: Analysis, namer: Namer, width: int, verbose: bool, style: Style) -> list[str]:
     """Matches grouped by pattern, verdict, op chain and name skeleton; ``verbose``: each one."""
     if not a.matches:
         return []
@@ -471,7 +473,7 @@ def report_lines(a: Analysis, options: TextOptions | None = None) -> list[str]:
     """The whole report as lines of at most ``options.width`` characters."""
     o = options or TextOptions()
     width = o.width or terminal_width()
-    style = _Style(o.color)
+    style = Style(o.color)
     namer = Namer(common_scope([n.name for n in a.graph.nodes if not n.meta.get("constant")]))
     lines = header_lines(a, namer, width) + ops_lines(a, width, o.verbose)
     lines += summary_lines(a, width, style) + memory_lines(a, width)

@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..ir import Graph, Node, Tensor
+from ..spellings.common import ADD
 from .match import dataflow_order, is_noop
 
 MATMULS = frozenset({"matmul", "einsum"})
-ADDS = frozenset({"add", "sum", "bias_add"})
 # layout ops that keep every value of the scores (exporters put them between terms: BLOOM's Reshape)
 LAYOUT = frozenset({"reshape", "expand", "squeeze", "unsqueeze", "identity", "cast", "flatten"})
 PROB_LAYOUT = frozenset({"reshape", "squeeze", "unsqueeze", "flatten"})  # P viewed for a batched matmul
@@ -202,7 +202,7 @@ def _leads_to_product(t: Tensor, depth: int = 12) -> bool:
         if p.kind in LAYOUT or p.kind in ("mul", "div", "tanh"):
             t = _arg(p, 0) if p.kind not in ("mul",) else next(
                 (x for x in p.inputs if x is not None and scale_value(x) is None), _arg(p, 0))
-        elif p.kind in ADDS:
+        elif p.kind in ADD:
             return any(x is not None and _leads_to_product(x, depth - 1) for x in p.inputs[:2])
         elif p.kind == "where" and len(p.inputs) == 3:
             t = p.inputs[1] if scalar_value(p.inputs[2]) is not None else p.inputs[2]
@@ -238,7 +238,7 @@ def _scores(sm: Node, w: _Walk, form: dict) -> tuple[Node | None, Node, str]:
         if p.kind in LAYOUT:
             w.take(p)
             t = _arg(p, 0)
-        elif p.kind in ADDS:
+        elif p.kind in ADD:
             ins = [x for x in p.inputs if x is not None]
             main = next((x for x in ins if _leads_to_product(x)), None)
             if main is None:

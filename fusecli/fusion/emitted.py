@@ -9,8 +9,8 @@ may still make it pass a match over, so this is what the rewrite would write whe
 
 from __future__ import annotations
 
+from ..spellings.acts import gate_act_kind
 from .attention import AttentionForm, read_attention
-from .forms import gate_act_kind
 from .match import Match
 
 # FusedConv activations (CPU; rewrite/emit.conv_activation) and FusedGemm's (CPU; emit.gemm_activation)

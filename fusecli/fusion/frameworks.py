@@ -10,8 +10,8 @@ MatMulScaleFusion, GeluFusion, BiasGeluFusion, LayerNormFusion, SkipLayerNormFus
 
 from __future__ import annotations
 
+from ..spellings.acts import gate_act_kind
 from .emitted import attention_kernel
-from .forms import gate_act_kind
 from .match import Match
 
 TF_CPU_ACTS = frozenset({"relu", "relu6", "elu", "leaky_relu"})

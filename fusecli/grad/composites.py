@@ -20,13 +20,13 @@ the SavedModel (``graph.meta["custom_gradients"]``, recorded by the loader), not
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from ..fusion.match import Op, Var, match_at, op
-from ..fusion.patterns import ADD, CUBES, LAYER_NORM, TANH_ARG_BLOOM, scalar, tanh_gelu_arg
+from ..fusion.match import Op, match_at
 from ..ir import Graph, Node, Tensor
+from ..spellings import acts, gelu, norms, softmax
+from ..spellings.common import TORCH, select
 from . import sdpa
 
 SHAPE_READERS = frozenset({"shape", "size"})  # read only a tensor's shape: no gradient flows through them
@@ -72,70 +72,15 @@ def _y(roles, bound, root) -> list[Tensor]:
     return [root.outputs[0]]
 
 
-def _one_plus(inner: Op) -> Op:
-    return op(ADD | {"bias_add"}, inner, Var(check=scalar(1.0)), commutative=True)
-
-
-_HALF = Var(check=scalar(0.5))
-_ERF = op("erf", op("div", Var("x"), Var(check=scalar(math.sqrt(2)))))
-# F.gelu: TorchScript writes (x * (1 + erf(x / sqrt 2))) * 0.5, dynamo x * ((1 + erf(x / sqrt 2)) * 0.5)
-GELU_ERF_TORCH = (op("mul", op("mul", Var("x"), _one_plus(_ERF), commutative=True), _HALF, commutative=True),
-                  op("mul", Var("x"), op("mul", _one_plus(_ERF), _HALF, commutative=True), commutative=True))
-
-
-# F.gelu(approximate="tanh"): TorchScript 0.5 * (x * (1 + tanh(c (x + k x*(x*x))))), dynamo
-# x * ((1 + tanh(c (x + k pow(x, 3)))) * 0.5); the tanh arguments are the catalogue's
-_POW, _MUL = CUBES[0], CUBES[1]
-GELU_TANH_TORCH = (
-    op("mul", _HALF, op("mul", Var("x"), _one_plus(op("tanh", tanh_gelu_arg(_MUL))), commutative=True),
-       commutative=True),
-    op("mul", Var("x"), op("mul", _one_plus(op("tanh", tanh_gelu_arg(_POW))), _HALF, commutative=True),
-       commutative=True))
-# transformers' BloomGelu: GeLUFunction, a custom autograd.Function that saves x, traced through its
-# forward x * 0.5 * (1 + tanh(0.79788456 x (1 + 0.044715 x x))) (both exporters)
-GELU_BLOOM = (op("mul", op("mul", Var("x"), _HALF, commutative=True),
-                 _one_plus(op("tanh", TANH_ARG_BLOOM)), commutative=True),)
-# F.silu: x * sigmoid(x) (both exporters)
-SILU = (op("mul", Var("x"), op("sigmoid", Var("x")), commutative=True),)
-# F.hardswish below opset 14: x * HardSigmoid(x)
-HARDSWISH = (op("mul", Var("x"), op("hard_sigmoid", Var("x")), commutative=True),)
-
-
-def _rms_norm_trees() -> tuple[Op, ...]:
-    """F.rms_norm (dynamo): x * reciprocal(sqrt(mean(pow(x, 2)) + eps)) * w, or x * rsqrt(...) * w."""
-    ms = op(ADD, op("reduce_mean", op("pow", Var("x"), Var(check=scalar(2.0))), more=True),
-            Var(check=scalar()), commutative=True)
-    trees = []
-    for rstd in (op("reciprocal", op("sqrt", ms), name="rstd"), op("rsqrt", ms, name="rstd"),
-                 op("div", Var(check=scalar(1.0)), op("sqrt", ms), name="rstd")):
-        normed = op("mul", Var("x"), rstd, commutative=True, name="normed")
-        trees += [op("mul", normed, Var(), commutative=True), normed]
-    return tuple(trees)
-
-
-RMS_NORM = _rms_norm_trees()
-
-
-def _softmax_trees(log: bool) -> tuple[Op, ...]:
-    """softmax = exp(x - max) / sum(exp(x - max)); log_softmax = (x - max) - log(sum(exp(x - max)))."""
-    shifted = (op("sub", Var("x"), op("reduce_max", Var("x"), more=True), name="s"), Var("x", check=None))
-    trees = []
-    for s in shifted:
-        s_ref = Var("s") if isinstance(s, Op) else Var("x")
-        if log:
-            trees.append(op("sub", s, op("log", op("reduce_sum", op("exp", s_ref), more=True))))
-        else:
-            e = op("exp", s, name="e")
-            trees.append(op("div", e, op("reduce_sum", Var("e"), more=True)))
-    return tuple(trees)
-
-
-SOFTMAX, LOG_SOFTMAX = _softmax_trees(False), _softmax_trees(True)
-
-
-# F.layer_norm below opset 17: (x - mean(x)) / sqrt(mean((x - mean)^2) + eps) * w + b, fusion's trees
-# (LAYER_NORM's first four; the others are TensorFlow's moments form)
-LAYER_NORM_TORCH = LAYER_NORM[:4]
+# each composite's trees: the spellings its own exporters write (spellings/, selected by writer tag)
+GELU_ERF_TORCH = select(gelu.ERF, TORCH)  # F.gelu
+GELU_TANH_TORCH = select(gelu.TANH, TORCH)  # F.gelu(approximate="tanh")
+GELU_BLOOM = select(gelu.BLOOM, TORCH)  # transformers' BloomGelu: GeLUFunction, a custom Function saving x
+SILU = select(acts.SILU_OP, TORCH)
+HARDSWISH = select(acts.HARDSWISH_OP, TORCH)
+RMS_NORM = select(norms.RMS_NORM_OP, TORCH)
+SOFTMAX, LOG_SOFTMAX = select(softmax.SOFTMAX, TORCH), select(softmax.LOG_SOFTMAX, TORCH)
+LAYER_NORM_TORCH = select(norms.LAYER_NORM, TORCH)  # F.layer_norm below opset 17
 
 
 def _layer_norm_reads(roles, bound, root) -> list[Tensor]:

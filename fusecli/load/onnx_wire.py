@@ -67,7 +67,7 @@ def _varint(src: _Source, pos: int) -> tuple[int, int]:
     raise WireError("varint too long" if len(data) == 10 else "truncated varint")
 
 
-def _encode_varint(n: int) -> bytes:
+def encode_varint(n: int) -> bytes:
     out = bytearray()
     while True:
         b = n & 0x7F
@@ -79,7 +79,7 @@ def _encode_varint(n: int) -> bytes:
             return bytes(out)
 
 
-def _fields(src: _Source, start: int, end: int):
+def wire_fields(src: _Source, start: int, end: int):
     """(field number, wire type, field start, value start, value end) for each field in [start, end)."""
     pos = start
     while pos < end:
@@ -110,7 +110,7 @@ def _slim_tensor(src: _Source, start: int, end: int, external: str | None = None
     payloads are kept."""
     if end - start <= KEEP_BYTES:
         return None  # its data fields cannot be larger than the whole message
-    fields = list(_fields(src, start, end))
+    fields = list(wire_fields(src, start, end))
     data = [(n, vpos, vend) for n, _, _, vpos, vend in fields if n in _TENSOR_DATA_FIELDS]
     if sum(vend - vpos for _, vpos, vend in data) <= KEEP_BYTES:
         return None
@@ -122,28 +122,28 @@ def _slim_tensor(src: _Source, start: int, end: int, external: str | None = None
     _, vpos, vend = data[0]
     for key, value in (("location", external), ("offset", str(vpos)), ("length", str(vend - vpos))):
         entry = _string_field(1, key) + _string_field(2, value)
-        kept.append(_encode_varint((13 << 3) | 2) + _encode_varint(len(entry)) + entry)  # external_data
-    kept.append(_encode_varint(14 << 3) + _encode_varint(1))  # data_location = EXTERNAL
+        kept.append(encode_varint((13 << 3) | 2) + encode_varint(len(entry)) + entry)  # external_data
+    kept.append(encode_varint(14 << 3) + encode_varint(1))  # data_location = EXTERNAL
     return kept
 
 
 def _string_field(number: int, text: str) -> bytes:
     data = text.encode()
-    return _encode_varint((number << 3) | 2) + _encode_varint(len(data)) + data
+    return encode_varint((number << 3) | 2) + encode_varint(len(data)) + data
 
 
 # Where weights live: message -> {field number: the message that field holds}
-_TENSOR, _SPARSE, _GRAPH, _FUNCTION, _NODE, _ATTRIBUTE, _TRAINING = range(7)
-_CHILDREN = {
-    _SPARSE: {1: _TENSOR, 2: _TENSOR},  # values, indices
-    _GRAPH: {1: _NODE, 5: _TENSOR, 15: _SPARSE},  # node, initializer, sparse_initializer
-    _FUNCTION: {7: _NODE, 11: _ATTRIBUTE},  # node, attribute_proto (default values)
-    _NODE: {5: _ATTRIBUTE},
+TENSOR, SPARSE, GRAPH, FUNCTION, NODE, ATTRIBUTE, TRAINING = range(7)
+CHILDREN = {
+    SPARSE: {1: TENSOR, 2: TENSOR},  # values, indices
+    GRAPH: {1: NODE, 5: TENSOR, 15: SPARSE},  # node, initializer, sparse_initializer
+    FUNCTION: {7: NODE, 11: ATTRIBUTE},  # node, attribute_proto (default values)
+    NODE: {5: ATTRIBUTE},
     # t, g, tensors, graphs, sparse_tensor, sparse_tensors
-    _ATTRIBUTE: {5: _TENSOR, 6: _GRAPH, 10: _TENSOR, 11: _GRAPH, 22: _SPARSE, 23: _SPARSE},
-    _TRAINING: {1: _GRAPH, 2: _GRAPH},  # initialization, algorithm
+    ATTRIBUTE: {5: TENSOR, 6: GRAPH, 10: TENSOR, 11: GRAPH, 22: SPARSE, 23: SPARSE},
+    TRAINING: {1: GRAPH, 2: GRAPH},  # initialization, algorithm
 }
-_MODEL_CHILDREN = {_MODEL_GRAPH: _GRAPH, 20: _TRAINING, 25: _FUNCTION}  # graph, training_info, functions
+MODEL_CHILDREN = {_MODEL_GRAPH: GRAPH, 20: TRAINING, 25: FUNCTION}  # graph, training_info, functions
 MAX_DEPTH = 64  # nested messages (subgraphs in subgraphs); protobuf itself refuses past 100
 
 
@@ -151,20 +151,20 @@ def _slim(src: _Source, start: int, end: int, kind: int, depth: int = 0,
           external: str | None = None) -> list[bytes] | None:
     """A message's bytes with large tensor payloads cut out (unchanged runs copied as one), or None
     when nothing in it changes. Messages no larger than KEEP_BYTES are not even parsed."""
-    if kind == _TENSOR:
+    if kind == TENSOR:
         return _slim_tensor(src, start, end, external)
-    if end - start <= KEEP_BYTES or (kind == _SPARSE and external is not None):
+    if end - start <= KEEP_BYTES or (kind == SPARSE and external is not None):
         return None  # (sparse tensors cannot refer to external data: kept whole when asked for that)
     if depth > MAX_DEPTH:
         raise WireError(f"messages nested more than {MAX_DEPTH} deep")
-    return _rewrite_fields(src, start, end, _CHILDREN[kind], depth, external)
+    return _rewrite_fields(src, start, end, CHILDREN[kind], depth, external)
 
 
 def _rewrite_fields(src: _Source, start: int, end: int, children: dict[int, int],
                     depth: int, external: str | None = None) -> list[bytes] | None:
     parts: list[bytes] = []
     run = start  # start of the run of fields kept as they are
-    for number, wtype, fstart, vpos, vend in _fields(src, start, end):
+    for number, wtype, fstart, vpos, vend in wire_fields(src, start, end):
         child = children.get(number)
         if child is None or wtype != 2:
             continue
@@ -173,7 +173,7 @@ def _rewrite_fields(src: _Source, start: int, end: int, children: dict[int, int]
             continue
         if fstart > run:
             parts.append(src.read(run, fstart))
-        parts += [_encode_varint((number << 3) | 2), _encode_varint(sum(len(p) for p in inner)), *inner]
+        parts += [encode_varint((number << 3) | 2), encode_varint(sum(len(p) for p in inner)), *inner]
         run = vend
     if not parts:
         return None
@@ -190,7 +190,7 @@ def read_structure(path: str, external: bool = False) -> tuple[onnx.ModelProto, 
     location = os.path.basename(path) if external else None
     with open(path, "rb") as f:
         src = _Source(f)
-        parts = _rewrite_fields(src, 0, len(src), _MODEL_CHILDREN, 0, location) or [src.read(0, len(src))]
+        parts = _rewrite_fields(src, 0, len(src), MODEL_CHILDREN, 0, location) or [src.read(0, len(src))]
     model = onnx.ModelProto()
     model.ParseFromString(b"".join(parts))
     omitted = {t.name for t in model.graph.initializer if _left_out(t)}

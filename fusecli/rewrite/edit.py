@@ -6,7 +6,7 @@ import onnx
 from onnx import helper
 
 from ..ir import Graph, kahn_order
-from .emit import MS, Emission
+from .kit import MS, Emission
 from .proto import is_big_constant
 from .sound import predecessors, splice, unsound
 

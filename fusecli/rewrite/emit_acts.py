@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..fusion.forms import gate_act_kind
 from ..fusion.match import Match
-from .emit import MS, Context, Emission, _attr, _clip_bounds, _dtype, _node, _out
+from ..spellings.acts import gate_act_kind
+from .kit import MS, Context, Emission, attr_value, clip_bounds, dtype_of, make_node, out_name
 
 
 def _beta(m: Match, ctx: Context) -> float | None:
@@ -26,23 +26,23 @@ def _beta(m: Match, ctx: Context) -> float | None:
 
 def silu(m: Match, ctx: Context) -> Emission | None:
     x = m.bound.get("act_in")
-    if x is None or _dtype(m) != "float32" or gate_act_kind(m.roles) not in ("silu", "swish", "quick_gelu"):
+    if x is None or dtype_of(m) != "float32" or gate_act_kind(m.roles) not in ("silu", "swish", "quick_gelu"):
         return None
     alpha = _beta(m, ctx)
     if alpha is None:
         return None
-    node = _node("QuickGelu", [x.name], _out(m.root), m.root.name, MS, alpha=alpha)
+    node = make_node("QuickGelu", [x.name], out_name(m.root), m.root.name, MS, alpha=alpha)
     return Emission(m.pattern.name, f"QuickGelu (alpha {alpha:.4g})", [n.name for n in m.nodes], [node])
 
 
 def swiglu(m: Match, ctx: Context) -> Emission | None:
     """silu(a) * b: the silu as QuickGelu, the product stays a Mul (no CPU kernel does both)."""
     x, up = m.bound.get("act_in"), m.bound.get("up")
-    if x is None or up is None or _dtype(m) != "float32" or gate_act_kind(m.roles) != "silu":
+    if x is None or up is None or dtype_of(m) != "float32" or gate_act_kind(m.roles) != "silu":
         return None
     gated = ctx.names.new(f"{x.name}_silu")
-    act = _node("QuickGelu", [x.name], gated, ctx.names.new(f"{m.root.name}_silu"), MS, alpha=1.0)
-    mul = _node("Mul", [gated, up.name], _out(m.root), m.root.name)
+    act = make_node("QuickGelu", [x.name], gated, ctx.names.new(f"{m.root.name}_silu"), MS, alpha=1.0)
+    mul = make_node("Mul", [gated, up.name], out_name(m.root), m.root.name)
     return Emission(m.pattern.name, "QuickGelu (SwiGLU gate) + Mul", [n.name for n in m.nodes], [act, mul])
 
 
@@ -53,19 +53,17 @@ def _is_hard_sigmoid(m: Match, ctx: Context) -> bool:
         return False
     if gate.kind == "hard_sigmoid":
         p = ctx.protos[gate.name]
-        return abs(_attr(p, "alpha", 0.2) - 1 / 6) < 1e-6 and abs(_attr(p, "beta", 0.5) - 0.5) < 1e-6
+        alpha, beta = attr_value(p, "alpha", 0.2), attr_value(p, "beta", 0.5)
+        return abs(alpha - 1 / 6) < 1e-6 and abs(beta - 0.5) < 1e-6
     if gate.op_type == "Clip":
-        return _clip_bounds(gate, ctx) == (0.0, 6.0)
+        return clip_bounds(gate, ctx) == (0.0, 6.0)
     return gate.kind == "relu6"
 
 
 def hard_swish(m: Match, ctx: Context) -> Emission | None:
     x = m.bound.get("act_in")
-    if x is None or ctx.opset < 14 or ctx.target == "cuda" or _dtype(m) != "float32" \
+    if x is None or ctx.opset < 14 or ctx.target == "cuda" or dtype_of(m) != "float32" \
             or m.root.kind == "hard_swish" or not _is_hard_sigmoid(m, ctx):
         return None
-    node = _node("HardSwish", [x.name], _out(m.root), m.root.name)
+    node = make_node("HardSwish", [x.name], out_name(m.root), m.root.name)
     return Emission(m.pattern.name, "HardSwish", [n.name for n in m.nodes], [node])
-
-
-EMITTERS = {"silu": silu, "swiglu": swiglu, "hard_swish": hard_swish}

@@ -19,11 +19,11 @@ import numpy as np
 from ..fusion.attention import LAYOUT, AttentionForm, read_attention, scalar_value
 from ..fusion.match import Match, is_noop
 from ..ir import Node, Tensor
-from .emit import MS, Context, Emission, _attr, _dtype, _new_init, _node
+from ..spellings.common import ADD
+from .kit import MS, Context, Emission, attr_value, dtype_of, make_node, new_initializer
 from .merged_heads import merged_terms, read_merged, write_shapes
 from .shape_values import int_value
 
-ADD = ("add", "sum", "bias_add")
 ABSORBING = -1e30  # a fill at or below this absorbs any score term added to it in float32 (ulp ~ 1e23)
 
 
@@ -131,7 +131,7 @@ def between_scores(node: Node, m: Match) -> bool:
 
 
 def perm_of(ctx: Context, node: Node) -> list[int] | None:
-    p = _attr(ctx.protos[node.name], "perm")
+    p = attr_value(ctx.protos[node.name], "perm")
     return None if p is None else [int(a) for a in p]
 
 
@@ -151,11 +151,11 @@ class Builder:
 
     def node(self, op: str, inputs: list[str], output: str | None = None, domain: str = "", **kw) -> str:
         out = output or self.ctx.names.new(f"{self.base}_{op}")
-        self.nodes.append(_node(op, inputs, out, self.ctx.names.new(f"{self.base}_{op}"), domain, **kw))
+        self.nodes.append(make_node(op, inputs, out, self.ctx.names.new(f"{self.base}_{op}"), domain, **kw))
         return out
 
     def const(self, name: str, value: np.ndarray) -> str:
-        return _new_init(self.ctx, f"{self.base}_{name}", value, self.inits)
+        return new_initializer(self.ctx, f"{self.base}_{name}", value, self.inits)
 
     def packed(self, t: Tensor, perm: list[int], hidden: int, keep_transpose: bool = False) -> str:
         """``t`` seen through ``perm`` as (B, S, N, H), then (B, S, N H). Where ``t`` is itself a
@@ -216,42 +216,18 @@ def bias_of(ctx: Context, b: Builder, terms: list[str], q3: str) -> str:
     return b.node("Expand", [bias, shape])
 
 
-def attention(m: Match, ctx: Context) -> Emission | None:
-    """The match as GroupQueryAttention where it is a grouped-query decoder's causal self-attention and the
-    kernel's contract fits (emit_gqa), else as MultiHeadAttention; None, with the reason in ``ctx.skipped``,
-    for a form neither runs (every attention the rewrite leaves is said, never silently missed)."""
-    from .emit_gqa import group_query_attention, grouped  # it builds on this module's helpers
-
-    pv = m.roles["pv"]
-    why_not_gqa = None
-    if grouped(m):
-        emission = group_query_attention(m, ctx)
-        if not isinstance(emission, str):
-            return emission
-        why_not_gqa = emission
-    emission = _attention(m, ctx)
-    if isinstance(emission, str):
-        extra = f" (GroupQueryAttention: {why_not_gqa})" if why_not_gqa else ""
-        ctx.skipped.append(f"attention at {pv.name}: {emission}{extra}")
-        return None
-    if why_not_gqa:
-        ctx.skipped.append(f"GroupQueryAttention at {pv.name}: {why_not_gqa}; MultiHeadAttention over the "
-                           "repeated K/V instead")
-    return emission
-
-
 def common_refusal(m: Match, ctx: Context) -> str | None:
     """Why neither attention kernel runs the match as written (dtype, ops, opset, softmax axis, a Dropout
     that may be live), else None."""
     r = m.roles
     qk, pv, softmax = r["qk"], r["pv"], r["softmax"]
-    if _dtype(m) != "float32":
-        return f"the attention kernels here run float32 only, not {_dtype(m)}"
+    if dtype_of(m) != "float32":
+        return f"the attention kernels here run float32 only, not {dtype_of(m)}"
     if qk.kind != "matmul" or pv.kind != "matmul":
         return "the scores or the output are no MatMul (a batched GEMM, or one Einsum and one MatMul)"
     if ctx.opset < 13:
         return f"opset {ctx.opset} < 13"
-    if _attr(ctx.protos[softmax.name], "axis", -1) % 4 != 3:
+    if attr_value(ctx.protos[softmax.name], "axis", -1) % 4 != 3:
         return "the softmax is not over the keys alone"
     d = r.get("dropout")
     if d is not None and len(ctx.protos[d.name].input) > 2 and ctx.protos[d.name].input[2]:
@@ -287,11 +263,11 @@ def write_output(m: Match, ctx: Context, b: Builder, o3: str, heads: int, head_s
         b.node("Transpose", [split], out.name, perm=[0, 2, 1, 3])
 
 
-def _attention(m: Match, ctx: Context) -> Emission | str:
+def multi_head_attention(m: Match, ctx: Context) -> Emission | str:
     pv = m.roles["pv"]
     if m.roles["qk"].kind == "einsum" and pv.kind == "einsum":  # Keras's attention (tf2onnx, lowering off)
-        if _dtype(m) != "float32":
-            return f"the attention kernels here run float32 only, not {_dtype(m)}"
+        if dtype_of(m) != "float32":
+            return f"the attention kernels here run float32 only, not {dtype_of(m)}"
         form = _mha_form(m)
         return form if isinstance(form, str) else _einsum_attention(m, ctx)
     refusal = common_refusal(m, ctx)
@@ -353,7 +329,7 @@ def _attention(m: Match, ctx: Context) -> Emission | str:
 
 def _equation(ctx: Context, node: Node) -> tuple[list[str], str] | None:
     """An Einsum's explicit equation as (input subscripts, output subscript), letters only."""
-    eq = _attr(ctx.protos[node.name], "equation", "").replace(" ", "")
+    eq = attr_value(ctx.protos[node.name], "equation", "").replace(" ", "")
     if "->" not in eq or "." in eq:
         return None
     ins, out = eq.split("->")
@@ -386,7 +362,7 @@ def _einsum_attention(m: Match, ctx: Context) -> Emission | str:
     qi = 0 if t_ in a else 1  # the query holds the scores' first own axis (rows), the key the second
     q, k = (m.bound["q"], m.bound["k"]) if qi == 0 else (m.bound["k"], m.bound["q"])
     q_sub, k_sub = (a, b) if qi == 0 else (b, a)
-    if _attr(ctx.protos[softmax.name], "axis", -1) % 4 != scores.index(s_):
+    if attr_value(ctx.protos[softmax.name], "axis", -1) % 4 != scores.index(s_):
         return "the softmax is not over the keys alone"
     if (m.roles.get("mask") is not None or m.roles.get("position_bias") is not None) \
             and scores != bat + heads + t_ + s_:
@@ -472,5 +448,3 @@ def feeding(m: Match, ts: list[Tensor]) -> set[int]:
             stack += [t.producer for t in n.inputs if t is not None and t.producer is not None]
     return keep
 
-
-EMITTERS = {"attention": attention}

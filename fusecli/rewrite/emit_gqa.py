@@ -24,9 +24,18 @@ import numpy as np
 from ..fusion.attention import LAYOUT, AttentionForm, depends_on_input, read_attention
 from ..fusion.match import Match, is_noop
 from ..ir import Node, Tensor
-from .emit import MS, Context, Emission, attr_value
-from .emit_attention import ADD, Builder, common_refusal, heads_of, key_input, scalar_of, write_output
+from ..spellings.common import ADD
+from .emit_attention import (
+    Builder,
+    common_refusal,
+    heads_of,
+    key_input,
+    multi_head_attention,
+    scalar_of,
+    write_output,
+)
 from .emit_rotary import RotaryParts, rotary_parts
+from .kit import MS, Context, Emission, attr_value
 from .mask_band import causal_window
 from .shape_values import int_value
 
@@ -281,3 +290,25 @@ def _dim(b: Builder, t: str, axis: int) -> str:
         return b.node("Shape", [t], start=axis, end=axis + 1)
     return b.node("Slice", [b.node("Shape", [t]), b.const(f"from{axis}", np.array([axis], np.int64)),
                             b.const(f"to{axis}", np.array([axis + 1], np.int64))])
+
+
+def attention(m: Match, ctx: Context) -> Emission | None:
+    """The match as GroupQueryAttention where it is a grouped-query decoder's causal self-attention and the
+    kernel's contract fits, else as MultiHeadAttention; None, with the reason in ``ctx.skipped``,
+    for a form neither runs (every attention the rewrite leaves is said, never silently missed)."""
+    pv = m.roles["pv"]
+    why_not_gqa = None
+    if grouped(m):
+        emission = group_query_attention(m, ctx)
+        if not isinstance(emission, str):
+            return emission
+        why_not_gqa = emission
+    emission = multi_head_attention(m, ctx)
+    if isinstance(emission, str):
+        extra = f" (GroupQueryAttention: {why_not_gqa})" if why_not_gqa else ""
+        ctx.skipped.append(f"attention at {pv.name}: {emission}{extra}")
+        return None
+    if why_not_gqa:
+        ctx.skipped.append(f"GroupQueryAttention at {pv.name}: {why_not_gqa}; MultiHeadAttention over the "
+                           "repeated K/V instead")
+    return emission

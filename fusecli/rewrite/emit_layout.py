@@ -13,30 +13,30 @@ from __future__ import annotations
 import numpy as np
 
 from ..fusion.match import Match
-from .emit import EMITTERS as _BASE
-from .emit import (
+from .emit_conv import conv_family
+from .fold import channel_vector, fold_bias, fold_scale_shift
+from .kit import (
     MS,
     Context,
     Emission,
-    _attr,
-    _attrs,
-    _new_init,
-    _node,
-    _out,
-    _param_of,
+    attr_value,
+    attrs_of,
     conv_activation,
+    make_node,
+    new_initializer,
+    out_name,
+    param_of,
 )
-from .fold import channel_vector, fold_bias, fold_scale_shift
 
 _CONV = ("conv_bias_add_act", "conv_bias_act", "conv_bias", "conv_bn_act", "conv_bn", "conv_squeeze_bias",
          "conv_bias_bn_act", "conv_bias_bn")
-_PLAIN = {name: _BASE[name] for name in _CONV if name in _BASE}  # emit.py's, before this module's
+_PLAIN = _CONV[:6]  # what emit_conv.conv_family does where no layout Transpose stands after the conv
 
 
 def through_layout(m: Match, ctx: Context) -> Emission | None:
-    """Conv (+ bias) (+ act) seen through the layout Transpose; other conv matches as emit.py does them."""
+    """Conv (+ bias) (+ act) seen through the layout Transpose; other conv matches as emit_conv does them."""
     if "layout" not in m.roles and m.pattern.name in _PLAIN:
-        return _PLAIN[m.pattern.name](m, ctx)
+        return conv_family(m, ctx)
     if any(r in m.roles for r in ("act_gate", "add", "squeeze")):
         return None
     bn, scale_node = m.roles.get("bn"), m.roles.get("bn_scale")
@@ -49,19 +49,19 @@ def through_layout(m: Match, ctx: Context) -> Emission | None:
     if w_t.shape is None or not w_t.is_static or conv.outputs[0].dtype != "float32":
         return None
     c_out, rank = w_t.shape[0], len(w_t.shape)
-    perm = None if layout is None else _attr(ctx.protos[layout.name], "perm")
+    perm = None if layout is None else attr_value(ctx.protos[layout.name], "perm")
     if layout is not None and (perm is None or list(perm) != [0, *range(2, rank), 1]):
         return None  # only channels-first -> channels-last moves the channel axis to the end
     axis = 1 if layout is None else rank - 1  # the channel axis of the epilogue's tensors
     inits: list = []
     b_name = cp.input[2] if len(cp.input) > 2 else ""
     if bias is not None:
-        value = ctx.weights.value(_param_of(bias).name)
+        value = ctx.weights.value(param_of(bias).name)
         vec = None if value is None else channel_vector(value, rank, c_out, axis=axis)
         B = ctx.weights.value(b_name) if b_name else None
         if vec is None or (b_name and B is None):
             return None
-        b_name = _new_init(ctx, f"{conv.name}_bias_folded", fold_bias(B, vec, vec.dtype), inits)
+        b_name = new_initializer(ctx, f"{conv.name}_bias_folded", fold_bias(B, vec, vec.dtype), inits)
     w_name = cp.input[1]
     if bn is not None:  # (conv + b) * s + t (Keras 3's decomposed BatchNorm, after the bias)
         st = _scale_shift(m, ctx, scale_node, bn, rank, c_out, axis)
@@ -69,8 +69,8 @@ def through_layout(m: Match, ctx: Context) -> Emission | None:
         if st is None or W is None or (b_name and B is None):
             return None
         W, B = fold_scale_shift(W, B, *st)
-        w_name = _new_init(ctx, f"{w_name}_bn_folded", W, inits)
-        b_name = _new_init(ctx, f"{conv.name}_bias_bn_folded", B, inits)
+        w_name = new_initializer(ctx, f"{w_name}_bn_folded", W, inits)
+        b_name = new_initializer(ctx, f"{conv.name}_bias_bn_folded", B, inits)
     spec = conv_activation(act, ctx) if act is not None else None
     if act is not None and spec is None:
         return None  # an activation FusedConv lacks would have to stay after the transpose: not worth it
@@ -79,20 +79,22 @@ def through_layout(m: Match, ctx: Context) -> Emission | None:
     inner = ctx.names.new(f"{conv.name}_nchw")
     if spec is not None:
         if not b_name and ctx.target == "cuda":
-            b_name = _new_init(ctx, f"{conv.name}_zero_bias", np.zeros(c_out, np.float32), inits)
+            b_name = new_initializer(ctx, f"{conv.name}_zero_bias", np.zeros(c_out, np.float32), inits)
         kw = {"activation": spec[0]}
         if spec[1]:
             kw["activation_params"] = spec[1]
-        fused = _node("FusedConv", [cp.input[0], w_name, b_name], inner, conv.name, MS, _attrs(cp), **kw)
+        inputs = [cp.input[0], w_name, b_name]
+        fused = make_node("FusedConv", inputs, inner, conv.name, MS, attrs_of(cp), **kw)
         kernel = f"FusedConv({spec[0]})"
     else:
-        fused = _node("Conv", [cp.input[0], w_name, b_name], inner, conv.name, "", _attrs(cp))
+        fused = make_node("Conv", [cp.input[0], w_name, b_name], inner, conv.name, "", attrs_of(cp))
         folded = [x for x, r in (("bias", bias), ("BatchNorm", bn)) if r is not None]
         kernel = f"Conv({' + '.join(folded)} folded)"
     if layout is None:
-        fused.output[0] = _out(m.root)
+        fused.output[0] = out_name(m.root)
         return Emission(m.pattern.name, kernel, [n.name for n in m.nodes], [fused], inits)
-    back = _node("Transpose", [inner], _out(m.root), ctx.names.new(f"{layout.name}_moved"), perm=list(perm))
+    moved = ctx.names.new(f"{layout.name}_moved")
+    back = make_node("Transpose", [inner], out_name(m.root), moved, perm=list(perm))
     return Emission(m.pattern.name, kernel + " + layout Transpose", [n.name for n in m.nodes], [fused, back],
                     inits)
 
@@ -103,12 +105,9 @@ def _scale_shift(m: Match, ctx: Context, scale_node, bn, rank: int, c_out: int, 
         return None
     params = [t for t in scale_node.inputs if t is not None and t.kind in ("parameter", "constant")]
     s = ctx.weights.value(params[0].name) if len(params) == 1 else None
-    t_t, sign = (bn.inputs[1], -1.0) if bn.kind == "sub" else (_param_of(bn), 1.0)
+    t_t, sign = (bn.inputs[1], -1.0) if bn.kind == "sub" else (param_of(bn), 1.0)
     t = ctx.weights.value(t_t.name)
     if s is None or t is None:
         return None
     s, t = channel_vector(s, rank, c_out, axis=axis), channel_vector(t, rank, c_out, axis=axis)
     return None if s is None or t is None else (s, sign * t)
-
-
-EMITTERS = {name: through_layout for name in _CONV}

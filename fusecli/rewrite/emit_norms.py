@@ -12,20 +12,29 @@ import numpy as np
 
 from ..fusion.match import Match
 from ..ir import Tensor
-from .emit import MS, Context, Emission, _affine_param, _dtype, _node, _out, _reduce_axes, _skip_operands
-
-ADD = ("add", "sum", "bias_add")
+from ..spellings.common import ADD
+from .kit import (
+    MS,
+    Context,
+    Emission,
+    affine_param,
+    dtype_of,
+    make_node,
+    out_name,
+    reduce_axes,
+    skip_operands,
+)
 
 
 def _rms_parts(m: Match, ctx: Context) -> tuple[Tensor, float, Tensor | None] | None:
     """(x, eps, gain) of a float32 RMSNorm match normalizing x's last axis; None for any other one."""
-    if _dtype(m) != "float32":
+    if dtype_of(m) != "float32":
         return None
     x = m.bound.get("x")
     mean = next((n for n in m.nodes if n.kind == "reduce_mean"), None)
     if x is None or mean is None or x.shape is None or not x.shape:
         return None
-    axes = _reduce_axes(mean, ctx)
+    axes = reduce_axes(mean, ctx)
     if axes is None or [a % len(x.shape) for a in axes] != [len(x.shape) - 1]:
         return None
     eps_add = next((n for n in m.nodes if n.kind in ADD and mean.outputs[0] in n.inputs), None)
@@ -49,10 +58,10 @@ def rms_norm(m: Match, ctx: Context) -> Emission | None:
         return None
     x, eps, gain = parts
     inits: list = []
-    scale = _affine_param(ctx, gain, x, len(x.shape) - 1, 1.0, inits)
+    scale = affine_param(ctx, gain, x, len(x.shape) - 1, 1.0, inits)
     if not scale:
         return None
-    node = _node("SimplifiedLayerNormalization", [x.name, scale], _out(m.root), m.root.name, axis=-1,
+    node = make_node("SimplifiedLayerNormalization", [x.name, scale], out_name(m.root), m.root.name, axis=-1,
                  epsilon=eps)
     return Emission(m.pattern.name, "SimplifiedLayerNormalization", [n.name for n in m.nodes], [node], inits)
 
@@ -71,22 +80,20 @@ def skip_rms_norm(m: Match, ctx: Context) -> Emission | None:
     add = x.producer
     if add is None or add.kind not in ADD or id(add) not in inside:
         return None
-    operands = _skip_operands(add)
+    operands = skip_operands(add)
     inits: list = []
-    scale = _affine_param(ctx, gain, x, len(x.shape) - 1, 1.0, inits)
+    scale = affine_param(ctx, gain, x, len(x.shape) - 1, 1.0, inits)
     if operands is None or not scale:
         return None
     inp, skip = operands
-    node = _node("SkipSimplifiedLayerNormalization", [inp.name, skip.name, scale], _out(m.root), m.root.name,
-                 MS, epsilon=eps)
+    node = make_node("SkipSimplifiedLayerNormalization", [inp.name, skip.name, scale], out_name(m.root),
+                     m.root.name, MS, epsilon=eps)
     nodes = [node]
     read = [t for t in reversed(chain)
             if t.name in ctx.graph_outputs or any(id(c) not in inside for c in t.consumers)]
     if read:  # the residual sum, read again by the next block: the kernel's 4th output
         node.output.extend(["", "", read[0].name])
-        nodes += [_node("Identity", [read[0].name], t.name, ctx.names.new(f"{t.name}_sum")) for t in read[1:]]
+        nodes += [make_node("Identity", [read[0].name], t.name, ctx.names.new(f"{t.name}_sum"))
+                  for t in read[1:]]
     return Emission(m.pattern.name, "SkipSimplifiedLayerNormalization", [n.name for n in m.nodes], nodes,
                     inits)
-
-
-EMITTERS = {"rms_norm": rms_norm, "skip_rms_norm": skip_rms_norm}

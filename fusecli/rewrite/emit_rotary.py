@@ -19,7 +19,7 @@ import onnx
 
 from ..fusion.match import Match, through_noops
 from ..ir import Node, Tensor
-from .emit import MS, Context, Emission, attr_value, make_node, new_initializer
+from .kit import MS, Context, Emission, attr_value, make_node, new_initializer
 from .shape_values import int_value
 
 INT_MAX = 2**62  # a Slice end at or past this means "to the end"
@@ -207,6 +207,3 @@ def rotary(m: Match, ctx: Context) -> Emission | None:
     nodes.append(make_node("RotaryEmbedding", [parts.x.name, pos, *parts.caches], m.root.outputs[0].name,
                            m.root.name, MS, interleaved=0))
     return Emission(m.pattern.name, "RotaryEmbedding", [n.name for n in m.nodes], nodes, inits)
-
-
-EMITTERS = {"rotary": rotary}

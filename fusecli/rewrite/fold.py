@@ -29,7 +29,8 @@ def fold_batch_norm(w: np.ndarray, b: np.ndarray | None, gamma: np.ndarray, beta
     with np.errstate(all="ignore"):  # var + eps <= 0 gives inf/NaN, as the unfused BatchNorm computes
         s = gamma.astype(np.float64) / np.sqrt(var.astype(np.float64) + eps)
         b0 = np.zeros(w.shape[0]) if b is None else b.astype(np.float64)
-        return _scaled(w, s), ((b0 - mean.astype(np.float64)) * s + beta.astype(np.float64)).astype(w.dtype)
+        shift = (b0 - mean.astype(np.float64)) * s + beta.astype(np.float64)
+        return scaled_weight(w, s), shift.astype(w.dtype)
 
 
 def fold_scale_shift(w: np.ndarray, b: np.ndarray | None, scale: np.ndarray,
@@ -38,7 +39,7 @@ def fold_scale_shift(w: np.ndarray, b: np.ndarray | None, scale: np.ndarray,
     s = scale.astype(np.float64)
     # w' = w * scale per out channel; b' = b * scale + shift
     b0 = np.zeros(w.shape[0]) if b is None else b.astype(np.float64)
-    return _scaled(w, s), (b0 * s + shift.astype(np.float64)).astype(w.dtype)
+    return scaled_weight(w, s), (b0 * s + shift.astype(np.float64)).astype(w.dtype)
 
 
 def fold_bias(b: np.ndarray | None, bias: np.ndarray, dtype) -> np.ndarray:
@@ -48,7 +49,7 @@ def fold_bias(b: np.ndarray | None, bias: np.ndarray, dtype) -> np.ndarray:
     return (b0 + bias.astype(np.float64)).astype(dtype)
 
 
-def _scaled(w: np.ndarray, s: np.ndarray) -> np.ndarray:
+def scaled_weight(w: np.ndarray, s: np.ndarray) -> np.ndarray:
     """w * s along the output-channel axis 0 (OIHW; grouped convs too: O spans all groups)."""
     with np.errstate(all="ignore"):
         return (w.astype(np.float64) * s.reshape((-1,) + (1,) * (w.ndim - 1))).astype(w.dtype)

@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from .fold import _scaled, channel_vector
+from .fold import channel_vector, scaled_weight
 from .values import Names, Weights
 
 
@@ -46,7 +46,7 @@ def fold_conv_scales(model: onnx.ModelProto, base_dir: str = "") -> list[tuple[s
             if vec is None or np.result_type(w, vec) != np.float32:
                 continue
             w_name = names.new(f"{conv.input[1]}_scaled")
-            g.initializer.append(numpy_helper.from_array(_scaled(w, vec.astype(np.float64)), w_name))
+            g.initializer.append(numpy_helper.from_array(scaled_weight(w, vec.astype(np.float64)), w_name))
             inputs = [conv.input[0], w_name]
             if b is not None:
                 b_name = names.new(f"{conv.input[2]}_scaled")

@@ -19,7 +19,7 @@ from ..dims import same_dim
 from ..fusion.attention import LAYOUT
 from ..fusion.match import Match, is_noop
 from ..ir import Node, Tensor
-from .emit import Context, _attr
+from .kit import Context, attr_value
 
 
 @dataclass
@@ -75,7 +75,7 @@ def unmerged(t: Tensor, heads: int | None = None) -> Tensor | None:
 
 
 def perm_of(ctx: Context, node: Node) -> list[int] | None:
-    p = _attr(ctx.protos[node.name], "perm")
+    p = attr_value(ctx.protos[node.name], "perm")
     return None if p is None else [int(a) for a in p]
 
 
@@ -224,7 +224,7 @@ def write_shapes(ctx: Context, b, m: Match, mh: MergedHeads, packed_q: str, pack
 
     for s in mh.shapes:
         full = b.node("Concat", [piece(_size(mh, m, d)) for d in s.inputs[0].shape], axis=0)
-        start, end = _attr(ctx.protos[s.name], "start"), _attr(ctx.protos[s.name], "end")
+        start, end = attr_value(ctx.protos[s.name], "start"), attr_value(ctx.protos[s.name], "end")
         if start is None and end is None:
             b.node("Identity", [full], s.outputs[0].name)
         else:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from ..fusion.match import Match
-from .emit import Context, Emission, emit
+from .emit import emit
+from .kit import Context, Emission
 
 
 def is_safe(m: Match, mode: str) -> bool:

@@ -29,8 +29,8 @@ from .edit import (
     sound_emissions,
     undefined_read,
 )
-from .emit import Context
 from .fold_scales import fold_conv_scales
+from .kit import Context
 from .plan import is_safe, plan
 from .proto import light_copy
 from .regions import Case, Cutter

@@ -15,7 +15,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ..ir import Graph
-from .emit import Emission
+from .kit import Emission
 
 SAME_SHAPE = frozenset({"Cast", "Identity", "Neg", "Abs", "Relu", "Sigmoid", "Tanh", "Exp", "Log", "Sqrt",
                         "Reciprocal", "Erf", "Softmax", "LogSoftmax", "Dropout"})

@@ -13,7 +13,7 @@ import onnx
 from onnx import helper
 
 from ..ir import kahn_order
-from .emit import Emission
+from .kit import Emission
 
 
 def splice(old: list[onnx.NodeProto], emissions: list[Emission], protos: dict[str, onnx.NodeProto],

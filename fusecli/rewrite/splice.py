@@ -15,7 +15,7 @@ import os
 import onnx
 
 from ..errors import FuseError
-from ..load.onnx_wire import _CHILDREN, _MODEL_CHILDREN, _SPARSE, _TENSOR, _encode_varint, _fields
+from ..load.onnx_wire import CHILDREN, MODEL_CHILDREN, SPARSE, TENSOR, encode_varint, wire_fields
 from ..output import atomic_write, refuse_overwriting_input
 
 Part = bytes | tuple[str, int, int]  # bytes to write, or (file, offset, length) to copy
@@ -42,13 +42,13 @@ def _size(parts: list[Part]) -> int:
 
 def _tensor(buf: _Bytes, start: int, end: int, base_dir: str) -> list[Part] | None:
     """An external TensorProto as the same tensor with inline raw_data (a file range); else None."""
-    fields = list(_fields(buf, start, end))
+    fields = list(wire_fields(buf, start, end))
     if not any(n == _DATA_LOCATION and buf.data[v] == 1 for n, w, _, v, _ in fields if w == 0):
         return None
     entry: dict[str, str] = {}
     for n, _, _, vpos, vend in fields:
         if n == _EXTERNAL_DATA:
-            kv = {k: buf.read(a, b).decode() for k, _, _, a, b in _fields(buf, vpos, vend)}
+            kv = {k: buf.read(a, b).decode() for k, _, _, a, b in wire_fields(buf, vpos, vend)}
             entry[kv.get(1, "")] = kv.get(2, "")
     location = entry.get("location", "")
     path = os.path.join(base_dir, location)
@@ -57,7 +57,7 @@ def _tensor(buf: _Bytes, start: int, end: int, base_dir: str) -> list[Part] | No
     offset = int(entry.get("offset", 0) or 0)
     length = int(entry["length"]) if entry.get("length") else os.path.getsize(path) - offset
     kept = [buf.read(f, vend) for n, _, f, _, vend in fields if n not in (_EXTERNAL_DATA, _DATA_LOCATION)]
-    return [*kept, _encode_varint((_RAW_DATA << 3) | 2) + _encode_varint(length), (path, offset, length)]
+    return [*kept, encode_varint((_RAW_DATA << 3) | 2) + encode_varint(length), (path, offset, length)]
 
 
 def _message(buf: _Bytes, start: int, end: int, children: dict[int, int], base_dir: str) -> list[Part] | None:
@@ -66,17 +66,17 @@ def _message(buf: _Bytes, start: int, end: int, children: dict[int, int], base_d
         return None  # no external reference inside: nothing to walk
     parts: list[Part] = []
     run = start
-    for number, wtype, fstart, vpos, vend in _fields(buf, start, end):
+    for number, wtype, fstart, vpos, vend in wire_fields(buf, start, end):
         child = children.get(number)
-        if child is None or wtype != 2 or child == _SPARSE:
+        if child is None or wtype != 2 or child == SPARSE:
             continue
-        inner = _tensor(buf, vpos, vend, base_dir) if child == _TENSOR else \
-            _message(buf, vpos, vend, _CHILDREN[child], base_dir)
+        inner = _tensor(buf, vpos, vend, base_dir) if child == TENSOR else \
+            _message(buf, vpos, vend, CHILDREN[child], base_dir)
         if inner is None:
             continue
         if fstart > run:
             parts.append(buf.read(run, fstart))
-        parts += [_encode_varint((number << 3) | 2) + _encode_varint(_size(inner)), *inner]
+        parts += [encode_varint((number << 3) | 2) + encode_varint(_size(inner)), *inner]
         run = vend
     if not parts:
         return None
@@ -88,7 +88,7 @@ def _message(buf: _Bytes, start: int, end: int, children: dict[int, int], base_d
 def spliced_parts(model: onnx.ModelProto, base_dir: str) -> list[Part]:
     """The serialized model as parts: bytes, and file ranges for the payloads left in files."""
     buf = _Bytes(model.SerializeToString())
-    return _message(buf, 0, len(buf), _MODEL_CHILDREN, base_dir) or [buf.data]
+    return _message(buf, 0, len(buf), MODEL_CHILDREN, base_dir) or [buf.data]
 
 
 def spliced_size(model: onnx.ModelProto, base_dir: str) -> int:

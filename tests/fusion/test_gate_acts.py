@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from fusecli.fusion.forms import gate_act_kind
+from fusecli.spellings.acts import gate_act_kind
 from tests.fusion.models import Net, analyze_model, found, only
 
 N, C, HW = 2, 4, 8

@@ -1,0 +1,28 @@
+"""Gate activations x * gate(x): silu / swish / quick_gelu, SwiGLU, hard_swish."""
+
+from __future__ import annotations
+
+from ...rewrite import emit_acts
+from ...spellings.acts import HARD_SWISH, SILU
+from ..match import Var, op
+from ..pattern_kit import (
+    Pattern,
+    is_activation,
+    projected,
+)
+
+PATTERNS: tuple[Pattern, ...] = (
+    Pattern("swiglu", tuple(op("mul", s, Var("up", check=is_activation), commutative=True, role="swiglu")
+                            for s in SILU),
+            "SwiGLU (silu(a) * b in one pass, as Liger-Kernel)",
+            "y = silu(x W1) * (x W3) (W1 and W3 apart, or one projection split in two): backward reads "
+            "a = x W1 and b = x W3, silu(a) is recomputed",
+            require=lambda roles, bound: "act_beta" not in roles
+            and projected(bound["act_in"]) and projected(bound["up"])),
+    Pattern("silu", SILU, "SiLU / Swish / QuickGelu (one elementwise kernel)",
+            "y = x sigmoid(beta x): backward reads x and recomputes sigmoid (PyTorch's silu saves x only)"),
+    Pattern("hard_swish", HARD_SWISH[1:], "HardSwish",
+            "y = x relu6(x + 3) / 6: one op whose backward reads x"),
+)
+
+EMITTERS = {"silu": emit_acts.silu, "swiglu": emit_acts.swiglu, "hard_swish": emit_acts.hard_swish}

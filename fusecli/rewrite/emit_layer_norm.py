@@ -1,0 +1,177 @@
+"""LayerNorm written out -> LayerNormalization (ONNX domain), and with its residual Add ->
+SkipLayerNormalization(input, skip, gamma, beta?, bias?; epsilon) (com.microsoft), whose 4th output is
+the sum.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..fusion.match import Match
+from ..ir import Tensor
+from .kit import (
+    MS,
+    Context,
+    Emission,
+    affine_param,
+    attr_value,
+    dtype_of,
+    last_axis_vector,
+    make_node,
+    other_input,
+    out_name,
+    param_of,
+    reduce_axes,
+    same_shape,
+    skip_operands,
+    unused_extra_outputs,
+)
+
+
+# -- LayerNorm -----------------------------------------------------------------------------------------
+@dataclass
+class _Norm:
+    x: Tensor
+    axis: int  # first normalized axis, non-negative
+    eps: float
+    gamma: Tensor | None
+    beta: Tensor | None
+
+
+def _decomposed(m: Match, ctx: Context) -> _Norm | None:
+    """x, axis, eps, gamma and beta of a decomposed LayerNorm match ((x - mean) / sqrt(var + eps) forms)."""
+    x, d = m.bound.get("x"), m.bound.get("d")
+    if "ln_inv" in m.roles:
+        return _moments(m, ctx)
+    if x is None or d is None or "normalize" not in m.roles or x.shape is None:
+        return None  # TensorFlow's own moments form (Rsqrt, SquaredDifference) never comes out of ONNX
+    first = _normalized_axis(m, ctx, len(x.shape))
+    if first is None:
+        return None
+    normalize = m.roles["normalize"]
+    eps_add = normalize.inputs[1].producer.inputs[0].producer
+    eps_t = next((t for t in eps_add.inputs if t.kind in ("parameter", "constant")), None)
+    eps = None if eps_t is None else ctx.weights.value(eps_t.name)
+    if eps is None or eps.size != 1 or d.producer is None:
+        return None
+    gamma = beta = None
+    affine = m.roles.get("layer_norm")
+    if affine is not None:
+        mul = next(t.producer for t in affine.inputs if t.producer is not None and t.producer.kind == "mul")
+        gamma, beta = other_input(mul, normalize.outputs[0]), other_input(affine, mul.outputs[0])
+    return _Norm(x, first, float(eps.reshape(-1)[0]), gamma, beta)
+
+
+def _normalized_axis(m: Match, ctx: Context, rank: int) -> int | None:
+    """The first normalized axis when the match's two ReduceMeans (mean, variance) both reduce the same
+    trailing axes, else None."""
+    means = [n for n in m.nodes if n.kind == "reduce_mean"]
+    axes = [reduce_axes(n, ctx) for n in means]
+    if len(means) != 2 or any(a is None for a in axes):
+        return None
+    norm_axes = [sorted(a % rank for a in ax) for ax in axes]
+    first = norm_axes[0][0] if norm_axes[0] else rank
+    if norm_axes[0] != norm_axes[1] or norm_axes[0] != list(range(first, rank)) or first >= rank:
+        return None
+    return first
+
+
+def _moments(m: Match, ctx: Context) -> _Norm | None:
+    """x, axis, eps, gamma and beta of tf2onnx's moments LayerNorm: x * inv + (beta - mean * inv),
+    inv = gamma / sqrt(mean((x - mean)^2) + eps), both means over the same trailing axes."""
+    x = m.bound.get("x")
+    if x is None or x.shape is None:
+        return None
+    first = _normalized_axis(m, ctx, len(x.shape))
+    if first is None:
+        return None
+    eps_add, inv = m.roles["ln_eps"], m.roles["ln_inv"]
+    eps_t = next((t for t in eps_add.inputs if t.kind in ("parameter", "constant")), None)
+    eps = None if eps_t is None else ctx.weights.value(eps_t.name)
+    if eps is None or eps.size != 1:
+        return None
+    gamma = next((t for t in inv.inputs if t.kind == "parameter" or t.kind == "constant"), None) \
+        if inv.kind == "mul" else None
+    shift = m.roles.get("ln_shift")
+    beta = None if shift is None else next(t for t in shift.inputs if t.kind in ("parameter", "constant"))
+    return _Norm(x, first, float(eps.reshape(-1)[0]), gamma, beta)
+
+
+def layer_norm(m: Match, ctx: Context) -> Emission | None:
+    if dtype_of(m) != "float32":
+        return None
+    n = _decomposed(m, ctx)
+    if n is None:
+        return None
+    inits: list = []
+    scale = affine_param(ctx, n.gamma, n.x, n.axis, 1.0, inits)
+    bias = affine_param(ctx, n.beta, n.x, n.axis, None, inits)
+    if scale is None or bias is None:
+        return None
+    node = make_node("LayerNormalization", [n.x.name, scale, bias], out_name(m.root), m.root.name,
+                 axis=n.axis - len(n.x.shape), epsilon=n.eps)
+    return Emission(m.pattern.name, "LayerNormalization", [x.name for x in m.nodes], [node], inits)
+
+
+def _absorb_bias(ctx: Context, m: Match, x: Tensor, inits: list) -> tuple[Tensor, str, str] | None:
+    """(y, bias name, bias node name) when x = y + bias (last axis) can join the kernel."""
+    p = x.producer
+    if p is None or p.kind != "bias_add" or p.domain not in ("", "ai.onnx") or p.name in ctx.claimed \
+            or p.name not in ctx.protos or any(n is p for n in m.nodes) or len(x.consumers) != 1 \
+            or x.name in ctx.graph_outputs:
+        return None
+    y = other_input(p, param_of(p))
+    if not same_shape(y, x):
+        return None
+    bias = last_axis_vector(ctx, param_of(p), x, inits)
+    return None if bias is None else (y, bias, p.name)
+
+
+def skip_layer_norm(m: Match, ctx: Context) -> Emission | None:
+    if dtype_of(m) != "float32" or "skip_layout" in m.roles:
+        return None  # a Reshape between the sum and the norm: the kernel's sum output has another shape
+    inits: list = []
+    if "add" in m.roles:  # Add + LayerNormalization op
+        add, ln = m.roles["add"], m.roles["layer_norm"]
+        p = ctx.protos[ln.name]
+        x = add.outputs[0]
+        if x.shape is None or attr_value(p, "axis", -1) % len(x.shape) != len(x.shape) - 1 \
+                or not unused_extra_outputs(ln, ctx):
+            return None
+        norm = _Norm(x, len(x.shape) - 1, float(attr_value(p, "epsilon", 1e-5)), ln.inputs[1], ln.input(2))
+    else:
+        norm = _decomposed(m, ctx)
+        if norm is None or norm.axis != len(norm.x.shape) - 1:
+            return None
+        add = norm.x.producer
+    operands = skip_operands(add)
+    gamma = affine_param(ctx, norm.gamma, norm.x, norm.axis, 1.0, inits)
+    beta = affine_param(ctx, norm.beta, norm.x, norm.axis, None, inits)
+    if gamma is None or beta is None:
+        return None
+    if operands is None:  # shapes do not prove the skip's broadcast: LayerNorm alone, the Add kept
+        if "add" in m.roles:
+            return None  # already a LayerNormalization op
+        node = make_node("LayerNormalization", [norm.x.name, gamma, beta], out_name(m.root), m.root.name,
+                     axis=-1, epsilon=norm.eps)
+        return Emission(m.pattern.name, "LayerNormalization", [n.name for n in m.nodes if n is not add],
+                        [node], inits)
+    inp, skip = operands
+    remove = [n.name for n in m.nodes]
+    bias, kernel = "", "SkipLayerNormalization"
+    absorbed = _absorb_bias(ctx, m, inp, inits)
+    if absorbed is None and same_shape(skip, inp):
+        absorbed = _absorb_bias(ctx, m, skip, inits)
+        if absorbed is not None:
+            inp, skip = skip, inp
+    if absorbed is not None:
+        inp, bias, bias_node = absorbed
+        remove.append(bias_node)
+        kernel += " (bias)"
+    node = make_node("SkipLayerNormalization", [inp.name, skip.name, gamma, beta, bias], out_name(m.root),
+                 m.root.name, MS, epsilon=norm.eps)
+    inside = {id(n) for n in m.nodes}
+    total = add.outputs[0]
+    if total.name in ctx.graph_outputs or any(id(c) not in inside for c in total.consumers):
+        node.output.extend(["", "", total.name])  # pre-LN: the sum is read again, the kernel's 4th output
+    return Emission(m.pattern.name, kernel, remove, [node], inits)

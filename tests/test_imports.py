@@ -1,0 +1,96 @@
+"""The package's import graph: no cycles (module- or function-level imports), and at most three imports of
+another module's ``_private`` name."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent / "fusecli"
+MAX_PRIVATE = 3
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    mods = {}
+    for p in ROOT.rglob("*.py"):
+        name = ".".join(p.relative_to(ROOT.parent).with_suffix("").parts)
+        mods[name.removesuffix(".__init__")] = p
+    return mods
+
+
+def _graph() -> tuple[dict[str, set[str]], list[tuple[str, str, str]]]:
+    """Each module's imports of fusecli modules, and every (importer, module, _name) private import."""
+    mods = _modules()
+    edges: dict[str, set[str]] = {m: set() for m in mods}
+    private = []
+    for m, p in mods.items():
+        pkg = m if p.name == "__init__.py" else m.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = pkg.split(".")[: len(pkg.split(".")) - (node.level - 1)]
+                    base = ".".join(parts + ([base] if base else []))
+                for a in node.names:
+                    target = f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base
+                    if target in mods and target != m:
+                        edges[m].add(target)
+                    if a.name.startswith("_") and not a.name.startswith("__") and target != m:
+                        private.append((m, base, a.name))
+            elif isinstance(node, ast.Import):
+                edges[m] |= {a.name for a in node.names if a.name in mods and a.name != m}
+    return edges, private
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index, low, on, stack, out, counter = {}, {}, set(), [], [], [0]
+    for start in edges:
+        if start in index:
+            continue
+        work = [(start, iter(sorted(edges[start])))]
+        index[start] = low[start] = counter[0]
+        counter[0] += 1
+        stack.append(start)
+        on.add(start)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = counter[0]
+                    counter[0] += 1
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(edges[w]))))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                scc = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    scc.append(w)
+                    if w == v:
+                        break
+                if len(scc) > 1:
+                    out.append(sorted(scc))
+    return out
+
+
+def test_no_import_cycles():
+    edges, _ = _graph()
+    assert _cycles(edges) == []
+
+
+def test_few_private_imports():
+    _, private = _graph()
+    assert len(private) <= MAX_PRIVATE, private
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
