@@ -61,7 +61,7 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Tensor:
     """A value in the graph: one producer (None for inputs, parameters and constants)."""
 
@@ -104,19 +104,29 @@ class Tensor:
     def nbytes(self, dims: Mapping[str, int] | None = None) -> int | None:
         """Size in bytes at the named dims' values ``dims`` (a ``Sizes``); None when the rank or a dim is
         unknown there: an unknown size is never taken as 1."""
-        if self.shape is None:
+        shape = self.shape
+        if shape is None:
             return None
-        n = 1
-        for d in self.shape:  # resolve_shape's rule, inline: called for every tensor
-            if not isinstance(d, int):
-                d = dim_value(d, dims or {})
-                if d is None:
-                    return None
-            n *= max(d, 0)
-        return n * _DTYPE_BYTES.get(self.dtype, 4)
+        memo = getattr(dims, "shape_bytes", None)  # a Sizes answers once per distinct shape
+        if memo is not None:
+            return memo(shape, self.dtype)
+        return shape_bytes(shape, self.dtype, {} if dims is None else dims)
 
 
-@dataclass(eq=False)
+def shape_bytes(shape: tuple[Dim, ...], dtype: str, dims: Mapping[str, int]) -> int | None:
+    """Bytes of a ``dtype`` tensor of ``shape`` at the named dims' values ``dims``; None when a dim is
+    unknown there."""
+    n = 1
+    for d in shape:  # resolve_shape's rule, inline: called for every tensor
+        if not isinstance(d, int):
+            d = dim_value(d, dims)
+            if d is None:
+                return None
+        n *= max(d, 0)
+    return n * _DTYPE_BYTES.get(dtype, 4)
+
+
+@dataclass(eq=False, slots=True)
 class Node:
     """An op: source op type, canonical kind, ordered inputs and outputs (None = absent optional)."""
 
@@ -221,14 +231,13 @@ class Graph:
         """A copy with new Node and Tensor objects (meta dicts copied shallowly); linear time."""
         g = Graph(self.name, self.format)
         g.meta = dict(self.meta)
-        for t in self.tensors.values():
-            g.tensors[t.name] = Tensor(t.name, t.dtype, t.shape, t.kind, meta=dict(t.meta))
         m = g.tensors
+        for t in self.tensors.values():
+            m[t.name] = Tensor(t.name, t.dtype, t.shape, t.kind, meta=dict(t.meta))
         for n in self.nodes:
-            g.add_node(Node(n.name, n.op_type, n.kind,
-                            [None if t is None else m[t.name] for t in n.inputs],
-                            [None if t is None else m[t.name] for t in n.outputs],
-                            n.attrs, n.domain, n.phase, dict(n.meta)))
+            g.add_node(Node(n.name, n.op_type, n.kind, [None if t is None else m[t.name] for t in n.inputs],
+                            [None if t is None else m[t.name] for t in n.outputs], n.attrs, n.domain,
+                            n.phase, dict(n.meta)))
         g.inputs = [m[t.name] for t in self.inputs]
         g.outputs = [m[t.name] for t in self.outputs]
         return g

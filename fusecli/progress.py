@@ -6,6 +6,9 @@ not even imported. ``stdout`` is never touched, so ``--json`` output stays clean
 
 ``stages(callback)`` makes the reporter for one analysis; code deeper down (the loaders) reports with
 the module-level ``stage(name)``, which goes to the active reporter, or nowhere.
+
+With ``FUSECLI_STAGE_TIMES`` set, each stage's duration is printed on stderr when the analysis ends (for
+benchmarks: one run, its stages' times; never on stdout).
 """
 
 from __future__ import annotations
@@ -47,6 +50,10 @@ def stages(callback: StageCallback | None = None) -> Iterator[StageCallback]:
     if outer is not None and callback is None:
         yield outer
         return
+    if os.environ.get("FUSECLI_STAGE_TIMES"):
+        with _timed(callback) as timed, _activated(timed):
+            yield timed
+        return
     if callback is not None:
         with _activated(callback):
             yield callback
@@ -60,6 +67,26 @@ def stages(callback: StageCallback | None = None) -> Iterator[StageCallback]:
 
 def _ignore(name: str) -> None:
     pass
+
+
+@contextmanager
+def _timed(callback: StageCallback | None) -> Iterator[StageCallback]:
+    """``callback`` (or nothing), and each stage's duration (wall and this process's CPU seconds) on stderr
+    at the end, one line per stage."""
+    times: list[list] = []
+
+    def enter(name: str) -> None:
+        times.append([name, time.perf_counter(), time.process_time()])
+        if callback is not None:
+            callback(name)
+
+    try:
+        yield enter
+    finally:
+        end = [None, time.perf_counter(), time.process_time()]
+        for (name, start, cpu), nxt in zip(times, [*times[1:], end], strict=True):
+            line = f"fusecli stage: {name}: {nxt[1] - start:.3f} s (cpu {nxt[2] - cpu:.3f} s)"
+            print(line, file=sys.stderr)
 
 
 @contextmanager

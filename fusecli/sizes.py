@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from functools import cache
 
 from .dims import Poly, dim_poly, dim_value
-from .ir import Tensor, dtype_size
+from .ir import Tensor, dtype_size, shape_bytes
 
 
 class Sizes(Mapping[str, int]):
@@ -25,9 +25,16 @@ class Sizes(Mapping[str, int]):
         self.variables = tuple(variables)  # the model's input dims, in the order they first appear
         self.batch = batch  # the value of the model's batch dims (None: it has none)
         self.opaque = dict(opaque or {})  # dims the shape tools could size only as numbers: unk1, ...
+        self._bytes: dict[tuple, int | None] = {}  # (shape, dtype) -> bytes at these values
 
     def __getitem__(self, key: str) -> int:
         return self._values[key]
+
+    def get(self, key: str, default=None):
+        return self._values.get(key, default)  # Mapping's own goes through __getitem__ and a raise
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._values
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._values)
@@ -51,7 +58,18 @@ class Sizes(Mapping[str, int]):
         return tuple(out)
 
     def nbytes(self, t: Tensor) -> int | None:
-        return t.nbytes(self._values)
+        return None if t.shape is None else self.shape_bytes(t.shape, t.dtype)
+
+    def shape_bytes(self, shape: tuple, dtype: str) -> int | None:
+        """Bytes of a ``dtype`` tensor of ``shape`` at these values, worked out once per distinct pair."""
+        key = (shape, dtype)
+        try:
+            return self._bytes[key]
+        except KeyError:
+            n = self._bytes[key] = shape_bytes(shape, dtype, self._values)
+            return n
+        except TypeError:  # an unhashable shape (a list): not kept
+            return shape_bytes(shape, dtype, self._values)
 
     def formula(self, t: Tensor) -> Poly | None:
         """The tensor's bytes as a polynomial (symbols are input dims, or opaque dims the tools could only

@@ -22,6 +22,8 @@ Numbers = Callable[[Mapping[str, int], set], dict]  # (values, tensors needed) -
 
 def over_variables(d, variables: tuple[str, ...]) -> bool:
     """Whether the dim is an int or a polynomial over the input variables only."""
+    if isinstance(d, int):
+        return True
     p = dim_poly(d)
     return p is not None and p.symbols() <= set(variables)
 
@@ -29,13 +31,20 @@ def over_variables(d, variables: tuple[str, ...]) -> bool:
 def pending_tensors(graph: Graph, variables: tuple[str, ...]) -> set[str]:
     """Tensors made by a node whose rank or some dim is not a polynomial over the input dims."""
     out = set()
+    settled: dict[tuple, bool] = {}  # shape -> every dim over the variables (asked once per distinct shape)
     for t in graph.tensors.values():
         if t.producer is None:
             continue
-        if t.shape is None or not all(over_variables(d, variables) for d in t.shape):
+        shape = t.shape
+        if shape is None:
+            out.add(t.name)
+            continue
+        ok = settled.get(shape)
+        if ok is None:
+            ok = settled[shape] = all(over_variables(d, variables) for d in shape)
+        if not ok:
             out.add(t.name)
     return out
-
 
 
 def _monomials(variables: tuple[str, ...]) -> list[tuple[str, ...]]:

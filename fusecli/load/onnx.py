@@ -60,6 +60,11 @@ def tensors_of(model: onnx.ModelProto):
     """Every TensorProto of the model, with where it lives: initializers, sparse initializers, tensor
     attributes (Constant's value, ...) of nodes in the graph, in subgraphs (If/Loop/Scan) and in local
     functions. Walked with a stack, so deep nesting costs no recursion."""
+    return _walk_tensors(model, labelled=True)
+
+
+def _walk_tensors(model: onnx.ModelProto, labelled: bool):
+    """``tensors_of``'s walk; without ``labelled`` the places are None (no text made per tensor)."""
     A = onnx.AttributeProto
     stack = [("graph", model.graph, 0)]
     for fn in model.functions:
@@ -70,23 +75,31 @@ def tensors_of(model: onnx.ModelProto):
         inside = "" if where == "graph" else f"{where}: "
         if isinstance(g, onnx.GraphProto):
             for t in g.initializer:
-                yield f"{inside}initializer {t.name!r}", t
+                yield (f"{inside}initializer {t.name!r}" if labelled else None), t
             for sp in g.sparse_initializer:
-                yield f"{inside}sparse initializer {sp.values.name!r}", sp.values
-                yield f"{inside}sparse initializer {sp.values.name!r} (indices)", sp.indices
+                where = f"{inside}sparse initializer {sp.values.name!r}"
+                yield where, sp.values
+                yield f"{where} (indices)", sp.indices
         for node in g.node:
-            label = f"{inside}node {node.name or node.op_type!r}"
+            if not node.attribute:
+                continue
+            label = f"{inside}node {node.name or node.op_type!r}" if labelled else ""
             for a in node.attribute:
+                where = f"{label} attribute {a.name!r}" if labelled else None
                 if a.type == A.TENSOR or a.HasField("t"):
-                    yield f"{label} attribute {a.name!r}", a.t
+                    yield where, a.t
                 for t in a.tensors:
-                    yield f"{label} attribute {a.name!r}", t
-                for sp in (*([a.sparse_tensor] if a.HasField("sparse_tensor") else []), *a.sparse_tensors):
-                    yield f"{label} attribute {a.name!r}", sp.values
-                    yield f"{label} attribute {a.name!r} (indices)", sp.indices
-                if a.HasField("g"):
-                    stack.append((f"{label} attribute {a.name!r}", a.g, depth + 1))
-                stack.extend((f"{label} attribute {a.name!r}", sub, depth + 1) for sub in a.graphs)
+                    yield where, t
+                if a.HasField("sparse_tensor") or a.sparse_tensors:
+                    one = [a.sparse_tensor] if a.HasField("sparse_tensor") else []
+                    for sp in (*one, *a.sparse_tensors):
+                        yield where, sp.values
+                        yield where and f"{where} (indices)", sp.indices
+                if a.HasField("g") or a.graphs:  # the depth budget names the subgraph, labelled or not
+                    sub_where = f"{inside}node {node.name or node.op_type!r} attribute {a.name!r}"
+                    if a.HasField("g"):
+                        stack.append((sub_where, a.g, depth + 1))
+                    stack.extend((sub_where, sub, depth + 1) for sub in a.graphs)
 
 
 def external_location(t: onnx.TensorProto) -> str:
@@ -96,6 +109,8 @@ def external_location(t: onnx.TensorProto) -> str:
 def check_external_data(model: onnx.ModelProto, path: str) -> None:
     """Refuse external data that is missing or whose location leaves the model's folder, wherever the
     tensor lives (see ``tensors_of``)."""
+    if all(t.data_location != onnx.TensorProto.EXTERNAL for _, t in _walk_tensors(model, labelled=False)):
+        return
     folder = os.path.realpath(os.path.dirname(os.path.abspath(path)))
     for where, t in tensors_of(model):
         if t.data_location != onnx.TensorProto.EXTERNAL:
@@ -136,19 +151,24 @@ _RAW_DTYPES = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.DOUBLE: np.f
                onnx.TensorProto.BOOL: np.bool_, onnx.TensorProto.FLOAT16: np.float16}
 
 
-def _small_value(tensor: onnx.TensorProto):
+def _small_value(tensor: onnx.TensorProto, dims: tuple[int, ...] | None = None):
+    """The numpy value of a tensor of at most SMALL_VALUE_ELEMENTS elements (``dims``: its dims, when the
+    caller has them), else None."""
+    if dims is None:
+        dims = tuple(tensor.dims)
     n = 1
-    for d in tensor.dims:
+    for d in dims:
         n *= d
     if n > SMALL_VALUE_ELEMENTS or tensor.data_location == onnx.TensorProto.EXTERNAL:
         return None
     raw_dtype = _RAW_DTYPES.get(tensor.data_type)
-    if raw_dtype is not None and tensor.raw_data and sys.byteorder == "little" \
-            and not tensor.HasField("segment"):
-        try:  # to_array's own reading of raw_data, without its per-call set-up (a graph has thousands)
-            return np.frombuffer(tensor.raw_data, dtype=raw_dtype).reshape(tuple(tensor.dims))
-        except ValueError:
-            pass  # a size that does not fit the dims: let to_array say what it says
+    if raw_dtype is not None and sys.byteorder == "little":
+        raw = tensor.raw_data
+        if raw and not tensor.HasField("segment"):
+            try:  # to_array's own reading of raw_data, without its per-call set-up (a graph has thousands)
+                return np.frombuffer(raw, dtype=raw_dtype).reshape(dims)
+            except ValueError:
+                pass  # a size that does not fit the dims: let to_array say what it says
     try:
         return numpy_helper.to_array(tensor)
     except Exception:
@@ -192,31 +212,8 @@ def build_graph(model: onnx.ModelProto, name: str = "model", constant_weights: b
     graph.meta["export"] = {p.key: p.value for p in g.metadata_props}  # the exporter's notes (torch.export's
     # graph signature); per initializer in its value info (its InputSpec kind, what constant folding used)
     infos = {vi.name: vi for vi in (*g.input, *g.value_info, *g.output)}
-    initializer_names = set()
-
-    def make(name: str, kind: str) -> Tensor:
-        vi = infos.get(_text(name, "tensor name"))
-        if vi is not None and vi.type.HasField("tensor_type"):
-            return graph.tensor(name, dtype=dtype_name(vi.type.tensor_type.elem_type),
-                                shape=dims_of(vi), kind=kind)
-        return graph.tensor(name, shape=None, kind=kind)
-
-    for init in g.initializer:
-        if init.name in initializer_names:
-            raise FuseError(f"initializer {init.name!r} is defined twice")
-        initializer_names.add(init.name)
-        t = _weight(graph, _text(init.name, "initializer name"), init.data_type, init.dims)
-        value = _small_value(init)
-        if value is not None:
-            t.meta["value"] = value
-        if init.name in infos and infos[init.name].metadata_props:
-            t.meta["export"] = {p.key: p.value for p in infos[init.name].metadata_props}
-    for sparse in g.sparse_initializer:  # a dense tensor of ``dims`` stored as values + indices
-        init = sparse.values
-        if init.name in initializer_names:
-            raise FuseError(f"initializer {init.name!r} is defined twice")
-        initializer_names.add(init.name)
-        _weight(graph, init.name, init.data_type, sparse.dims)
+    make = _tensor_maker(graph, infos)
+    initializer_names = _add_initializers(graph, g, infos)
     for vi in g.input:
         if vi.name in initializer_names:
             continue  # IR < 4 lists initializers as inputs too
@@ -225,44 +222,7 @@ def build_graph(model: onnx.ModelProto, name: str = "model", constant_weights: b
         if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type == onnx.TensorProto.UNDEFINED:
             raise FuseError(f"graph input {vi.name!r} has no element type (UNDEFINED)")
         graph.inputs.append(make(vi.name, "input"))
-
-    protos = list(g.node)  # one Python wrapper per node, read by both loops
-    tensors = graph.tensors
-    for node_proto in protos:
-        for out in node_proto.output:
-            if out and out in tensors:
-                raise FuseError(f"tensor {out!r} is defined more than once (again by node "
-                                f"{node_proto.name or node_proto.op_type!r})")
-            if out:
-                make(out, "activation")
-    for index, node_proto in enumerate(protos):
-        op_type = _text(node_proto.op_type, "op type")
-        inputs: list[Tensor | None] = []
-        for name in node_proto.input:
-            t = tensors.get(name) if name else None
-            if t is None and name:
-                raise FuseError(f"node {node_proto.name or op_type!r} reads {name!r}, "
-                                "which no node, input or initializer defines")
-            inputs.append(t)
-        domain = _text(node_proto.domain, "domain")
-        if domain in ("", "ai.onnx"):
-            kind = ONNX_KINDS.get(op_type, "unknown")
-        elif domain in _MS_DOMAINS:
-            kind = ONNX_MS_KINDS.get(op_type, "unknown")
-        else:
-            kind = "unknown"
-        attrs = _attrs(node_proto)
-        if "<subgraph>" in attrs.values():
-            kind = "unknown"
-        node = Node(name=graph.unique_node_name(_text(node_proto.name, "node name") or f"{op_type}_{index}"),
-                    op_type=op_type, kind=kind, inputs=inputs,
-                    outputs=[tensors[n] if n else None for n in node_proto.output],
-                    attrs=attrs, domain=domain)
-        if node_proto.metadata_props:
-            module = _torch_module(node_proto)
-            if module:
-                node.meta["module"] = module
-        graph.add_node(node)
+    _add_nodes(graph, list(g.node), make)
     try:
         graph.nodes = topological_order(graph.nodes)
     except GraphError as e:
@@ -277,6 +237,96 @@ def build_graph(model: onnx.ModelProto, name: str = "model", constant_weights: b
     promote_constant_weights(graph, constant_weights)
     mark_parameter_views(graph)
     return graph
+
+
+def _tensor_maker(graph: Graph, infos: dict[str, onnx.ValueInfoProto]):
+    """``make(name, kind)``: the graph's tensor of that name, typed and shaped by its value info; a type
+    is read once per distinct TypeProto (a big graph has a few dozen among 100k values)."""
+    typed: dict[bytes, tuple[str, tuple | None] | None] = {}
+
+    def make(name: str, kind: str) -> Tensor:
+        vi = infos.get(_text(name, "tensor name"))
+        if vi is not None:
+            key = vi.type.SerializeToString()
+            found = typed.get(key, False)
+            if found is False:
+                found = typed[key] = (dtype_name(vi.type.tensor_type.elem_type), dims_of(vi)) \
+                    if vi.type.HasField("tensor_type") else None
+            if found is not None:
+                return graph.tensor(name, dtype=found[0], shape=found[1], kind=kind)
+        return graph.tensor(name, shape=None, kind=kind)
+
+    return make
+
+
+def _add_initializers(graph: Graph, g: onnx.GraphProto, infos: dict[str, onnx.ValueInfoProto]) -> set[str]:
+    """The initializers' tensors (small values kept, the exporter's notes from their value info), then the
+    sparse initializers'; returns their names. FuseError for one defined twice."""
+    names: set[str] = set()
+    for init in g.initializer:
+        init_name = init.name
+        if init_name in names:
+            raise FuseError(f"initializer {init_name!r} is defined twice")
+        names.add(init_name)
+        dims = tuple(init.dims)
+        t = _weight(graph, _text(init_name, "initializer name"), init.data_type, dims)
+        value = _small_value(init, dims)
+        if value is not None:
+            t.meta["value"] = value
+        vi = infos.get(init_name)
+        if vi is not None and vi.metadata_props:
+            t.meta["export"] = {p.key: p.value for p in vi.metadata_props}
+    for sparse in g.sparse_initializer:  # a dense tensor of ``dims`` stored as values + indices
+        init = sparse.values
+        if init.name in names:
+            raise FuseError(f"initializer {init.name!r} is defined twice")
+        names.add(init.name)
+        _weight(graph, init.name, init.data_type, tuple(sparse.dims))
+    return names
+
+
+def _add_nodes(graph: Graph, protos: list[onnx.NodeProto], make) -> None:
+    """Every node's output tensors first (a node may read a value made further down the file), then the
+    nodes, in file order."""
+    tensors = graph.tensors
+    outputs = []
+    for node_proto in protos:
+        outs = list(node_proto.output)
+        for out in outs:
+            if out and out in tensors:
+                raise FuseError(f"tensor {out!r} is defined more than once (again by node "
+                                f"{node_proto.name or node_proto.op_type!r})")
+            if out:
+                make(out, "activation")
+        outputs.append(outs)
+    for index, (node_proto, outs) in enumerate(zip(protos, outputs, strict=True)):
+        op_type = _text(node_proto.op_type, "op type")
+        inputs: list[Tensor | None] = []
+        for name in node_proto.input:
+            t = tensors.get(name) if name else None
+            if t is None and name:
+                raise FuseError(f"node {node_proto.name or op_type!r} reads {name!r}, "
+                                "which no node, input or initializer defines")
+            inputs.append(t)
+        domain = _text(node_proto.domain, "domain")
+        attrs = _attrs(node_proto)
+        kind = "unknown" if "<subgraph>" in attrs.values() else _kind(op_type, domain)
+        node = Node(graph.unique_node_name(_text(node_proto.name, "node name") or f"{op_type}_{index}"),
+                    op_type, kind, inputs, [tensors[n] if n else None for n in outs], attrs, domain)
+        if node_proto.metadata_props:
+            module = _torch_module(node_proto)
+            if module:
+                node.meta["module"] = module
+        graph.add_node(node)
+
+
+def _kind(op_type: str, domain: str) -> str:
+    """The canonical kind of an op of ONNX's domain or com.microsoft's; other domains' are unknown."""
+    if domain in ("", "ai.onnx"):
+        return ONNX_KINDS.get(op_type, "unknown")
+    if domain in _MS_DOMAINS:
+        return ONNX_MS_KINDS.get(op_type, "unknown")
+    return "unknown"
 
 
 TORCH_SCOPES = "pkg.torch.onnx.name_scopes"  # torch's dynamo exporter: the module path of each node

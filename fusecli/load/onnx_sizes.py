@@ -31,7 +31,7 @@ from onnx import helper
 from ..dims import dim_poly, dim_value
 from ..ir import Graph
 from ..kinds import data_dependent_origins
-from ..sizes import input_dim_name
+from .bound_fit import bind_in_place, fit_by_onnx, set_field
 from .dim_fit import fit_polynomials, over_variables, pending_tensors
 from .routing import SIZED_BY_VALUES, balanced, find_routers
 from .shape_tools import huge_shape_value, infer_shapes, value_shapes
@@ -51,14 +51,20 @@ def resolve_sizes(graph: Graph, values: Mapping[str, int], variables: tuple[str,
         return {}
     runner = _Runner(model, omitted, variables, routing)
     graph.meta["routers"] = [r.indices for r in runner.routers]
+    # 0. ONNX's own inference bound at points, fitted (C++; under --routing the tools see a changed model)
+    fitted = fit_by_onnx(graph, runner.model, pending, values, variables) if not runner.routers else {}
+    for name, shape in fitted.items():
+        graph.tensors[name].shape = shape
+        pending.discard(name)
     # 1. symbolic, unbound (a model without input dims has nothing to be symbolic in: numbers at once)
-    symbolic = (runner.ort(None, need=pending) or {}) if variables else {}
+    symbolic = (runner.ort(None, need=pending) or {}) if variables and pending else {}
     for name in list(pending):
         s = _usable(symbolic.get(name), variables, graph.tensors[name].shape)
         if s is not None:
             graph.tensors[name].shape = s
             pending.discard(name)
     checked = [t for t in graph.tensors.values() if t.producer is not None and t.shape is not None
+               and t.name not in fitted  # checked at the user's point as they were fitted
                and any(isinstance(d, str) and not _is_variable(d, variables) for d in t.shape)]
     if not pending and not checked:
         return {}
@@ -154,16 +160,7 @@ class _Runner:
         if m is None:
             m = onnx.ModelProto()
             m.CopyFrom(self.model)
-        for vi in m.graph.input:
-            if not vi.type.HasField("tensor_type") or not vi.type.tensor_type.HasField("shape"):
-                continue
-            for axis, d in enumerate(vi.type.tensor_type.shape.dim):
-                if d.HasField("dim_value"):
-                    continue
-                v = dim_value(d.dim_param or input_dim_name(vi.name, axis), values)
-                if v is not None:
-                    d.Clear()
-                    d.dim_value = v
+        bind_in_place(m, values)
         return m
 
     def ort(self, values: Mapping[str, int] | None, model: onnx.ModelProto | None = None,
@@ -331,16 +328,6 @@ def _ancestors(model: onnx.ModelProto, need: set[str]) -> onnx.ModelProto:
     og.initializer.extend(t for t in g.initializer if t.name in seen)
     og.output.extend(onnx.ValueInfoProto(name=n) for n in sorted(need) if n in producer)
     return out
-
-
-def set_field(msg, fd, value) -> None:
-    """Copy one field (``ListFields()``'s descriptor and value) into ``msg``: repeated, message or scalar."""
-    if fd.is_repeated:
-        getattr(msg, fd.name).extend(value)
-    elif fd.message_type is not None:
-        getattr(msg, fd.name).CopyFrom(value)
-    else:
-        setattr(msg, fd.name, value)
 
 
 def _open(shape: tuple | None) -> bool:
