@@ -69,7 +69,9 @@ def crossed_text(g: dict) -> list[str]:
                    + t ** 3 * p[k + 3] for p in pts for k in range(0, len(p) - 3, 3)]
         curves.append((e, np.concatenate(samples) if samples else np.zeros((0, 2))))
     texts = [(e.get("_ldraw_", []), {id(e)}, e.get("label", "")) for e in g.get("edges", [])]
-    texts += [(o.get("_ldraw_", []), {id(e) for e in g.get("edges", []) if o["_gvid"] in (e["tail"], e["head"])},
+    ends = {o["_gvid"]: {id(e) for e in g.get("edges", []) if o["_gvid"] in (e["tail"], e["head"])}
+            for o in drawn(g)}
+    texts += [(o.get("_ldraw_", []), ends[o["_gvid"]],
                o.get("label", "")) for o in drawn(g) if o.get("shape") == "note"]
     crossed = []
     for draws, own, label in texts:
