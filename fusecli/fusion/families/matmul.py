@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from ...rewrite import emit_matmul
-from ..match import Var, op
+from ..match import Match, Var, op
+from ..notes_kit import TF_CPU_ACTS, act, float32_out, verdict
 from ..pattern_kit import (
     Pattern,
     W,
@@ -35,3 +36,49 @@ PATTERNS: tuple[Pattern, ...] = (
 
 EMITTERS = {"matmul_bias_act": emit_matmul.matmul_family, "matmul_bias": emit_matmul.matmul_family,
             "matmul_scale": emit_matmul.matmul_scale, "matmul_transpose": emit_matmul.matmul_transpose}
+
+# FusedGemm's activations (CPU; rewrite/emit_matmul's gemm_activation)
+FUSED_GEMM_ACTS = frozenset({"relu", "sigmoid", "tanh", "leaky_relu", "elu", "hard_sigmoid"})
+
+
+def _rank(t) -> int | None:
+    return None if t is None or t.shape is None else len(t.shape)
+
+
+def matmul_label(m: Match, mode: str) -> str | None:
+    """The after view's kernel: FusedGemm / Gemm for 2-D operands, BiasGelu after a 3-D MatMul."""
+    if "act_gate" in m.roles:
+        return None
+    mm, a = m.roles["matmul"], act(m)
+    spec = a in FUSED_GEMM_ACTS and float32_out(m)
+    if mm.kind == "gemm":
+        return "FusedGemm" if spec else None
+    if _rank(mm.input(0)) == 2 and _rank(mm.input(1)) == 2:
+        return "FusedGemm" if spec else ("Gemm" if a is None else None)
+    if m.roles.get("act") is not None and m.roles["act"].op_type == "Gelu" and float32_out(m):
+        return "BiasGelu"  # the MatMul stays; bias + Gelu become one kernel
+    return None
+
+
+LABELS = {"matmul_bias_act": matmul_label, "matmul_bias": matmul_label}
+
+
+
+def _tf_fused_matmul(m: Match) -> dict:
+    """_FusedMatMul: the CPU remap takes these activations; GPU depends on cuBLASLt's epilogues."""
+    a = act(m)
+    return verdict(a is None or a in TF_CPU_ACTS | {"tanh", "sigmoid", "gelu"}, None,
+                   "_FusedMatMul on CPU; on GPU it depends on the TensorFlow build's cuBLASLt epilogues")
+
+
+NOTES = {
+    "matmul_bias_act": {"tensorflow": _tf_fused_matmul,
+                        "onnxruntime": (True, False, "FusedGemm exists on CPU only")},
+    "matmul_bias": {"tensorflow": _tf_fused_matmul,
+                    "onnxruntime": (True, True, "MatMulAddFusion makes a Gemm (2-D inputs)")},
+    "matmul_scale": {"onnxruntime": (True, True, "com.microsoft FusedMatMul with alpha (MatMulScaleFusion)")},
+    "matmul_transpose": {
+        "tensorflow": (True, True, "the arithmetic optimizer folds the Transpose into MatMul's transpose_b"),
+        "onnxruntime": (True, True, "com.microsoft FusedMatMul with transB (MatMulTransposeFusion)"),
+        "pytorch": (True, True, "F.linear's GEMM reads w^T in place (a strided view, no copy)")},
+}
