@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from .errors import FuseError
 from .fusion.emitted import emitted_kernel
 from .fusion.match import Match
+from .fusion.select import select
 from .ir import Graph, Node, Tensor
 from .names import common_scope, cut
 from .pipeline import Analysis
@@ -68,25 +69,10 @@ class RenderOptions:
 
 
 def choose_fused(matches: list[Match], mode: str = "inference") -> list[Match]:
-    """Non-overlapping forward matches to draw fused: only those fusable in ``mode`` (training: the
-    training-safe ones, then those safe if recomputed), the safest and then the largest first."""
+    """The forward matches to draw fused, chosen as `fusecli rewrite` chooses (fusion.select), among those
+    fusable in ``mode`` (training: the training-safe ones and those safe if recomputed)."""
     allowed = ("training", "recompute") if mode == "training" else ("training", "recompute", "inference")
-    order = {s: k for k, s in enumerate(allowed)}
-
-    def rank(m: Match) -> tuple:
-        state = verdict_state(m)
-        return (-len(m.nodes), order[state]) if mode == "inference" else (order[state], -len(m.nodes))
-
-    chosen, used = [], set()
-    ranked = sorted((m for m in matches if m.pattern.phase == "forward" and verdict_state(m) in allowed),
-                    key=rank)
-    for m in ranked:
-        ids = {id(n) for n in m.nodes}
-        if ids & used:
-            continue
-        used |= ids
-        chosen.append(m)
-    return chosen
+    return select(matches, lambda m: m.pattern.phase == "forward" and verdict_state(m) in allowed)
 
 
 def parse_focus(a: Analysis, focus: str) -> list[Node]:

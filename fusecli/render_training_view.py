@@ -11,6 +11,7 @@ backward node labelled d<tensor> with their bytes.
 from __future__ import annotations
 
 from .fusion.match import Match
+from .fusion.select import select
 from .pipeline import Analysis
 from .render_kit import (
     BACKWARD_STYLE,
@@ -31,8 +32,8 @@ RECOMPUTE_COLOR = "#1f77b4"
 
 
 def _training_matches(a: Analysis) -> tuple[list[Match], list[Match]]:
-    """Non-overlapping forward matches usable in training (those whose backward is fused too, then the
-    largest), and the backward matches."""
+    """Non-overlapping forward matches usable in training, chosen as `fusecli rewrite` chooses
+    (fusion.select) once those whose backward is fused too are taken first, and the backward matches."""
     back, used = [], set()
     for m in (m for m in a.matches if m.pattern.phase == "backward"):
         ids = {id(n) for n in m.nodes}
@@ -40,15 +41,9 @@ def _training_matches(a: Analysis) -> tuple[list[Match], list[Match]]:
             back.append(m)
             used |= ids
     paired = {n.meta.get("forward") for m in back for n in m.nodes}  # forward ops of a fused backward
-    usable = [m for m in a.matches if m.pattern.phase == "forward"
-              and (m.verdict.training_safe or m.verdict.recompute is not None)]
-    chosen, used = [], set()
-    for m in sorted(usable, key=lambda m: (-sum(n.name in paired for n in m.nodes), -len(m.nodes),
-                                           -m.verdict.training_safe)):
-        ids = {id(n) for n in m.nodes}
-        if not ids & used:
-            chosen.append(m)
-            used |= ids
+    chosen = select(a.matches, lambda m: m.pattern.phase == "forward"
+                    and (m.verdict.training_safe or m.verdict.recompute is not None),
+                    first=lambda m: -sum(n.name in paired for n in m.nodes))
     return chosen, back
 
 

@@ -27,6 +27,7 @@ class Pattern:
     anchor: Callable | None = None  # (root node) -> bool: a cheap test before any form is tried
     find: Callable | None = None  # (root node) -> (nodes, roles, bound) | None: read by form, not trees
     roots: frozenset[str] = frozenset()  # the root kinds of a ``find`` pattern
+    recompute: str | None = None  # a recompute rule beyond the default (recompute.RULES: "flash")
 
     @property
     def root(self) -> Op:

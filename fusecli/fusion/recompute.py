@@ -26,6 +26,9 @@ PER_ELEMENT = {"sigmoid": 4, "tanh": 4, "exp": 4, "erf": 4, "erfc": 4, "gelu": 8
 # views: the fused kernel reads the viewed tensor (a GQA kernel reads K and V before repeat_kv's expand)
 VIEWS = frozenset({"identity", "reshape", "transpose", "squeeze", "unsqueeze", "expand", "tile"})
 FREE = VIEWS | {"cast", "dropout"}
+# a pattern's recompute rule (Pattern.recompute) -> the role of the contraction it may re-run:
+# "flash": q k^T from q and k, the softmax row statistics kept instead of P (FlashAttention)
+RULES = {"flash": "qk"}
 
 
 @dataclass
@@ -132,7 +135,7 @@ def plan(m: Match, blocking: list, live: Liveness,
          dims: Mapping[str, int] | None = None) -> Recompute | str:
     """A Recompute for the blocked match ``m``, or the reason it cannot be recomputed."""
     inside = {id(n) for n in m.nodes}
-    attention_qk = m.roles.get("qk") if m.pattern.name == "attention" else None
+    attention_qk = m.roles.get(RULES[m.pattern.recompute]) if m.pattern.recompute else None
     rerun: dict[int, Node] = {}
     leaves: dict[int, Tensor] = {}
 

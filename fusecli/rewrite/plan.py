@@ -1,10 +1,14 @@
-"""Which matches to rewrite: safe for the mode, emittable on the target, none sharing a node."""
+"""Which matches to rewrite: safe for the mode, emittable on the target, none sharing a node (the choice
+is fusion.select's, which the after pictures share)."""
 
 from __future__ import annotations
 
 from ..fusion.match import Match
+from ..fusion.select import saving, select
 from .emit import emit
 from .kit import Context, Emission
+
+__all__ = ["is_safe", "plan", "saving"]
 
 
 def is_safe(m: Match, mode: str) -> bool:
@@ -15,34 +19,25 @@ def is_safe(m: Match, mode: str) -> bool:
     return bool(v.training_safe if mode == "training" else v.inference_safe)
 
 
-def saving(m: Match) -> tuple:
-    """Sort key: the largest interior traffic saved first, then the larger match, then graph order."""
-    return (-m.verdict.traffic_bytes, -len(m.nodes))
-
-
 def plan(matches: list[Match], ctx: Context) -> list[Emission]:
-    """Greedy non-overlapping choice, largest saving first; a match no kernel fits is passed over, and the
-    smaller matches inside it (the report's dominated ones: attention's scaled Q K^T) are tried instead."""
+    """fusion.select's choice among the safe matches, each taken where a kernel fits: a match no kernel
+    fits is passed over, and the smaller matches inside it (the report's dominated ones: attention's scaled
+    Q K^T) are tried instead."""
     chosen: list[Emission] = []
     ctx.by_root = {m.root.name: m for m in matches}  # an emitter may take a neighbour match in (rotary)
-    tried: set[int] = set()
 
-    def take(ms: list[Match]) -> None:
-        for m in sorted((m for m in ms if is_safe(m, ctx.mode)), key=saving):  # stable: graph order
-            if id(m) in tried or any(n.name in ctx.claimed for n in m.nodes) \
-                    or f"{m.pattern.name} at {m.root.name}" in ctx.excluded:
-                continue
-            tried.add(id(m))
-            e = _emission(m, ctx)
-            if e is None or any(name in ctx.claimed for name in e.remove):
-                take(m.inner)
-                continue
-            e.at = m.root.name
-            ctx.claimed.update(e.remove)
-            ctx.claimed.update(n.name for n in m.nodes)
-            chosen.append(e)
+    def take(m: Match) -> list[str] | None:
+        e = _emission(m, ctx)
+        if e is None or any(name in ctx.claimed for name in e.remove):
+            return None
+        e.at = m.root.name
+        chosen.append(e)
+        return e.remove
 
-    take(matches)
+    def usable(m: Match) -> bool:
+        return is_safe(m, ctx.mode) and f"{m.pattern.name} at {m.root.name}" not in ctx.excluded
+
+    select(matches, usable, take, ctx.claimed)
     return chosen
 
 

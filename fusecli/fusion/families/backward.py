@@ -19,3 +19,6 @@ PATTERNS: tuple[Pattern, ...] = (
 )
 
 EMITTERS = {}
+
+NOTES = {"bn_grad_relu_grad": {"tensorflow": (False, True, "_FusedBatchNormGradEx on GPU (the backward of "
+                                              "_FusedBatchNormEx)")}}

@@ -4,7 +4,8 @@ tf2onnx's per-channel scale, and the BatchNorm + add + activation of ResNet bloc
 from __future__ import annotations
 
 from ...rewrite import emit_layout
-from ..match import op
+from ..match import Match, op
+from ..notes_kit import ORT_CPU_CONV_ACTS, TF_CPU_ACTS, act, float32_out, verdict
 from ..pattern_kit import (
     Pattern,
     X,
@@ -53,3 +54,129 @@ PATTERNS: tuple[Pattern, ...] = (
 EMITTERS = {name: emit_layout.through_layout
             for name in ("conv_bias_add_act", "conv_bias_act", "conv_bias", "conv_bias_bn_act",
                          "conv_bias_bn", "conv_bn_act", "conv_bn", "conv_squeeze_bias")}
+
+# FusedConv activations (CPU; rewrite/emit_conv.conv_activation)
+FUSED_CONV_ACTS = frozenset({"relu", "relu6", "clip", "leaky_relu", "sigmoid", "tanh", "hard_sigmoid"})
+
+
+def conv_label(m: Match, mode: str) -> str | None:
+    """The after view's kernel: FusedConv for its activations, else the Conv with what it folds in."""
+    if "layout" in m.roles or "act_gate" in m.roles:
+        return None  # through tf2onnx's layout Transpose, or a silu-family act: no FusedConv form
+    if act(m) in FUSED_CONV_ACTS and float32_out(m):
+        return "FusedConv"
+    folded = [name for role, name in (("bn", "BatchNorm"), ("bias", "bias")) if role in m.roles]
+    if "bn" in m.roles and mode != "inference":
+        return None  # BatchNorm is never folded for training
+    return f"Conv ({' + '.join(folded)} folded)" if folded else None
+
+
+LABELS = {name: conv_label for name in ("conv_bias_add_act", "conv_bias_act", "conv_bias", "conv_bn_act",
+                                        "conv_bn", "conv_squeeze_bias")}
+
+
+# -- framework notes (Grappler's remapper, ONNX Runtime's ConvActivationFusion, PyTorch) -------------------
+def _spatial(m: Match, w) -> tuple:
+    """Spatial dims of a filter: ONNX OIHW -> dims 2+, TensorFlow HWIO -> dims :-2."""
+    conv = m.roles["conv"]
+    return tuple(w.shape[:-2]) if conv.op_type in ("Conv2D", "Conv3D", "DepthwiseConv2dNative") \
+        else tuple(w.shape[2:])
+
+
+def _is_1x1(m: Match) -> bool:
+    conv = m.roles.get("conv")
+    w = conv.input(1) if conv is not None else None
+    return bool(w is not None and w.shape and len(w.shape) >= 3 and all(d == 1 for d in _spatial(m, w)))
+
+
+def _has_bias(m: Match) -> bool:
+    conv = m.roles.get("conv")
+    return "bias" in m.roles or (conv is not None and conv.input(2) is not None)
+
+
+def _tf_conv_bias_act(m: Match) -> dict:
+    """Conv2D + BiasAdd + act: _FusedConv2D on CPU; cuDNN's fused conv on GPU for Relu, float32, not 1x1."""
+    a = act(m)
+    dtype = m.root.outputs[0].dtype if m.root.outputs and m.root.outputs[0] is not None else "float32"
+    if not _has_bias(m):
+        return verdict(False, False, "the remapper needs a BiasAdd between the conv and the activation")
+    cpu = a in TF_CPU_ACTS
+    gpu = a == "relu" and dtype == "float32" and not _is_1x1(m)
+    why = [] if gpu else [r for r, bad in (
+        (f"GPU fuses only Relu (not {a})", a != "relu"),
+        (f"GPU fuses float32 only (not {dtype})", dtype != "float32"),
+        ("GPU skips 1x1 filters", _is_1x1(m))) if bad]
+    return verdict(cpu, gpu, "_FusedConv2D" + (f"; {'; '.join(why)}" if why else "")
+                   + ("" if cpu else f"; CPU fuses {', '.join(sorted(TF_CPU_ACTS))} only"))
+
+
+def _tf_conv_bn(m: Match) -> dict:
+    """Conv2D + FusedBatchNorm (+ act): CPU only, inference only."""
+    a = act(m)
+    if m.roles["bn"].kind != "batch_norm":
+        return verdict(False, False, "a decomposed BatchNorm (Mul/Add) is not a remapper pattern")
+    if a is not None and a not in TF_CPU_ACTS:
+        return verdict(False, False, f"the CPU remap takes {', '.join(sorted(TF_CPU_ACTS))}, not {a}")
+    return verdict(True, False, "CPU only, in inference only (FusedBatchNorm with is_training=False): "
+                   "BatchNorm's backward needs the conv output")
+
+
+def _tf_bn_act(m: Match) -> dict:
+    """FusedBatchNorm + Relu (+ side input): _FusedBatchNormEx, GPU only."""
+    a = act(m)
+    if m.roles["bn"].kind != "batch_norm":
+        return verdict(False, False, "a decomposed BatchNorm (Mul/Add) is not a remapper pattern")
+    return verdict(False, a == "relu", "_FusedBatchNormEx on GPU only (cuDNN, NHWC), Relu only"
+                   + ("" if a == "relu" else f", not {a}"))
+
+
+def _ort_fused_conv(m: Match) -> dict:
+    """ConvActivationFusion: FusedConv with Relu/Sigmoid/Tanh/LeakyRelu/Clip/HardSigmoid on CPU, Relu on
+    CUDA."""
+    a = act(m)
+    prefix = "BatchNorm folds into the Conv (ConvBNFusion); then " if "bn" in m.pattern.name else ""
+    cpu = a in ORT_CPU_CONV_ACTS
+    return verdict(cpu, a == "relu", prefix + "com.microsoft FusedConv"
+                   + ("" if cpu else f"; its CPU kernel has no {a}")
+                   + ("; the CUDA FusedConv kernel takes Relu only" if a != "relu" else
+                      "; on CUDA recent releases no longer fuse it themselves (fusecli rewrite does)"))
+
+
+def _ort_conv_mul(m: Match) -> dict:
+    """ConvMulFusion folds the per-channel Mul into the weights (then FusedConv for an act)."""
+    a = act(m)
+    if a is None:
+        return verdict(True, True, "ConvMulFusion folds the per-channel Mul into the weights, inference only")
+    cpu = a in ORT_CPU_CONV_ACTS
+    return verdict(cpu, a == "relu", "ConvMulFusion folds the Mul into the weights, then "
+                   "com.microsoft FusedConv" + ("" if cpu else f"; its CPU kernel has no {a}")
+                   + ("" if a == "relu" else "; the CUDA FusedConv kernel takes Relu only"))
+
+
+def _pytorch_bn_act(m: Match) -> dict | None:
+    """torch.compile fuses BN + silu (the default note for the others)."""
+    if act(m) in ("silu", "swish"):
+        return verdict(None, None, "torch.compile fuses BN + act, recomputing the BN output when the min-cut "
+                       "partitioner finds it cheaper")
+    return None
+
+
+_FOLDED = (True, True, "folded into the Conv's weights and bias (ConvAddFusion, ConvBNFusion, "
+           "ConvMulFusion), inference only")
+_BIAS_BETWEEN = (False, False, "the remapper folds BatchNorm only when it reads the Conv2D directly; here a "
+                 "BiasAdd sits between (Conv2D + BiasAdd alone become _FusedConv2D)")
+NOTES = {
+    "conv_bias_add_act": {"onnxruntime": _ort_fused_conv},
+    "conv_bias_act": {"tensorflow": _tf_conv_bias_act, "onnxruntime": _ort_fused_conv},
+    "conv_bias": {"tensorflow": (True, False, "_FusedConv2D on CPU; on GPU the remapper needs an activation"),
+                  "onnxruntime": _FOLDED},
+    "conv_bias_bn_act": {"tensorflow": _BIAS_BETWEEN, "onnxruntime": _ort_fused_conv},
+    "conv_bias_bn": {"tensorflow": _BIAS_BETWEEN, "onnxruntime": _FOLDED},
+    "conv_bn_act": {"tensorflow": _tf_conv_bn, "onnxruntime": _ort_fused_conv},
+    "conv_bn": {"tensorflow": _tf_conv_bn, "onnxruntime": _FOLDED},
+    "bn_add_act": {"tensorflow": _tf_bn_act},
+    "bn_act": {"tensorflow": _tf_bn_act, "pytorch": _pytorch_bn_act},
+    "conv_mul": {"tensorflow": (False, False, "not a Grappler remapper pattern (a Mul is no FusedBatchNorm)"),
+                 "onnxruntime": _ort_conv_mul},
+    "conv_squeeze_bias": {"tensorflow": (True, False, "_FusedConv2D with Squeeze, CPU only")},
+}

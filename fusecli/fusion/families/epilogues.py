@@ -23,3 +23,9 @@ PATTERNS: tuple[Pattern, ...] = (
 )
 
 EMITTERS = {}
+
+NOTES = {
+    "bias_softmax": {"onnxruntime": (False, True, "BiasSoftmax (BiasSoftmaxFusion, CUDA and ROCm only)")},
+    "bias_dropout": {"onnxruntime": (False, None, "BiasDropout (BiasDropoutFusion, CUDA; inference removes "
+                                     "Dropout)")},
+}

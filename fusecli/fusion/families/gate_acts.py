@@ -26,3 +26,15 @@ PATTERNS: tuple[Pattern, ...] = (
 )
 
 EMITTERS = {"silu": emit_acts.silu, "swiglu": emit_acts.swiglu, "hard_swish": emit_acts.hard_swish}
+
+NOTES = {
+    "swiglu": {"onnxruntime": (False, False, "no ONNX Runtime fusion of silu(a) * b"),
+               "pytorch": (None, None, "torch.compile or Liger-Kernel's SwiGLU fuse silu(a) * b, recomputing "
+                           "silu(a)")},
+    "silu": {"tensorflow": (None, False, "Sigmoid + Mul becomes _MklSwish only in oneDNN CPU builds"),
+             "onnxruntime": (True, True, "QuickGelu(alpha) (QuickGeluFusion: x * sigmoid(alpha x))"),
+             "pytorch": (True, True, "F.silu is one kernel that saves x and recomputes sigmoid in backward")},
+    "hard_swish": {"onnxruntime": (False, False, "no fusion of the decomposed form (the HardSwish op itself "
+                                   "is one kernel)"),
+                   "pytorch": (True, True, "F.hardswish is one kernel that saves x")},
+}

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from ...rewrite import emit_layer_norm
-from ..match import op
+from ..match import Match, op
+from ..notes_kit import verdict
 from ..pattern_kit import (
     LAYER_NORM,
     RESIDUAL_X,
@@ -27,3 +28,27 @@ PATTERNS: tuple[Pattern, ...] = (
 )
 
 EMITTERS = {"layer_norm": emit_layer_norm.layer_norm, "skip_layer_norm": emit_layer_norm.skip_layer_norm}
+
+
+
+def _sum_read_again(m: Match) -> bool:
+    """The residual sum of a skip norm is read outside the match (pre-LN blocks)."""
+    t = m.bound.get("x")
+    inside = {id(n) for n in m.nodes}
+    return t is not None and any(id(c) not in inside for c in t.consumers)
+
+
+def _ort_skip_layer_norm(m: Match) -> dict:
+    """SkipLayerNormFusion, unless the residual sum is read again."""
+    if _sum_read_again(m):
+        return verdict(False, False, "SkipLayerNormFusion leaves a residual sum that is read again (pre-LN "
+                       "blocks); SkipLayerNormalization's 4th output can write it (fusecli rewrite does)")
+    return verdict(True, True, "SkipLayerNormalization (SkipLayerNormalizationFusion at ORT_ENABLE_EXTENDED)")
+
+
+NOTES = {
+    "skip_layer_norm": {"onnxruntime": _ort_skip_layer_norm},
+    "layer_norm": {"tensorflow": (None, False, "remapped only in oneDNN CPU builds"),
+                   "onnxruntime": (True, True, "LayerNormalization (LayerNormalizationFusion at "
+                                   "ORT_ENABLE_EXTENDED)")},
+}

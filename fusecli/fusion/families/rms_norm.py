@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from ...rewrite import emit_norms
+from ..match import Match
+from ..notes_kit import verdict
 from ..pattern_kit import (
     RESIDUAL_X,
     RMS_NORM,
@@ -19,3 +21,23 @@ PATTERNS: tuple[Pattern, ...] = (
 )
 
 EMITTERS = {"rms_norm": emit_norms.rms_norm, "skip_rms_norm": emit_norms.skip_rms_norm}
+
+
+def _ort_rms_norm(m: Match) -> dict:
+    """SimplifiedLayerNormFusion, which misses the Reciprocal / Rsqrt spelling."""
+    if any(n.kind in ("reciprocal", "rsqrt") for n in m.nodes):
+        return verdict(False, False, "SimplifiedLayerNormFusion matches x / sqrt(...) and "
+                       "x * (1 / sqrt(...)), not this Reciprocal / Rsqrt spelling")
+    return verdict(True, True, "SimplifiedLayerNormalization (SimplifiedLayerNormFusion)")
+
+
+NOTES = {
+    "skip_rms_norm": {
+        "onnxruntime": (None, None, "SkipSimplifiedLayerNormalization (onnxruntime.transformers.optimizer), "
+                        "the sum as its 4th output"),
+        "pytorch": (None, None, "torch.compile fuses the residual add into the norm")},
+    "rms_norm": {
+        "onnxruntime": _ort_rms_norm,
+        "pytorch": (True, True, "F.rms_norm (a fused kernel from PyTorch 2.4; torch.compile fuses the eager "
+                    "form)")},
+}

@@ -14,3 +14,6 @@ PATTERNS: tuple[Pattern, ...] = (
 )
 
 EMITTERS = {"rotary": emit_rotary.rotary}
+
+NOTES = {"rotary": {"onnxruntime": (None, None, "com.microsoft RotaryEmbedding "
+                                    "(onnxruntime.transformers.optimizer)")}}
