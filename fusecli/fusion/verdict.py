@@ -276,19 +276,19 @@ def suppress_dominated(matches: list[Match]) -> list[Match]:
         v = m.verdict
         return (v.inference_safe, v.training_safe or v.recompute is not None, v.training_safe)
 
-    safe = [safety(m) for m in matches]  # made once per match, not once per pair
-    ids = [{id(n) for n in m.nodes} for m in matches]
-    by_node: dict[int, list[int]] = {}
-    for i, m in enumerate(matches):
+    by_node: dict[int, list[Match]] = {}
+    for m in matches:
         for n in m.nodes:
-            by_node.setdefault(id(n), []).append(i)
+            by_node.setdefault(id(n), []).append(m)
     kept = []
-    for i, m in enumerate(matches):
-        size, mine, own = len(m.nodes), ids[i], safe[i]
-        over = [j for j in by_node[id(m.nodes[0])] if j != i and len(matches[j].nodes) > size
-                and mine <= ids[j] and all(a >= b for a, b in zip(safe[j], own, strict=True))]
-        for j in over:
-            matches[j].inner.append(m)
+    for m in matches:
+        ids = {id(n) for n in m.nodes}
+        candidates = by_node[id(m.nodes[0])]
+        over = [o for o in candidates if o is not m and len(o.nodes) > len(m.nodes)
+                and ids <= {id(n) for n in o.nodes}
+                and all(a >= b for a, b in zip(safety(o), safety(m), strict=True))]
+        for o in over:
+            o.inner.append(m)
         if not over:
             kept.append(m)
     return kept
