@@ -9,7 +9,7 @@ from ..ir import Graph
 from ..liveness import Liveness
 from .match import Match, find_matches
 from .patterns import BY_NAME, CATALOGUE
-from .verdict import judge, suppress_dominated
+from .verdict import Lookups, judge, suppress_dominated
 
 
 def select_patterns(names: Iterable[str] | None):
@@ -29,9 +29,10 @@ def find_fusions(graph: Graph, joint: Graph, live: Liveness, sizes: Mapping[str,
     patterns = select_patterns(names)
     matches = find_matches(graph, patterns, "forward")
     outputs = {t.name for t in graph.outputs}
+    lookups = Lookups(live, sizes)  # per-tensor facts, shared by the matches that read the same tensors
     for m in matches:
-        m.verdict = judge(m, graph, live, sizes, outputs)
+        m.verdict = judge(m, graph, live, sizes, outputs, lookups)
     back = find_matches(joint, patterns, "backward")
     for m in back:
-        m.verdict = judge(m, joint, live, sizes)
+        m.verdict = judge(m, joint, live, sizes, lookups=lookups)
     return suppress_dominated(matches) + back

@@ -49,6 +49,11 @@ class Op:
         return tuple(_producer_kinds(a) for a in self.args)
 
     @cached_property
+    def kind_checks(self) -> tuple[tuple[int, frozenset[str]], ...]:
+        """(position, kinds) of the operands whose producer's kind ``arg_kinds`` constrains."""
+        return tuple((i, k) for i, k in enumerate(self.arg_kinds) if k is not None)
+
+    @cached_property
     def root_test(self) -> tuple:
         """What ``_root_may_match`` reads of the form: forms that share it get the same answer."""
         return self.arg_kinds, len(self.args), self.more, self.commutative
@@ -105,19 +110,42 @@ class Match:
 
 
 class _State:
-    __slots__ = ("nodes", "roles", "bound")
+    """The match so far. ``save`` is a few lengths, not copies: ``restore`` drops what was added since
+    and puts back the values of keys written over (``undo``), so the dicts keep their order."""
+
+    __slots__ = ("nodes", "roles", "bound", "undo")
 
     def __init__(self) -> None:
         self.nodes: list[Node] = []
         self.roles: dict[str, Node] = {}
         self.bound: dict[str, Tensor] = {}
+        self.undo: list[tuple[dict, str, object]] = []  # (dict, key, the value written over)
 
     def save(self):
-        return len(self.nodes), dict(self.roles), dict(self.bound)
+        return len(self.nodes), len(self.roles), len(self.bound), len(self.undo)
 
     def restore(self, saved) -> None:
-        n, self.roles, self.bound = saved
+        n, r, b, u = saved
         del self.nodes[n:]
+        undo = self.undo
+        while len(undo) > u:  # values written over first, then the keys added since
+            d, key, old = undo.pop()
+            d[key] = old
+        _truncate(self.roles, r)
+        _truncate(self.bound, b)
+
+    def put(self, d: dict, key: str, value) -> None:
+        """``d[key] = value``, remembering a value it writes over."""
+        if key in d:
+            self.undo.append((d, key, d[key]))
+        d[key] = value
+
+
+def _truncate(d: dict, n: int) -> None:
+    """Drop the keys added after the first ``n``."""
+    if len(d) > n:
+        for key in list(d)[n:]:
+            del d[key]
 
 
 def _node_key(node: Node) -> str:
@@ -140,6 +168,7 @@ def through_noops(t: Tensor) -> Tensor:
 
 
 def _match_tensor(pat: Op | Var, t: Tensor | None, st: _State) -> bool:
+    """Match ``pat`` on ``t``; on failure the state is as it was."""
     if t is None:
         return False
     if pat.name is not None and pat.name in st.bound:  # the same value, up to no-op casts
@@ -149,73 +178,95 @@ def _match_tensor(pat: Op | Var, t: Tensor | None, st: _State) -> bool:
         if pat.check is not None and not pat.check(t):
             return False
         if pat.name is not None:
-            st.bound[pat.name] = t
+            st.bound[pat.name] = t  # a new key: bound names return above
         return True
     if pat.optional:
-        saved = st.save()
-        if _match_op_tensor(pat, t, st):
-            return True
-        st.restore(saved)
-        return _match_tensor(pat.args[0], t, st)
+        return _match_op_tensor(pat, t, st) or _match_tensor(pat.args[0], t, st)
     return _match_op_tensor(pat, t, st)
 
 
 def _match_op_tensor(pat: Op, t: Tensor, st: _State) -> bool:
-    """``pat`` made ``t``, directly or through no-op casts (which join the match)."""
+    """``pat`` made ``t``, directly or through no-op casts (which join the match); on failure the state is
+    as it was (``_match_node`` leaves it so, the casts are taken off)."""
     orig, node = t, t.producer
-    saved = st.save()
+    if node is None:
+        return False
+    if _node_key(node) not in pat.kinds and not is_noop(node):
+        return False  # no cast to walk, and _match_node would refuse the kind
+    nodes = st.nodes
+    n = len(nodes)
     while node is not None and node.kind not in pat.kinds and is_noop(node) and node.outputs[0] is t:
-        if any(n is node for n in st.nodes):
+        if node in nodes:  # identity: nodes compare by identity
             break
-        st.nodes.append(node)
+        nodes.append(node)
         t = node.inputs[0]
         node = t.producer
     if node is None or node.outputs[0] is not t or not _match_node(pat, node, st):
-        st.restore(saved)
+        del nodes[n:]
         return False
     if pat.name is not None:
-        st.bound[pat.name] = orig
+        st.put(st.bound, pat.name, orig)
     return True
 
 
-def _operands_may_match(arg_kinds: tuple[frozenset[str] | None, ...], order: list[Tensor]) -> bool:
+def _operands_may_match(kind_checks: tuple[tuple[int, frozenset[str]], ...], order: list[Tensor]) -> bool:
     """A cheap necessary condition for ``_match_tensor`` on each operand: an unnamed ``Op`` operand needs a
     producer of one of its kinds, not constant, whose first output the tensor is. Most tries fail here."""
-    for kinds, t in zip(arg_kinds, order, strict=False):
-        if kinds is not None:
-            if is_noop(t.producer) and "cast" not in kinds:
-                t = through_noops(t)
+    for i, kinds in kind_checks:
+        t = order[i]
+        p = t.producer
+        if p is None:
+            return False
+        if p.kind in _NOOP_KINDS and "cast" not in kinds and is_noop(p):
+            t = through_noops(t)
             p = t.producer
-            if p is None or p.outputs[0] is not t or _node_key(p) not in kinds or p.meta.get("constant"):
+            if p is None:
                 return False
+        key = p.op_type if p.phase == "backward" else p.kind  # _node_key, inline: the hottest loop
+        if p.outputs[0] is not t or key not in kinds or p.meta.get("constant"):
+            return False
     return True
+
+
+_NOOP_KINDS = ("cast", "identity")  # is_noop's kinds, a cheap first test
 
 
 def _match_node(pat: Op, node: Node, st: _State) -> bool:
+    """Match ``pat`` rooted at ``node``; on failure the state is as it was."""
     if _node_key(node) not in pat.kinds or node.meta.get("constant"):
         return False
-    if any(n is node for n in st.nodes):  # a node appears once per match
+    if node in st.nodes:  # a node appears once per match (nodes compare by identity)
         return False
-    inputs = [t for t in node.inputs if t is not None]
-    if len(inputs) < len(pat.args) or (not pat.more and len(inputs) != len(pat.args)):
+    inputs = node.inputs
+    if None in inputs:
+        inputs = [t for t in inputs if t is not None]
+    args = pat.args
+    if len(inputs) < len(args) or (not pat.more and len(inputs) != len(args)):
         return False
     if pat.check is not None and not pat.check(node):
         return False
     orders = [inputs]
-    if pat.commutative and len(pat.args) == 2:
+    if pat.commutative and len(args) == 2:
         orders.append([inputs[1], inputs[0], *inputs[2:]])
-    arg_kinds = pat.arg_kinds
+    kind_checks = pat.kind_checks
     for order in orders:
-        if not _operands_may_match(arg_kinds, order):
+        if not _operands_may_match(kind_checks, order):
             continue
         saved = st.save()
         st.nodes.append(node)
         if pat.role:
-            st.roles[pat.role] = node
-        if all(_match_tensor(a, t, st) for a, t in zip(pat.args, order, strict=False)):
+            st.put(st.roles, pat.role, node)
+        if _match_operands(args, order, st):
             return True
         st.restore(saved)
     return False
+
+
+def _match_operands(args: tuple[Op | Var, ...], order: list[Tensor], st: _State) -> bool:
+    for a, t in zip(args, order, strict=False):
+        if not _match_tensor(a, t, st):
+            return False
+    return True
 
 
 def _root_may_match(form: Op, inputs: list[Tensor]) -> bool:
@@ -223,9 +274,9 @@ def _root_may_match(form: Op, inputs: list[Tensor]) -> bool:
     n, nargs = len(inputs), len(form.args)
     if n < nargs or (not form.more and n != nargs):
         return False
-    arg_kinds = form.arg_kinds
-    return _operands_may_match(arg_kinds, inputs) or (
-        form.commutative and nargs == 2 and _operands_may_match(arg_kinds, [inputs[1], inputs[0]]))
+    checks = form.kind_checks
+    return _operands_may_match(checks, inputs) or (
+        form.commutative and nargs == 2 and _operands_may_match(checks, [inputs[1], inputs[0]]))
 
 
 def match_at(pattern_root: Op, node: Node) -> tuple[list[Node], dict[str, Node], dict[str, Tensor]] | None:
@@ -236,77 +287,92 @@ def match_at(pattern_root: Op, node: Node) -> tuple[list[Node], dict[str, Node],
     return list(reversed(st.nodes)), st.roles, st.bound
 
 
+def _root_index(patterns, phase: str) -> tuple[dict[str, list[tuple]], int]:
+    """Per root key (kind, or op type in backward): the patterns that may root there, in catalogue order,
+    each as (pattern, anchor, find, forms) with only the forms whose root takes that key, each form with
+    its slot in a node's cache of ``_root_may_match`` answers (forms that share a root test share one)."""
+    index: dict[str, list[tuple]] = {}
+    slots: dict[tuple, int] = {}
+    for p in patterns:
+        if p.phase != phase:
+            continue
+        for key in p.root.kinds:
+            forms = tuple((f, slots.setdefault(f.root_test, len(slots))) for f in p.forms if key in f.kinds)
+            index.setdefault(key, []).append((p, getattr(p, "anchor", None), getattr(p, "find", None), forms))
+    return index, len(slots)
+
+
 def find_matches(graph: Graph, patterns, phase: str = "forward") -> list[Match]:
-    """Every occurrence of every pattern, trying each node of ``phase`` as a root (linear in nodes).
+    """Every occurrence of every pattern, trying each node of ``phase`` as a root (linear in nodes): a node
+    is tried only against the forms whose root takes its kind.
 
     The first form of a pattern that matches at a root wins; each pattern matches a root once.
     """
-    by_root: dict[str, list] = {}
-    for p in patterns:
-        if p.phase == phase:
-            for k in p.root.kinds:
-                by_root.setdefault(k, []).append(p)
+    index, slots = _root_index(patterns, phase)
     found: list[Match] = []
     for node in graph.nodes:
         if node.phase != phase:
             continue
-        key = _node_key(node)
-        candidates = by_root.get(key)
+        candidates = index.get(_node_key(node))
         if not candidates or node.meta.get("constant"):  # no form matches at a constant node
             continue
         inputs = [t for t in node.inputs if t is not None]
-        may: dict[tuple, bool] = {}  # _root_may_match's answer per root_test (many forms share one)
-        for p in candidates:
-            anchor = getattr(p, "anchor", None)
+        may: list[bool | None] = [None] * slots  # _root_may_match's answer per root test slot
+        for p, anchor, finder, forms in candidates:
             if anchor is not None and not anchor(node):
                 continue  # the pattern's own cheap test of the root (attention: P from a softmax)
-            finder = getattr(p, "find", None)
             if finder is not None:  # a pattern read by its form, not by trees (attention)
                 got = finder(node)
                 if got is not None and (p.require is None or p.require(got[1], got[2])):
                     found.append(Match(p, dataflow_order(got[0]), got[1], got[2]))
                 continue
-            for form in p.forms:
-                if key not in form.kinds:
-                    continue
-                ok = may.get(form.root_test)
-                if ok is None:
-                    ok = may[form.root_test] = _root_may_match(form, inputs)
-                if not ok:
-                    continue  # match_at would say no: skip its set-up
-                m = match_at(form, node)
-                if m is None:
-                    continue
-                nodes, roles, bound = m
-                if p.require is not None and not p.require(roles, bound):
-                    continue
-                for name in p.include_producers:  # the producer, and the no-op casts in between
-                    t = bound.get(name)
-                    while t is not None and t.producer is not None and all(n is not t.producer
-                                                                            for n in nodes):
-                        nodes.insert(0, t.producer)
-                        t = t.producer.inputs[0] if is_noop(t.producer) else None
-                found.append(Match(p, dataflow_order(nodes), roles, bound))
-                break
+            m = _first_form(p, forms, node, inputs, may)
+            if m is not None:
+                found.append(m)
     return found
+
+
+def _first_form(p, forms: tuple, node: Node, inputs: list[Tensor], may: list[bool | None]) -> Match | None:
+    """The match of the first of ``forms`` (with their root test slots) that matches at ``node``."""
+    for form, slot in forms:
+        ok = may[slot]
+        if ok is None:
+            ok = may[slot] = _root_may_match(form, inputs)
+        if not ok:
+            continue  # match_at would say no: skip its set-up
+        m = match_at(form, node)
+        if m is None:
+            continue
+        nodes, roles, bound = m
+        if p.require is not None and not p.require(roles, bound):
+            continue
+        for name in p.include_producers:  # the producer, and the no-op casts in between
+            t = bound.get(name)
+            while t is not None and t.producer is not None and t.producer not in nodes:  # by identity
+                nodes.insert(0, t.producer)
+                t = t.producer.inputs[0] if is_noop(t.producer) else None
+        return Match(p, dataflow_order(nodes), roles, bound)
+    return None
 
 
 def dataflow_order(nodes: list[Node]) -> list[Node]:
     """Nodes of one match in topological order, the root last."""
     root = nodes[-1] if nodes else None
     ids = {id(n) for n in nodes}
-    order, done = [], set()
+    order: list[Node] = []
+    done: set[int] = set()
 
     def visit(n: Node) -> None:
-        if id(n) in done:
-            return
         done.add(id(n))
         for t in n.inputs:
-            if t is not None and t.producer is not None and id(t.producer) in ids:
-                visit(t.producer)
+            if t is not None:
+                p = t.producer
+                if p is not None and id(p) in ids and id(p) not in done:
+                    visit(p)
         order.append(n)
 
     visit(root)
     for n in nodes:
-        visit(n)
+        if id(n) not in done:
+            visit(n)
     return order

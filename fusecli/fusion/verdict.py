@@ -61,12 +61,57 @@ def side_outputs(m: Match) -> set[int]:
     return out
 
 
-def _outside_readers(m: Match, outputs: set[str],
-                     interior: list[Tensor] | None = None) -> tuple[Tensor, list[Node], bool] | None:
+class Lookups:
+    """Facts about single tensors that ``judge`` reads for many matches (a tensor is the edge or the
+    interior of several), each made once per analysis: its bytes, and which backward ops read its value."""
+
+    def __init__(self, live: Liveness, sizes: Mapping[str, int] | None) -> None:
+        self.live, self.sizes = live, sizes
+        self._bytes: dict[int, int | None] = {}
+        self._readers: dict[int, dict[str | None, set[str]] | None] = {}
+
+    def nbytes(self, t: Tensor) -> int | None:
+        """``t.nbytes(sizes)``, once per tensor."""
+        n = self._bytes.get(id(t), _UNSET)
+        if n is _UNSET:
+            n = self._bytes[id(t)] = t.nbytes(self.sizes)
+        return n
+
+    def value_readers(self, t: Tensor) -> dict[str | None, set[str]] | None:
+        """Op types of the backward ops that read ``t``'s value, by the forward node each is the backward of;
+        None when backward does not keep its value or it is a parameter or constant."""
+        if t.kind in ("parameter", "constant"):
+            return None
+        readers = self._readers.get(id(t), _UNSET)
+        if readers is _UNSET:
+            s = self.live.saved_by_name.get(t.name)
+            value = s is not None and s.reads == "value"
+            # not s.needed_by: it may be very long
+            readers = self._readers[id(t)] = self.live.reader_ops_by_forward(t.name) if value else None
+        return readers
+
+
+_UNSET = object()  # not looked up yet
+
+
+def _interior(m: Match, inside: set[int]) -> list[Tensor]:
+    """``m.interior()`` with the ids of its nodes made once."""
+    out = []
+    for n in m.nodes[:-1]:
+        for t in n.outputs:
+            if t is not None:
+                for c in t.consumers:
+                    if id(c) in inside:
+                        out.append(t)
+                        break
+    return out
+
+
+def _outside_readers(m: Match, outputs: set[str], interior: list[Tensor],
+                     inside: set[int]) -> tuple[Tensor, list[Node], bool] | None:
     """The first interior tensor read outside the match (or a graph output), with those readers; a read
     of its shape alone (dynamo's Shape of repeated keys) needs no value written out."""
-    inside = {id(n) for n in m.nodes}
-    for t in m.interior() if interior is None else interior:
+    for t in interior:
         others = [c for c in t.consumers if id(c) not in inside and not reads_type_only(c, t)
                   and c.kind not in ("shape", "size")]
         if others or t.name in outputs:
@@ -79,39 +124,60 @@ def _dtype_clash(m: Match) -> str | None:
     return None if len(dtypes) <= 1 else ", ".join(sorted(dtypes))
 
 
-def _edge_reads(m: Match, live: Liveness) -> str:
+def _edge_activations(m: Match, inside: set[int]) -> list[Tensor]:
+    """The match's inputs (``m.inputs()``, in order) and then its root's outputs, less parameters and
+    constants (backward's reads of those are no activation's)."""
+    seen: set[int] = set()
+    out = []
+    for n in m.nodes:
+        for t in n.inputs:
+            if t is None or t.kind in ("parameter", "constant") or id(t) in seen:
+                continue
+            seen.add(id(t))
+            if t.producer is None or id(t.producer) not in inside:  # made outside: an input of the match
+                out.append(t)
+    out.extend(x for x in m.root.outputs if x is not None)
+    return out
+
+
+def _edge_reads(m: Match, lookups: Lookups, inside: set[int]) -> str:
     """'ConvBackpropFilter reads x; ReluGrad reads y': backward reads of the match's edge activations."""
     names = {n.name for n in m.nodes}
     by_op: dict[str, list[str]] = {}
-    for t in [*m.inputs(), *(x for x in m.root.outputs if x is not None)]:
-        s = live.saved_by_name.get(t.name)
-        if s is None or s.reads != "value" or t.kind in ("parameter", "constant"):
+    for t in _edge_activations(m, inside):
+        by_forward = lookups.value_readers(t)
+        if not by_forward:
             continue
-        by_forward = live.reader_ops_by_forward(t.name)  # not s.needed_by: it may be very long
         ops: set[str] = set()
-        for n in names:
-            ops.update(by_forward.get(n, ()))
+        for forward, readers in by_forward.items():  # by_forward is short: the nodes that read t
+            if forward in names:
+                ops.update(readers)
         for op in sorted(ops):
             by_op.setdefault(op, []).append(t.name)
     return "; ".join(f"{op} reads {', '.join(ts)}" for op, ts in sorted(by_op.items()))
 
 
 def judge(m: Match, graph: Graph, live: Liveness, sizes: Mapping[str, int] | None = None,
-          outputs: set[str] | None = None) -> Verdict:
+          outputs: set[str] | None = None, lookups: Lookups | None = None) -> Verdict:
     """Judge one forward or backward match against the structure and the liveness result
-    (``outputs``: the graph's output names, made once by the caller that judges many matches)."""
+    (``outputs``: the graph's output names, and ``lookups``, made once by the caller that judges many)."""
     notes = framework_notes(m)
     clash = _dtype_clash(m)
     if clash:
         return Verdict(False, False, f"not fusable: the chain mixes dtypes ({clash})",
                        frameworks=not_fusable_notes(notes), check="dtypes")
+    if lookups is None:
+        lookups = Lookups(live, sizes)
+    inside = {id(n) for n in m.nodes}
     if m.pattern.phase == "backward":
-        return _judge_backward(m, sizes, notes)
+        return _judge_backward(m, lookups, notes, inside)
     side = side_outputs(m)
-    interior = [t for t in m.interior() if id(t) not in side]
+    interior = _interior(m, inside)
+    if side:
+        interior = [t for t in interior if id(t) not in side]
     if outputs is None:
         outputs = {t.name for t in graph.outputs}
-    outside = _outside_readers(m, outputs, interior)
+    outside = _outside_readers(m, outputs, interior, inside)
     if outside:
         t, readers, is_output = outside
         who = "is a graph output" if is_output and not readers else \
@@ -119,36 +185,48 @@ def judge(m: Match, graph: Graph, live: Liveness, sizes: Mapping[str, int] | Non
         return Verdict(False, False, f"not fusable: {t.name} (made by {t.producer.name}) {who}, "
                        "so the fused kernel would have to write it out anyway",
                        frameworks=not_fusable_notes(notes), check="read_outside")
-    traffic = sum((t.nbytes(sizes) or 0) * (1 + len(t.consumers)) for t in interior)
-    edge = _edge_reads(m, live)
+    traffic = sum((lookups.nbytes(t) or 0) * (1 + len(t.consumers)) for t in interior)
+    edge = _edge_reads(m, lookups, inside)
     if m.pattern.fused_kind:
         return Verdict(True, True, f"training-safe: becomes {m.pattern.kernel}, an op with its own "
                        "gradient that reads only the fused op's inputs (and statistics it writes out)"
                        + (f"; today {edge}" if edge else ""), traffic_bytes=traffic, frameworks=notes)
+    blocking = _blocking(interior, live)
+    if blocking:
+        return _blocked(m, blocking, live, sizes, traffic, notes)
+    return Verdict(True, True, "training-safe: no tensor inside the fused kernel is read by backward"
+                   + (f" ({edge})" if edge else ""), traffic_bytes=traffic, frameworks=notes)
+
+
+def _blocking(interior: list[Tensor], live: Liveness) -> list[Blocking]:
+    """The interior tensors whose value backward reads."""
     blocking = []
     for t in interior:
         s = live.saved_by_name.get(t.name)
         if s is not None and s.reads == "value":
             blocking.append(Blocking(t, [n.name for n in s.needed_by], s.bytes))
-    if blocking:
-        rc = plan(m, blocking, live, sizes)
-        b = next((x for x in blocking if isinstance(rc, Recompute) and x.tensor.name in rc.tensors),
-                 blocking[0])
-        what = ", ".join(sorted({f"{n.op_type} (backward of {n.meta.get('forward', '?')})"
-                                 for n in live.saved_by_name[b.tensor.name].needed_by}))
-        size = "size unknown" if b.bytes is None else f"{format_bytes(b.bytes)} at {_at(sizes)}"
-        blocked = (f"{what} reads {b.tensor.name}, made inside the fused kernel by {b.tensor.producer.name} "
-                   f"({size})")
-        if isinstance(rc, Recompute):
-            return Verdict(True, False, f"training-safe if recomputed: {blocked}; {rc.recipe}: "
-                           f"+{_count(rc.flops, 'FLOPs')} in backward, frees {_size(rc.bytes_freed)}, keeps "
-                           f"{_size(rc.bytes_kept)} instead{_net(rc, sizes)}", blocking, traffic, notes, rc,
-                           "backward_reads")
-        return Verdict(True, False, f"inference only: {blocked}; to train fused, the kernel must also "
-                       f"write it out or recompute it, and {rc}", blocking, traffic, notes,
-                       check="recompute_contraction")
-    return Verdict(True, True, "training-safe: no tensor inside the fused kernel is read by backward"
-                   + (f" ({edge})" if edge else ""), traffic_bytes=traffic, frameworks=notes)
+    return blocking
+
+
+def _blocked(m: Match, blocking: list[Blocking], live: Liveness, sizes: Mapping[str, int] | None,
+             traffic: int, notes: dict) -> Verdict:
+    """Training-safe if recomputed, or inference only: backward reads ``blocking``."""
+    rc = plan(m, blocking, live, sizes)
+    b = next((x for x in blocking if isinstance(rc, Recompute) and x.tensor.name in rc.tensors),
+             blocking[0])
+    what = ", ".join(sorted({f"{n.op_type} (backward of {n.meta.get('forward', '?')})"
+                             for n in live.saved_by_name[b.tensor.name].needed_by}))
+    size = "size unknown" if b.bytes is None else f"{format_bytes(b.bytes)} at {_at(sizes)}"
+    blocked = (f"{what} reads {b.tensor.name}, made inside the fused kernel by {b.tensor.producer.name} "
+               f"({size})")
+    if isinstance(rc, Recompute):
+        return Verdict(True, False, f"training-safe if recomputed: {blocked}; {rc.recipe}: "
+                       f"+{_count(rc.flops, 'FLOPs')} in backward, frees {_size(rc.bytes_freed)}, keeps "
+                       f"{_size(rc.bytes_kept)} instead{_net(rc, sizes)}", blocking, traffic, notes, rc,
+                       "backward_reads")
+    return Verdict(True, False, f"inference only: {blocked}; to train fused, the kernel must also "
+                   f"write it out or recompute it, and {rc}", blocking, traffic, notes,
+                   check="recompute_contraction")
 
 
 def _at(sizes: Mapping[str, int] | None) -> str:
@@ -176,13 +254,12 @@ def _size(n: int | None) -> str:
     return format_bytes(n) if n is not None else "an unknown size"
 
 
-def _judge_backward(m: Match, sizes: Mapping[str, int] | None, notes: dict) -> Verdict:
-    inside = {id(n) for n in m.nodes}
+def _judge_backward(m: Match, lookups: Lookups, notes: dict, inside: set[int]) -> Verdict:
     emitted = []
     traffic = 0
-    for t in m.interior():
+    for t in _interior(m, inside):
         others = [c for c in t.consumers if id(c) not in inside]
-        n = t.nbytes(sizes) or 0
+        n = lookups.nbytes(t) or 0
         traffic += n * (1 if others else 2)  # the re-read always; the write too when nobody else reads it
         if others:
             emitted.append(f"{t.name} (also read by {', '.join(sorted({c.op_type for c in others}))})")
