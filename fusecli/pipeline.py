@@ -6,7 +6,6 @@ from dataclasses import dataclass, field, replace
 
 from . import progress
 from .fusion import find_fusions, select_patterns
-from .fusion.attention import NearMiss, near_misses
 from .fusion.match import Match
 from .grad.backward import build_backward
 from .grad.profiles import OPS, Profile, choose_profile
@@ -17,6 +16,7 @@ from .load import load_model, resolve_sizes
 from .load.constant_weights import no_parameter_warning
 from .load.routing import ROUTER_OPS, routers_of
 from .sizes import Sizes, bind, model_variables
+from .spellings.attention import NearMiss, near_misses
 
 
 @dataclass

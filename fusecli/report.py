@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from . import __version__
-from .fusion.attention import AttentionForm, read_attention
 from .fusion.match import Match
 from .fusion.recompute import saved_if_recomputed
 from .ir import gc_paused
@@ -11,6 +10,7 @@ from .liveness import Saved
 from .load.routing import routers_of
 from .memory import memory_formulas, tensor_bytes_formula
 from .pipeline import Analysis
+from .spellings.attention import AttentionForm, read_attention
 
 
 def to_json(a: Analysis) -> dict:

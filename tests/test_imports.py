@@ -94,3 +94,13 @@ def test_few_private_imports():
 
 def test_the_cycle_finder_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_the_pattern_language_and_spellings_sit_below_grad_and_fusion():
+    """The data flow: trees and spellings import neither grad/ nor fusion/; grad/ does not import fusion/."""
+    edges, _ = _graph()
+    below = [m for m in edges if m == "fusecli.trees" or m.startswith(("fusecli.spellings", "fusecli.grad"))]
+    upward = {m: sorted(t for t in edges[m] if t.startswith("fusecli.fusion")
+                        or (not m.startswith("fusecli.grad") and t.startswith("fusecli.grad")))
+              for m in below}
+    assert below and {m: t for m, t in upward.items() if t} == {}

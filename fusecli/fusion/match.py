@@ -1,76 +1,12 @@
-"""Root-anchored matching of expression-tree patterns, walking producers from the last op (as Grappler).
-
-A pattern is a tree of ``Op`` (a node of some kinds, its operands below it) and ``Var`` (any tensor,
-optionally constrained). A name on an ``Op`` or ``Var`` binds the tensor; a later ``Var`` of the same
-name must be that same tensor, which is how shared operands (x in GELU, x - mean in LayerNorm) match.
-"""
+"""Every occurrence of the catalogue's patterns in a graph: each node tried as a root against the forms
+whose root takes its kind (the trees and the matcher are in fusecli/trees.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cached_property
 
 from ..ir import Graph, Node, Tensor
-
-TensorCheck = Callable[[Tensor], bool]
-
-
-@dataclass(frozen=True)
-class Var:
-    """Any tensor (if ``check`` accepts it); ``name`` binds it for later use."""
-
-    name: str | None = None
-    check: TensorCheck | None = None
-
-
-@dataclass(frozen=True)
-class Op:
-    """A node whose kind (forward) or op type (backward) is in ``kinds``, with operands ``args``.
-
-    ``commutative``: two operands that may come in either order; ``more``: extra trailing inputs are
-    allowed and left unmatched; ``role``: the name the node gets in the match; ``optional``: the node
-    may be absent, its first operand then matching the tensor itself (an optional Dropout or scale).
-    """
-
-    kinds: frozenset[str]
-    args: tuple[Op | Var, ...] = ()
-    role: str | None = None
-    name: str | None = None
-    commutative: bool = False
-    more: bool = False
-    check: Callable[[Node], bool] | None = None
-    optional: bool = False
-
-    @cached_property
-    def arg_kinds(self) -> tuple[frozenset[str] | None, ...]:
-        """Per operand: the kinds its producer must have (an unnamed ``Op``; an optional one or what it
-        wraps), else None."""
-        return tuple(_producer_kinds(a) for a in self.args)
-
-    @cached_property
-    def kind_checks(self) -> tuple[tuple[int, frozenset[str]], ...]:
-        """(position, kinds) of the operands whose producer's kind ``arg_kinds`` constrains."""
-        return tuple((i, k) for i, k in enumerate(self.arg_kinds) if k is not None)
-
-    @cached_property
-    def root_test(self) -> tuple:
-        """What ``_root_may_match`` reads of the form: forms that share it get the same answer."""
-        return self.arg_kinds, len(self.args), self.more, self.commutative
-
-
-def _producer_kinds(a: Op | Var) -> frozenset[str] | None:
-    if not isinstance(a, Op) or a.name is not None:
-        return None
-    if not a.optional:
-        return a.kinds
-    inner = _producer_kinds(a.args[0])
-    return None if inner is None else a.kinds | inner
-
-
-def op(kinds: str | frozenset[str] | set[str], *args: Op | Var, **kw) -> Op:
-    ks = frozenset({kinds}) if isinstance(kinds, str) else frozenset(kinds)
-    return Op(ks, tuple(args), **kw)
+from ..trees import dataflow_order, is_noop, match_at, node_key, root_may_match
 
 
 @dataclass
@@ -109,184 +45,6 @@ class Match:
         return out
 
 
-class _State:
-    """The match so far. ``save`` is a few lengths, not copies: ``restore`` drops what was added since
-    and puts back the values of keys written over (``undo``), so the dicts keep their order."""
-
-    __slots__ = ("nodes", "roles", "bound", "undo")
-
-    def __init__(self) -> None:
-        self.nodes: list[Node] = []
-        self.roles: dict[str, Node] = {}
-        self.bound: dict[str, Tensor] = {}
-        self.undo: list[tuple[dict, str, object]] = []  # (dict, key, the value written over)
-
-    def save(self):
-        return len(self.nodes), len(self.roles), len(self.bound), len(self.undo)
-
-    def restore(self, saved) -> None:
-        n, r, b, u = saved
-        del self.nodes[n:]
-        undo = self.undo
-        while len(undo) > u:  # values written over first, then the keys added since
-            d, key, old = undo.pop()
-            d[key] = old
-        _truncate(self.roles, r)
-        _truncate(self.bound, b)
-
-    def put(self, d: dict, key: str, value) -> None:
-        """``d[key] = value``, remembering a value it writes over."""
-        if key in d:
-            self.undo.append((d, key, d[key]))
-        d[key] = value
-
-
-def _truncate(d: dict, n: int) -> None:
-    """Drop the keys added after the first ``n``."""
-    if len(d) > n:
-        for key in list(d)[n:]:
-            del d[key]
-
-
-def _node_key(node: Node) -> str:
-    return node.op_type if node.phase == "backward" else node.kind
-
-
-def is_noop(node: Node | None) -> bool:
-    """A forward Identity, or a Cast to the dtype it reads (exporters write float32 -> float32 casts)."""
-    if node is None or node.phase != "forward" or node.kind not in ("cast", "identity") or not node.inputs:
-        return False
-    x, y = node.inputs[0], node.outputs[0]
-    return x is not None and y is not None and x.dtype == y.dtype
-
-
-def through_noops(t: Tensor) -> Tensor:
-    """The tensor a chain of no-op casts and identities copies (``t`` itself when there is none)."""
-    while is_noop(t.producer) and t.producer.outputs[0] is t:
-        t = t.producer.inputs[0]
-    return t
-
-
-def _match_tensor(pat: Op | Var, t: Tensor | None, st: _State) -> bool:
-    """Match ``pat`` on ``t``; on failure the state is as it was."""
-    if t is None:
-        return False
-    if pat.name is not None and pat.name in st.bound:  # the same value, up to no-op casts
-        b = st.bound[pat.name]
-        return b is t or through_noops(b) is through_noops(t)
-    if isinstance(pat, Var):
-        if pat.check is not None and not pat.check(t):
-            return False
-        if pat.name is not None:
-            st.bound[pat.name] = t  # a new key: bound names return above
-        return True
-    if pat.optional:
-        return _match_op_tensor(pat, t, st) or _match_tensor(pat.args[0], t, st)
-    return _match_op_tensor(pat, t, st)
-
-
-def _match_op_tensor(pat: Op, t: Tensor, st: _State) -> bool:
-    """``pat`` made ``t``, directly or through no-op casts (which join the match); on failure the state is
-    as it was (``_match_node`` leaves it so, the casts are taken off)."""
-    orig, node = t, t.producer
-    if node is None:
-        return False
-    if _node_key(node) not in pat.kinds and not is_noop(node):
-        return False  # no cast to walk, and _match_node would refuse the kind
-    nodes = st.nodes
-    n = len(nodes)
-    while node is not None and node.kind not in pat.kinds and is_noop(node) and node.outputs[0] is t:
-        if node in nodes:  # identity: nodes compare by identity
-            break
-        nodes.append(node)
-        t = node.inputs[0]
-        node = t.producer
-    if node is None or node.outputs[0] is not t or not _match_node(pat, node, st):
-        del nodes[n:]
-        return False
-    if pat.name is not None:
-        st.put(st.bound, pat.name, orig)
-    return True
-
-
-def _operands_may_match(kind_checks: tuple[tuple[int, frozenset[str]], ...], order: list[Tensor]) -> bool:
-    """A cheap necessary condition for ``_match_tensor`` on each operand: an unnamed ``Op`` operand needs a
-    producer of one of its kinds, not constant, whose first output the tensor is. Most tries fail here."""
-    for i, kinds in kind_checks:
-        t = order[i]
-        p = t.producer
-        if p is None:
-            return False
-        if p.kind in _NOOP_KINDS and "cast" not in kinds and is_noop(p):
-            t = through_noops(t)
-            p = t.producer
-            if p is None:
-                return False
-        key = p.op_type if p.phase == "backward" else p.kind  # _node_key, inline: the hottest loop
-        if p.outputs[0] is not t or key not in kinds or p.meta.get("constant"):
-            return False
-    return True
-
-
-_NOOP_KINDS = ("cast", "identity")  # is_noop's kinds, a cheap first test
-
-
-def _match_node(pat: Op, node: Node, st: _State) -> bool:
-    """Match ``pat`` rooted at ``node``; on failure the state is as it was."""
-    if _node_key(node) not in pat.kinds or node.meta.get("constant"):
-        return False
-    if node in st.nodes:  # a node appears once per match (nodes compare by identity)
-        return False
-    inputs = node.inputs
-    if None in inputs:
-        inputs = [t for t in inputs if t is not None]
-    args = pat.args
-    if len(inputs) < len(args) or (not pat.more and len(inputs) != len(args)):
-        return False
-    if pat.check is not None and not pat.check(node):
-        return False
-    orders = [inputs]
-    if pat.commutative and len(args) == 2:
-        orders.append([inputs[1], inputs[0], *inputs[2:]])
-    kind_checks = pat.kind_checks
-    for order in orders:
-        if not _operands_may_match(kind_checks, order):
-            continue
-        saved = st.save()
-        st.nodes.append(node)
-        if pat.role:
-            st.put(st.roles, pat.role, node)
-        if _match_operands(args, order, st):
-            return True
-        st.restore(saved)
-    return False
-
-
-def _match_operands(args: tuple[Op | Var, ...], order: list[Tensor], st: _State) -> bool:
-    for a, t in zip(args, order, strict=False):
-        if not _match_tensor(a, t, st):
-            return False
-    return True
-
-
-def _root_may_match(form: Op, inputs: list[Tensor]) -> bool:
-    """_match_node's first checks on a root's operands (count, producers' kinds), without its state."""
-    n, nargs = len(inputs), len(form.args)
-    if n < nargs or (not form.more and n != nargs):
-        return False
-    checks = form.kind_checks
-    return _operands_may_match(checks, inputs) or (
-        form.commutative and nargs == 2 and _operands_may_match(checks, [inputs[1], inputs[0]]))
-
-
-def match_at(pattern_root: Op, node: Node) -> tuple[list[Node], dict[str, Node], dict[str, Tensor]] | None:
-    """Match the tree rooted at ``node``; its nodes in data-flow order, roles and bindings, or None."""
-    st = _State()
-    if not _match_node(pattern_root, node, st):
-        return None
-    return list(reversed(st.nodes)), st.roles, st.bound
-
-
 def _root_index(patterns, phase: str) -> tuple[dict[str, list[tuple]], int]:
     """Per root key (kind, or op type in backward): the patterns that may root there, in catalogue order,
     each as (pattern, anchor, find, forms) with only the forms whose root takes that key, each form with
@@ -313,7 +71,7 @@ def find_matches(graph: Graph, patterns, phase: str = "forward") -> list[Match]:
     for node in graph.nodes:
         if node.phase != phase:
             continue
-        candidates = index.get(_node_key(node))
+        candidates = index.get(node_key(node))
         if not candidates or node.meta.get("constant"):  # no form matches at a constant node
             continue
         inputs = [t for t in node.inputs if t is not None]
@@ -337,7 +95,7 @@ def _first_form(p, forms: tuple, node: Node, inputs: list[Tensor], may: list[boo
     for form, slot in forms:
         ok = may[slot]
         if ok is None:
-            ok = may[slot] = _root_may_match(form, inputs)
+            ok = may[slot] = root_may_match(form, inputs)
         if not ok:
             continue  # match_at would say no: skip its set-up
         m = match_at(form, node)
@@ -355,24 +113,3 @@ def _first_form(p, forms: tuple, node: Node, inputs: list[Tensor], may: list[boo
     return None
 
 
-def dataflow_order(nodes: list[Node]) -> list[Node]:
-    """Nodes of one match in topological order, the root last."""
-    root = nodes[-1] if nodes else None
-    ids = {id(n) for n in nodes}
-    order: list[Node] = []
-    done: set[int] = set()
-
-    def visit(n: Node) -> None:
-        done.add(id(n))
-        for t in n.inputs:
-            if t is not None:
-                p = t.producer
-                if p is not None and id(p) in ids and id(p) not in done:
-                    visit(p)
-        order.append(n)
-
-    visit(root)
-    for n in nodes:
-        if id(n) not in done:
-            visit(n)
-    return order

@@ -10,7 +10,7 @@ from ..ir import Tensor
 from ..spellings import gelu, norms
 from ..spellings.acts import gate_acts
 from ..spellings.common import SUM, is_activation, is_param, optional, scalar, swaps_last_two
-from .match import Op, Var, op, through_noops
+from ..trees import Op, Var, op, through_noops
 
 
 @dataclass(frozen=True)

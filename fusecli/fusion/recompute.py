@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from ..dims import dim_value
 from ..ir import Node, Tensor, dtype_size
 from ..liveness import Liveness
-from .match import Match, is_noop
+from ..trees import is_noop
+from .match import Match
 
 CONTRACTIONS = frozenset({"conv", "conv_transpose", "matmul", "gemm", "einsum", "fused_conv", "fused_gemm"})
 # FLOPs per output element of each op re-run in backward (exp, erf, tanh, sigmoid: ~4 as in roofline models)

@@ -8,9 +8,10 @@ from dataclasses import dataclass, field
 from ..ir import Graph, Node, Tensor
 from ..kinds import reads_type_only
 from ..liveness import Liveness
+from ..trees import is_noop
 from ..units import format_bytes
 from .frameworks import framework_notes, not_fusable_notes
-from .match import Match, is_noop
+from .match import Match
 from .recompute import Recompute, plan
 
 # Verdict.state's values, worst first

@@ -23,10 +23,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from ..fusion.match import Op, match_at
 from ..ir import Graph, Node, Tensor
 from ..spellings import acts, gelu, norms, softmax
 from ..spellings.common import TORCH, select
+from ..trees import Op, match_at
 from . import sdpa
 
 SHAPE_READERS = frozenset({"shape", "size"})  # read only a tensor's shape: no gradient flows through them
@@ -111,7 +111,7 @@ PYTORCH_COMPOSITES: tuple[Composite, ...] = (
     Composite("log_softmax", LOG_SOFTMAX, "LogSoftmaxBackward0", _y,
               "_log_softmax_backward_data(grad, result): saves y"),
     Composite("sdpa", (), sdpa.FLASH_OP, None,
-              "F.scaled_dot_product_attention read by its form (fusion.attention); what it saves depends on "
+              "F.scaled_dot_product_attention read by its form (spellings.attention); what it saves depends on "
               "the kernel PyTorch picks (grad/sdpa.py)", find=sdpa.sdpa_region,
               roots=frozenset({"matmul", "einsum"})),
 )

@@ -16,10 +16,11 @@ import math
 
 import numpy as np
 
-from ..fusion.attention import LAYOUT, AttentionForm, read_attention, scalar_value
-from ..fusion.match import Match, is_noop
+from ..fusion.match import Match
 from ..ir import Node, Tensor
+from ..spellings.attention import LAYOUT, AttentionForm, read_attention, scalar_value
 from ..spellings.common import ADD
+from ..trees import is_noop
 from .kit import MS, Context, Emission, attr_value, dtype_of, make_node, new_initializer
 from .merged_heads import merged_terms, read_merged, write_shapes
 from .shape_values import int_value

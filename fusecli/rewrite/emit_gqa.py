@@ -21,10 +21,11 @@ import math
 
 import numpy as np
 
-from ..fusion.attention import LAYOUT, AttentionForm, depends_on_input, read_attention
-from ..fusion.match import Match, is_noop
+from ..fusion.match import Match
 from ..ir import Node, Tensor
+from ..spellings.attention import LAYOUT, AttentionForm, depends_on_input, read_attention
 from ..spellings.common import ADD
+from ..trees import is_noop
 from .emit_attention import (
     Builder,
     common_refusal,

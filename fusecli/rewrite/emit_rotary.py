@@ -17,8 +17,9 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from ..fusion.match import Match, through_noops
+from ..fusion.match import Match
 from ..ir import Node, Tensor
+from ..trees import through_noops
 from .kit import MS, Context, Emission, attr_value, make_node, new_initializer
 from .shape_values import int_value
 

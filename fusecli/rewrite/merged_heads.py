@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..dims import same_dim
-from ..fusion.attention import LAYOUT
-from ..fusion.match import Match, is_noop
+from ..fusion.match import Match
 from ..ir import Node, Tensor
+from ..spellings.attention import LAYOUT
+from ..trees import is_noop
 from .kit import Context, attr_value
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..fusion.match import Op, Var, op
+from ..trees import Op, Var, op
 from .common import ADD, named, scalar, spell
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from ..fusion.match import Op, Var, op
+from ..trees import Op, Var, op
 from .common import ADD, TENSORFLOW, Spelling, scalar, select, spell
 
 HALF = Var(check=scalar(0.5))

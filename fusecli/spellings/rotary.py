@@ -3,7 +3,7 @@ apply_rotary_pos_emb)."""
 
 from __future__ import annotations
 
-from ..fusion.match import Op, Var, op
+from ..trees import Op, Var, op
 from .common import is_activation, select, spell
 
 

@@ -1,9 +1,9 @@
-"""Attention softmax(q k^T s + bias) v, read by its form (fusion/attention.py) rather than by trees."""
+"""Attention softmax(q k^T s + bias) v, read by its form (spellings/attention.py) rather than by trees."""
 
 from __future__ import annotations
 
 from ...rewrite import emit_gqa
-from ..attention import AttentionForm, attention_match, read_attention
+from ...spellings.attention import AttentionForm, attention_match, read_attention
 from ..match import Match
 from ..notes_kit import float32_out, verdict
 from ..pattern_kit import (
@@ -12,7 +12,7 @@ from ..pattern_kit import (
 
 PATTERNS: tuple[Pattern, ...] = (
     Pattern("attention", (), "Attention / MultiHeadAttention; FlashAttention in training",
-            "y = softmax(q k^T s + bias) v, read by its form (fusion/attention.py): eager backward reads P "
+            "y = softmax(q k^T s + bias) v, read by its form (spellings/attention.py): eager backward reads P "
             "(b h s^2); FlashAttention keeps the softmax row statistics (b h s) and recomputes P",
             find=attention_match, roots=frozenset({"matmul", "einsum"}), recompute="flash"),
 )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..match import Var, op
+from ...trees import Var, op
 from ..pattern_kit import (
     Pattern,
 )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ...spellings.common import ADD, SUM
-from ..match import Var, op
+from ...trees import Var, op
 from ..pattern_kit import (
     Pattern,
     X,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ...rewrite import emit_acts
 from ...spellings.acts import HARD_SWISH, SILU
-from ..match import Var, op
+from ...trees import Var, op
 from ..pattern_kit import (
     Pattern,
     is_activation,

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from ...rewrite import emit_layer_norm
-from ..match import Match, op
+from ...trees import op
+from ..match import Match
 from ..notes_kit import verdict
 from ..pattern_kit import (
     LAYER_NORM,

@@ -8,7 +8,8 @@ import numpy as np
 from ...rewrite import emit_matmul
 from ...rewrite.fold import channel_vector
 from ...rewrite.kit import Context, Emission, make_node, new_initializer, other_input, out_name, param_of
-from ..match import Match, Var, op
+from ...trees import Var, op
+from ..match import Match
 from ..notes_kit import TF_CPU_ACTS, act, float32_out, verdict
 from ..pattern_kit import (
     Pattern,

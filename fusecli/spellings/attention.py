@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..ir import Graph, Node, Tensor
-from ..spellings.common import ADD
-from .match import dataflow_order, is_noop
+from ..trees import dataflow_order, is_noop
+from .common import ADD
 
 MATMULS = frozenset({"matmul", "einsum"})
 # layout ops that keep every value of the scores (exporters put them between terms: BLOOM's Reshape)
