@@ -31,12 +31,18 @@ INT64_SAFE = 1 << 62  # a bound on every partial sum below it: int64 arithmetic,
 
 def memory_formulas(live: Liveness, joint: Graph) -> dict[str, str]:
     """Each total as a formula string (see the module docstring)."""
+    saved: dict[tuple, int] = {}  # tensors per (shape, dtype), as in grouped_total
+    activations: dict[tuple, int] = {}
+    for s in live.saved:
+        t = s.tensor
+        key = (t.shape, t.dtype)
+        saved[key] = saved.get(key, 0) + 1
+        if t.kind == "activation":
+            activations[key] = activations.get(key, 0) + 1
     out = {}
-    for key, tensors in (("saved_bytes", [s.tensor for s in live.saved]),
-                         ("saved_activation_bytes", [s.tensor for s in live.saved
-                                                     if s.tensor.kind == "activation"])):
-        poly, missing = grouped_total(tensors)
-        out[key] = str(poly) + _unknown_note(missing)
+    for name, counts in (("saved_bytes", saved), ("saved_activation_bytes", activations)):
+        poly, missing = _counted_total(counts)
+        out[name] = str(poly) + _unknown_note(missing)
     out["peak_bytes"] = peak_formula(live, joint)
     return out
 
@@ -47,6 +53,11 @@ def grouped_total(tensors: Iterable[Tensor]) -> tuple[Poly, int]:
     for t in tensors:
         key = (t.shape, t.dtype)
         counts[key] = counts.get(key, 0) + 1
+    return _counted_total(counts)
+
+
+def _counted_total(counts: Mapping[tuple, int]) -> tuple[Poly, int]:
+    """Sum of count times the byte polynomial of each (shape, dtype); how many have an unknown size."""
     total: dict = {}
     missing = 0
     for key, n in counts.items():
@@ -71,14 +82,16 @@ def peak_formula(live: Liveness, joint: Graph) -> str:
     missing = 0
     lifetimes = live.lifetimes
     for t in joint.tensors.values():
-        key = (t.shape, t.dtype)
-        f = formula_of[key] if key in formula_of else formula_of.setdefault(key, tensor_formula(*key))
         if t.kind in ("parameter", "constant"):
             resident.append(t)
             continue
         span = lifetimes.get(t.name)
         if span is None:
             continue
+        key = (t.shape, t.dtype)
+        f = formula_of.get(key, formula_of)  # formula_of itself: not seen yet
+        if f is formula_of:
+            f = formula_of[key] = tensor_formula(*key)
         if f is None:
             missing += 1
         else:
@@ -97,12 +110,14 @@ def peak_polys(resident: Poly, changes: list[tuple[int, int, Poly]], steps: int)
     (alive at steps born..last inclusive, born -1 before the first step), Pareto-reduced, sorted."""
     index_of: dict[int, int] = {}  # one row of coefficients per distinct polynomial object
     polys: list[Poly] = []
-    which = []
-    for _, _, f in changes:
+    borns, lasts, which = [], [], []
+    for born, last, f in changes:
         k = index_of.get(id(f))
         if k is None:
             k = index_of[id(f)] = len(polys)
             polys.append(f)
+        borns.append(born)
+        lasts.append(last)
         which.append(k)
     monomials = sorted({m for f in polys for m in f.terms} | set(resident.terms))
     index = {m: i for i, m in enumerate(monomials)}
@@ -117,10 +132,9 @@ def peak_polys(resident: Poly, changes: list[tuple[int, int, Poly]], steps: int)
             coefficients[k, index[m]] = c
     delta = np.zeros((steps + 2, len(monomials)), dtype=dtype)
     if changes:
-        spans = np.array([(born, last) for born, last, _ in changes], dtype=np.int64)
         rows = coefficients[np.array(which, dtype=np.int64)]
-        np.add.at(delta, spans[:, 0] + 1, rows)  # born: alive from step born + 1's total on
-        np.subtract.at(delta, spans[:, 1] + 2, rows)  # freed after its last step
+        np.add.at(delta, np.array(borns, dtype=np.int64) + 1, rows)  # alive from step born + 1's total on
+        np.subtract.at(delta, np.array(lasts, dtype=np.int64) + 2, rows)  # freed after its last step
     base = np.zeros(len(monomials), dtype=dtype)
     for m, c in resident.terms.items():
         base[index[m]] += c
