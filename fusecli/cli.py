@@ -89,6 +89,14 @@ def _dump_json(doc: dict) -> str:
     return json.dumps(doc, indent=2 if sys.stdout.isatty() else None)
 
 
+def _echo_json(doc: dict) -> None:
+    """``click.echo(_dump_json(doc))``, written a piece at a time: a big model's document is never one
+    string (nor the copies echo makes of it)."""
+    from .output import write_json
+
+    write_json(doc, sys.stdout, 2 if sys.stdout.isatty() else None)
+
+
 def _parse_dims(values: tuple[str, ...]) -> dict[str, int]:
     dims = {}
     for v in values:
@@ -271,7 +279,7 @@ def analyze(model: str, as_json: bool, batch: int | None, dims: tuple[str, ...],
         click.echo(f"wrote {plot_path} ({note})", err=True)
     _write_viewer_outputs(result, model, overlay_path, annotate_path)
     if as_json:
-        click.echo(_dump_json(to_json(result)))
+        _echo_json(to_json(result))
         return
     from .text_report import TextOptions, print_text_report
 

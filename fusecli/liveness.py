@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from itertools import accumulate
 
-from .ir import Graph, Node, Tensor, distinct
+from .ir import Graph, Node, Tensor
 
 
 @dataclass
@@ -84,76 +85,117 @@ def analyze_liveness(joint: Graph, sizes: Mapping[str, int] | None = None,
     read costs nothing.
     """
     schedule = joint.nodes
-    step = {id(n): i for i, n in enumerate(schedule)}
     boundary = next((i for i, n in enumerate(schedule) if n.phase == "backward"), len(schedule))
     end = len(schedule) - 1
-    nbytes: dict[str, int | None] = {}
-    unknown: set[str] = set()
-    born: dict[str, int] = {}
-    last: dict[str, int] = {}
-    readers: dict[str, list[Node]] = {}
-    shape_readers: dict[str, list[Node]] = {}
-    resident = 0
-    size_of: dict[tuple, int | None] = {}  # nbytes per (shape, dtype): most tensors share a few shapes
-    for t in joint.tensors.values():
-        key = (t.shape, t.dtype)
-        if key in size_of:
-            n = size_of[key]
-        else:
-            n = size_of[key] = t.nbytes(sizes)
-        nbytes[t.name] = n
-        if n is None:
-            unknown.add(t.name)
-        if t.kind in ("parameter", "constant"):
-            resident += n or 0
+    # the last step reading each tensor: later steps overwrite earlier ones (keys: tensors, by identity)
+    last = {t: i for i, n in enumerate(schedule) for t in n.inputs}
+    readers, shape_readers = _backward_reads(schedule, boundary, last, keeps_for_shape)
+    for t in joint.outputs:  # graph outputs live until the loss, parameter gradients until the end
+        keep = min(boundary, end) if t.meta.get("grad_of") is None else end
+        if last.get(t, -2) < keep:
+            last[t] = keep
+    spans = _Spans(joint, schedule, last, sizes)
+    saved = [Saved(t, nodes, "value", spans.size(t)) for t, nodes in readers.items()]
+    saved += [Saved(t, nodes, "shape", spans.size(t)) for t, nodes in shape_readers.items()
+              if t not in readers]
+    saved.sort(key=_saved_order)
+    timeline = spans.timeline()
+    peak_step = timeline.index(max(timeline)) if timeline else -1  # the first step at the maximum
+    peak = timeline[peak_step] if timeline else spans.resident + spans.delta[0]
+    return Liveness(schedule, boundary, saved, timeline, peak, peak_step, spans.resident,
+                    {s.tensor.name: s for s in saved}, spans.unknown, spans.alive_at(peak_step),
+                    spans.lifetimes)
+
+
+def _saved_order(s: Saved) -> tuple:
+    """Largest first, unknown sizes last, then by name."""
+    return (s.bytes is None, -(s.bytes or 0), s.tensor.name)
+
+
+def _backward_reads(schedule: list[Node], boundary: int, last: dict[Tensor, int],
+                    keeps_for_shape: Callable[[Tensor, Node], bool] | None,
+                    ) -> tuple[dict[Tensor, list[Node]], dict[Tensor, list[Node]]]:
+    """The backward ops reading each forward value, and each shape read that keeps its tensor, in
+    schedule order, each reader once; a kept shape also extends its tensor's ``last`` step."""
+    readers: dict[Tensor, list[Node]] = {}
+    shape_readers: dict[Tensor, list[Node]] = {}
+    for i in range(boundary, len(schedule)):
+        node = schedule[i]
+        if node.phase != "backward":
             continue
-        born[t.name] = last[t.name] = -1 if t.producer is None else step[id(t.producer)]
-    for i, node in enumerate(schedule):
-        backward = node.phase == "backward"
         for t in node.inputs:
-            if t is None:
+            if t is None or (t.producer is not None and t.producer.phase != "forward"):
                 continue
-            name = t.name
-            if last.get(name, i) < i:
-                last[name] = i
-            if backward and (t.producer is None or t.producer.phase == "forward"):
-                if name in readers:
-                    readers[name].append(node)
-                else:
-                    readers[name] = [node]
-        if backward and keeps_for_shape is not None:
-            for t in node.meta.get("shape_reads", ()):
-                if keeps_for_shape(t, node):
-                    shape_readers.setdefault(t.name, []).append(node)
-                    if t.name in last and last[t.name] < i:
-                        last[t.name] = i
-    for t in joint.outputs:
-        if t.name in last:
-            last[t.name] = max(last[t.name], min(boundary, end) if t.meta.get("grad_of") is None else end)
-
-    saved = []
-    for name, nodes in readers.items():
-        saved.append(Saved(joint.tensors[name], distinct(nodes), "value", nbytes[name]))
-    for name, nodes in shape_readers.items():
-        if name not in readers:
-            saved.append(Saved(joint.tensors[name], distinct(nodes), "shape", nbytes[name]))
-    saved.sort(key=lambda s: (s.bytes is None, -(s.bytes or 0), s.tensor.name))
-
-    delta = [0] * (len(schedule) + 2)
-    for name, b in born.items():
-        n = nbytes[name] or 0
-        delta[b + 1] += n
-        delta[max(last[name], b) + 2] -= n
-    timeline, live = [], resident + delta[0]
-    for i in range(len(schedule)):
-        live += delta[i + 1]
-        timeline.append(live)
-    peak_step = max(range(len(timeline)), key=timeline.__getitem__) if timeline else -1
-    peak = timeline[peak_step] if timeline else resident + delta[0]
-    at_peak = [t for t in joint.tensors.values() if t.kind in ("parameter", "constant")
-               or (t.name in born and born[t.name] <= peak_step <= max(last[t.name], born[t.name]))]
-    lifetimes = {name: (b, max(last[name], b)) for name, b in born.items()}
-    return Liveness(schedule, boundary, saved, timeline, peak, peak_step, resident,
-                    {s.tensor.name: s for s in saved}, unknown, at_peak, lifetimes)
+            nodes = readers.get(t)
+            if nodes is None:
+                readers[t] = [node]
+            elif nodes[-1] is not node:  # a node reading t twice reads it at one step: listed once
+                nodes.append(node)
+        if keeps_for_shape is None:
+            continue
+        for t in node.meta.get("shape_reads", ()):
+            if keeps_for_shape(t, node):
+                nodes = shape_readers.setdefault(t, [])
+                if not nodes or nodes[-1] is not node:
+                    nodes.append(node)
+                if last.get(t, -1) < i:
+                    last[t] = i
+    return readers, shape_readers
 
 
+class _Spans:
+    """Each tensor's size and lifetime (born .. last step, born -1 before the first step), and the
+    change of live bytes per step."""
+
+    def __init__(self, joint: Graph, schedule: list[Node], last: dict[Tensor, int],
+                 sizes: Mapping[str, int] | None) -> None:
+        step = {id(n): i for i, n in enumerate(schedule)}
+        self.steps = len(schedule)
+        self.sizes = sizes
+        self.size_of: dict[tuple, int | None] = {}  # nbytes per (shape, dtype): most tensors share a few
+        self.unknown: set[str] = set()
+        self.resident = 0  # parameters and constants, alive throughout
+        self.lifetimes: dict[str, tuple[int, int]] = {}
+        self.spans: list[tuple[int, int] | None] = []  # per tensor of joint.tensors, None: resident
+        self.tensors = list(joint.tensors.values())
+        delta = self.delta = [0] * (len(schedule) + 2)
+        size_of, lifetimes, spans, unknown = self.size_of, self.lifetimes, self.spans, self.unknown
+        resident = 0
+        for t in self.tensors:
+            key = (t.shape, t.dtype)
+            n = size_of[key] if key in size_of else self.size(t)  # self.size, inline: once per tensor
+            if n is None:
+                unknown.add(t.name)
+            if t.kind in _RESIDENT:
+                resident += n or 0
+                spans.append(None)
+                continue
+            born = -1 if t.producer is None else step[id(t.producer)]
+            end = last.get(t, born)
+            span = lifetimes[t.name] = (born, end if end > born else born)
+            spans.append(span)
+            if n:
+                delta[born + 1] += n
+                delta[span[1] + 2] -= n
+        self.resident = resident
+
+    def size(self, t: Tensor) -> int | None:
+        """``t.nbytes(sizes)``, once per distinct (shape, dtype)."""
+        key = (t.shape, t.dtype)
+        try:
+            return self.size_of[key]
+        except KeyError:
+            n = self.size_of[key] = t.nbytes(self.sizes)
+            return n
+
+    def timeline(self) -> list[int]:
+        """Live bytes after each step."""
+        return list(accumulate(self.delta[1:self.steps + 1], initial=self.resident + self.delta[0]))[1:]
+
+    def alive_at(self, step: int) -> list[Tensor]:
+        """The tensors alive at ``step``, parameters and constants included, in the graph's order."""
+        return [t for t, span in zip(self.tensors, self.spans, strict=True)
+                if span is None or span[0] <= step <= span[1]]
+
+
+_RESIDENT = ("parameter", "constant")

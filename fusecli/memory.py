@@ -13,7 +13,8 @@ Tensors of unknown size are named in the formula, never dropped silently.
 from __future__ import annotations
 
 import ast
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from functools import cache
 from math import comb, prod
 
 import numpy as np
@@ -21,7 +22,7 @@ import numpy as np
 from .dims import DimParseError, Poly, parse_dim
 from .ir import Graph, Tensor
 from .liveness import Liveness
-from .sizes import tensor_formula, total_formula
+from .sizes import tensor_formula
 
 TOTALS = ("saved_bytes", "saved_activation_bytes", "peak_bytes")
 PARETO_BLOCK = 64  # rows compared at once: big enough to amortise numpy's calls, small enough for block^2
@@ -30,14 +31,43 @@ INT64_SAFE = 1 << 62  # a bound on every partial sum below it: int64 arithmetic,
 
 def memory_formulas(live: Liveness, joint: Graph) -> dict[str, str]:
     """Each total as a formula string (see the module docstring)."""
+    saved: dict[tuple, int] = {}  # tensors per (shape, dtype), as in grouped_total
+    activations: dict[tuple, int] = {}
+    for s in live.saved:
+        t = s.tensor
+        key = (t.shape, t.dtype)
+        saved[key] = saved.get(key, 0) + 1
+        if t.kind == "activation":
+            activations[key] = activations.get(key, 0) + 1
     out = {}
-    for key, tensors in (("saved_bytes", [s.tensor for s in live.saved]),
-                         ("saved_activation_bytes", [s.tensor for s in live.saved
-                                                     if s.tensor.kind == "activation"])):
-        poly, missing = total_formula(tensors)
-        out[key] = str(poly) + _unknown_note(missing)
+    for name, counts in (("saved_bytes", saved), ("saved_activation_bytes", activations)):
+        poly, missing = _counted_total(counts)
+        out[name] = str(poly) + _unknown_note(missing)
     out["peak_bytes"] = peak_formula(live, joint)
     return out
+
+
+def grouped_total(tensors: Iterable[Tensor]) -> tuple[Poly, int]:
+    """``sizes.total_formula``, one polynomial per distinct (shape, dtype) times its count."""
+    counts: dict[tuple, int] = {}
+    for t in tensors:
+        key = (t.shape, t.dtype)
+        counts[key] = counts.get(key, 0) + 1
+    return _counted_total(counts)
+
+
+def _counted_total(counts: Mapping[tuple, int]) -> tuple[Poly, int]:
+    """Sum of count times the byte polynomial of each (shape, dtype); how many have an unknown size."""
+    total: dict = {}
+    missing = 0
+    for key, n in counts.items():
+        f = tensor_formula(*key)
+        if f is None:
+            missing += n
+            continue
+        for m, c in f.terms.items():
+            total[m] = total.get(m, 0) + c * n
+    return Poly(total), missing
 
 
 def _unknown_note(missing: int) -> str:
@@ -46,20 +76,28 @@ def _unknown_note(missing: int) -> str:
 
 def peak_formula(live: Liveness, joint: Graph) -> str:
     """``max(...)`` of the step totals that can be the peak at some size (one polynomial when one can)."""
-    resident, missing = Poly(), 0
+    resident: list[Tensor] = []
     changes: list[tuple[int, int, Poly]] = []
+    formula_of: dict[tuple, Poly | None] = {}  # per distinct (shape, dtype): most tensors share a few
+    missing = 0
+    lifetimes = live.lifetimes
     for t in joint.tensors.values():
-        f = tensor_formula(t.shape, t.dtype)
-        if f is None:
-            missing += t.kind in ("parameter", "constant") or t.name in live.lifetimes
-            continue
         if t.kind in ("parameter", "constant"):
-            resident = resident + f
-        elif t.name in live.lifetimes:
-            born, last = live.lifetimes[t.name]
-            changes.append((born, last, f))
-    steps = len(live.schedule)
-    return max_text(peak_polys(resident, changes, steps)) + _unknown_note(missing)
+            resident.append(t)
+            continue
+        span = lifetimes.get(t.name)
+        if span is None:
+            continue
+        key = (t.shape, t.dtype)
+        f = formula_of.get(key, formula_of)  # formula_of itself: not seen yet
+        if f is formula_of:
+            f = formula_of[key] = tensor_formula(*key)
+        if f is None:
+            missing += 1
+        else:
+            changes.append((span[0], span[1], f))
+    total, unknown = grouped_total(resident)
+    return max_text(peak_polys(total, changes, len(live.schedule))) + _unknown_note(missing + unknown)
 
 
 def max_text(polys: list[Poly]) -> str:
@@ -70,25 +108,41 @@ def max_text(polys: list[Poly]) -> str:
 def peak_polys(resident: Poly, changes: list[tuple[int, int, Poly]], steps: int) -> list[Poly]:
     """The step totals that can be the peak at some size: ``resident`` plus each interval's bytes
     (alive at steps born..last inclusive, born -1 before the first step), Pareto-reduced, sorted."""
-    monomials = sorted({m for _, _, f in changes for m in f.terms} | set(resident.terms))
+    index_of: dict[int, int] = {}  # one row of coefficients per distinct polynomial object
+    polys: list[Poly] = []
+    borns, lasts, which = [], [], []
+    for born, last, f in changes:
+        k = index_of.get(id(f))
+        if k is None:
+            k = index_of[id(f)] = len(polys)
+            polys.append(f)
+        borns.append(born)
+        lasts.append(last)
+        which.append(k)
+    monomials = sorted({m for f in polys for m in f.terms} | set(resident.terms))
     index = {m: i for i, m in enumerate(monomials)}
     # every step total, row sum and difference is at most the sum of all |coefficients|
-    bound = sum(abs(c) for _, _, f in changes for c in f.terms.values()) + \
+    uses = np.bincount(np.array(which, dtype=np.int64), minlength=len(polys)).tolist()
+    bound = sum(n * sum(abs(c) for c in f.terms.values()) for f, n in zip(polys, uses, strict=True)) + \
         sum(abs(c) for c in resident.terms.values())
     dtype = np.int64 if bound < INT64_SAFE else object
-    delta = np.zeros((steps + 2, len(monomials)), dtype=dtype)
-    for born, last, f in changes:
+    coefficients = np.zeros((len(polys), len(monomials)), dtype=dtype)
+    for k, f in enumerate(polys):
         for m, c in f.terms.items():
-            delta[born + 1, index[m]] += c
-            delta[last + 2, index[m]] -= c
+            coefficients[k, index[m]] = c
+    delta = np.zeros((steps + 2, len(monomials)), dtype=dtype)
+    if changes:
+        rows = coefficients[np.array(which, dtype=np.int64)]
+        np.add.at(delta, np.array(borns, dtype=np.int64) + 1, rows)  # alive from step born + 1's total on
+        np.subtract.at(delta, np.array(lasts, dtype=np.int64) + 2, rows)  # freed after its last step
     base = np.zeros(len(monomials), dtype=dtype)
     for m, c in resident.terms.items():
         base[index[m]] += c
     rows = np.cumsum(delta, axis=0)[1:steps + 1] + base  # liveness's timeline, one polynomial per step
     front = candidate_steps(rows, monomials, bound) if steps else [base + delta[0]]
-    polys = [Poly({monomials[i]: int(c) for i, c in enumerate(r) if c}) for r in front]
-    polys.sort(key=str)
-    return polys
+    out = [Poly({monomials[i]: int(c) for i, c in enumerate(r) if c}) for r in front]
+    out.sort(key=str)
+    return out
 
 
 def candidate_steps(rows: np.ndarray, monomials: list, bound: int) -> list[np.ndarray]:
@@ -104,7 +158,12 @@ def candidate_steps(rows: np.ndarray, monomials: list, bound: int) -> list[np.nd
 
 def _distinct(rows: np.ndarray) -> np.ndarray:
     """The distinct rows, sorted (np.unique(axis=0)'s answer, without the numpy.ma import it costs)."""
-    return np.array(sorted(set(map(tuple, rows.tolist()))), dtype=rows.dtype).reshape(-1, rows.shape[1])
+    if rows.dtype == object or not rows.size:  # Python ints, or nothing to sort by
+        return np.array(sorted(set(map(tuple, rows.tolist()))), dtype=rows.dtype).reshape(-1, rows.shape[1])
+    rows = rows[np.lexsort(rows.T[::-1])]  # lexicographic: the first column is the primary key
+    keep = np.ones(len(rows), dtype=bool)
+    keep[1:] = (rows[1:] != rows[:-1]).any(axis=1)
+    return rows[keep]
 
 
 def _shift_matrix(monomials: list) -> np.ndarray:
@@ -174,7 +233,13 @@ def evaluate_formula(text: str, values: Mapping[str, int]) -> int | None:
 
 def tensor_bytes_formula(t: Tensor) -> str | None:
     """One tensor's bytes as a formula, or None when its rank or a dim is unknown."""
-    f = tensor_formula(t.shape, t.dtype)
+    return formula_text(t.shape, t.dtype)
+
+
+@cache
+def formula_text(shape, dtype: str) -> str | None:
+    """``tensor_bytes_formula`` of a (shape, dtype), written once per distinct pair."""
+    f = tensor_formula(shape, dtype)
     return None if f is None else str(f)
 
 

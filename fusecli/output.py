@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import re
 import shutil
 import stat
 import tempfile
+from collections.abc import Iterator
+from typing import TextIO
 
 from .errors import FuseError
 
@@ -24,6 +27,7 @@ PART_PREFIX = ".fusecli-"
 SCRATCH_PREFIX = "fusecli-scratch-"
 _PID = re.compile(r"-(\d+)-")
 MAX_INPUT_FILES = 100_000  # files of a SavedModel folder compared with the target (hard links)
+JSON_SLICE = 1000  # list items encoded at once: json's C encoder does the work, a slice stays small
 
 
 def _pid_alive(pid: int) -> bool:
@@ -200,3 +204,35 @@ def refuse_overwriting_input(output: str, inputs: list[str]) -> None:
     for i in inputs:
         if os.path.exists(output) and any(_same(output, f) for f in input_files(i)):
             raise FuseError(f"{output}: refusing to overwrite the input model")
+
+
+def write_json(doc, stream: TextIO, indent: int | None = None) -> None:
+    """``json.dumps(doc, indent=indent)`` and a newline written to ``stream`` (what ``click.echo`` writes);
+    compact, a piece at a time (``json_pieces``), so that a big model's document is never one string."""
+    if indent is not None:  # for a person at a terminal: json's Python encoder, one string
+        stream.write(json.dumps(doc, indent=indent) + "\n")
+    else:
+        for piece in json_pieces(doc):
+            stream.write(piece)
+        stream.write("\n")
+    stream.flush()
+
+
+def json_pieces(doc, depth: int = 2) -> Iterator[str]:
+    """``json.dumps(doc)`` (compact, the default separators) in pieces: the dicts and long lists of the
+    top ``depth`` levels are opened here, long lists a slice at a time; the rest by json's C encoder."""
+    if depth and type(doc) is dict and doc and all(type(k) is str for k in doc):
+        sep = "{"
+        for key, value in doc.items():
+            yield sep + json.dumps(key) + ": "
+            yield from json_pieces(value, depth - 1)
+            sep = ", "
+        yield "}"
+    elif depth and type(doc) is list and len(doc) > JSON_SLICE:
+        sep = "["
+        for start in range(0, len(doc), JSON_SLICE):
+            yield sep + json.dumps(doc[start:start + JSON_SLICE])[1:-1]  # the items, without [ ]
+            sep = ", "
+        yield "]"
+    else:
+        yield json.dumps(doc)

@@ -8,7 +8,7 @@ from .fusion.recompute import saved_if_recomputed
 from .ir import gc_paused
 from .liveness import Saved
 from .load.routing import routers_of
-from .memory import memory_formulas, tensor_bytes_formula
+from .memory import formula_text, memory_formulas
 from .pipeline import Analysis
 from .spellings.attention import AttentionForm, read_attention
 
@@ -58,10 +58,10 @@ def routing_entry(a: Analysis) -> dict | None:
 
 
 def saved_entry(s: Saved) -> dict:
-    t = s.tensor
-    return {"name": t.name, "producer": t.producer.name if t.producer else t.name,
-            "op": t.producer.op_type if t.producer else t.kind, "kind": t.kind, "bytes": s.bytes,
-            "bytes_formula": tensor_bytes_formula(t),
+    t, p = s.tensor, s.tensor.producer
+    return {"name": t.name, "producer": t.name if p is None else p.name,
+            "op": t.kind if p is None else p.op_type, "kind": t.kind, "bytes": s.bytes,
+            "bytes_formula": formula_text(t.shape, t.dtype),  # tensor_bytes_formula, once per shape
             "needed_by": [n.name for n in s.needed_by], "reads": s.reads}
 
 

@@ -17,10 +17,9 @@ from dataclasses import dataclass
 
 from .fusion.match import Match
 from .fusion.recompute import recompute_all
-from .memory import fold_opaque, memory_formulas
+from .memory import fold_opaque, grouped_total, memory_formulas
 from .names import ELLIPSIS, common_scope, cut, cut_end, fit_unique, name_pattern, skeleton
 from .pipeline import Analysis
-from .sizes import total_formula
 from .units import format_bytes, format_shape, sum_bytes
 
 MIN_WIDTH, MAX_WIDTH = 60, 200
@@ -287,7 +286,7 @@ def formula_lines(a: Analysis, width: int) -> list[str]:
     here = {}
     for key, text in texts.items():
         if text.startswith("max("):  # the exact peak is a max of several step totals: the JSON has it
-            texts[key], here[key] = str(total_formula(a.liveness.live_at_peak)[0]), " here"
+            texts[key], here[key] = str(grouped_total(a.liveness.live_at_peak)[0]), " here"
     texts, notes = fold_opaque(texts, a.sizes.opaque)  # many inner dims of one value (Wav2Vec2's frames)
     lines = []
     for key, text in texts.items():

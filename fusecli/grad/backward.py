@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from functools import cache
 
-from ..ir import Graph, Node, Tensor
+from ..ir import FLOAT_DTYPES, Graph, Node, Tensor
 from .composites import Region, custom_gradient_regions, find_regions
 from .profiles import OPS, Profile
-from .rules import Grad, grad_for_input
+from .rules import Grad
 
 GRAD_PREFIX = "gradients"
 
@@ -28,19 +28,38 @@ def requires_grad(graph: Graph, wrt_inputs: bool = False, profile: Profile = OPS
     every = profile.function_inputs  # TensorFlow: a function call's gradient covers all its inputs
     frozen = profile.frozen(graph) if profile.frozen is not None else ()
     rg = {t.name for t in graph.tensors.values()
-          if t.is_float and ((t.kind == "parameter" and t.name not in frozen)
-                             or ((wrt_inputs or every) and t.kind == "input")
-                             or (every and "variable" in t.meta))}
+          if t.dtype in FLOAT_DTYPES and ((t.kind == "parameter" and t.name not in frozen)
+                                          or ((wrt_inputs or every) and t.kind == "input")
+                                          or (every and "variable" in t.meta))}
+    rules = _RuleCache(profile)
     for node in graph.nodes:
         if node.meta.get("constant"):
             continue
-        rule = profile.rule_for(grad_kind(node))
+        rule = rules.of(node)
         if rule == {}:
             continue
-        if any(t is not None and t.name in rg and (rule is None or grad_for_input(rule, i))
-               for i, t in enumerate(node.inputs)):
-            rg.update(t.name for t in node.outputs if t is not None and t.is_float)
+        for i, t in enumerate(node.inputs):
+            # a differentiable input on a trainable path makes the node's float outputs trainable
+            if t is not None and t.name in rg and (rule is None or rule.get(i, rule.get("*")) is not None):
+                rg.update(u.name for u in node.outputs if u is not None and u.dtype in FLOAT_DTYPES)
+                break
     return rg
+
+
+class _RuleCache:
+    """A profile's rule per gradient kind, looked up once per kind."""
+
+    def __init__(self, profile: Profile) -> None:
+        self.profile = profile
+        self.rules: dict[str, dict | None] = {}
+
+    def of(self, node: Node) -> dict[int | str, Grad] | None:
+        kind = node.meta.get("grad_kind", node.kind)  # grad_kind(node), inline: called per node
+        try:
+            return self.rules[kind]
+        except KeyError:
+            rule = self.rules[kind] = self.profile.rule_for(kind)
+            return rule
 
 
 class _Builder:
@@ -54,29 +73,34 @@ class _Builder:
     def node(self, scope: str, op: str, inputs: list[Tensor], like: list[Tensor],
              shape_reads: list[Tensor] = (), forward: Node | None = None) -> list[Tensor]:
         """One backward node reading ``inputs`` and making one gradient shaped like each of ``like``."""
+        joint = self.joint
         # PyTorch's names start with '/': 'gradients/m/Conv/ConvGrad', not 'gradients//m/...'
-        name = self.joint.unique_node_name(f"{GRAD_PREFIX}/{scope.lstrip('/')}/{op}")
-        outs = [self.joint.tensor(f"{name}:{k}", dtype=t.dtype, shape=t.shape, kind="activation")
+        name = joint.unique_node_name(f"{GRAD_PREFIX}/{scope.lstrip('/')}/{op}")
+        tensor = joint.tensor
+        outs = [tensor(f"{name}:{k}", dtype=t.dtype, shape=t.shape, kind="activation")
                 for k, t in enumerate(like)]
-        node = Node(name, op, "grad", list(inputs), outs, phase="backward",
-                    meta={"shape_reads": list(shape_reads)})
+        meta = {"shape_reads": list(shape_reads)}
         if forward is not None:
-            node.meta["forward"] = forward.name
-        self.joint.add_node(node)
+            meta["forward"] = forward.name
+        joint.add_node(Node(name, op, "grad", list(inputs), outs, phase="backward", meta=meta))
         return outs
 
     def add_partial(self, target: Tensor, grad: Tensor) -> None:
-        self.partials.setdefault(target.name, []).append(grad)
+        parts = self.partials.get(target.name)
+        if parts is None:
+            self.partials[target.name] = [grad]
+        else:
+            parts.append(grad)
 
     def total(self, t: Tensor) -> Tensor | None:
         """The full gradient of ``t``: its one partial, or the AddN of several."""
-        if t.name in self.totals:
-            return self.totals[t.name]
         parts = self.partials.get(t.name)
-        if not parts:
+        if not parts:  # most forward tensors get no gradient: one lookup
             return None
-        total = parts[0] if len(parts) == 1 else self.node(t.name, "AddN", parts, [t])[0]
-        self.totals[t.name] = total
+        total = self.totals.get(t.name)
+        if total is None:
+            total = parts[0] if len(parts) == 1 else self.node(t.name, "AddN", parts, [t])[0]
+            self.totals[t.name] = total
         return total
 
 
@@ -140,10 +164,12 @@ def build_backward(forward: Graph, wrt_inputs: bool = False, profile: Profile = 
     for y in joint.outputs:
         if y.name in rg:  # d(sum y)/dy = ones_like(y)
             b.add_partial(y, b.node(y.name, "OnesLike", [], [y], shape_reads=[y])[0])
+    rules = _RuleCache(profile)
+    total = b.total
     for node in reversed(joint.forward_nodes()):
         if node.meta.get("constant") or id(node) in interior:
             continue
-        out_grads = [None if t is None else b.total(t) for t in node.outputs]
+        out_grads = [None if t is None else total(t) for t in node.outputs]
         dys = [g for g in out_grads if g is not None]
         if not dys:
             continue
@@ -155,51 +181,68 @@ def build_backward(forward: Graph, wrt_inputs: bool = False, profile: Profile = 
             dys += [b.node(t.name, "ZerosLike", [t], [t])[0] for t, g in zip(node.outputs, out_grads,
                                                                            strict=True)
                     if g is None and t is not None and t.is_float]
-        rule = profile.rule_for(grad_kind(node))
-        wanted = [i for i, t in enumerate(node.inputs) if t is not None and t.name in rg
-                  and (rule is None or grad_for_input(rule, i) is not None)]
-        if profile.constant_operands and wanted and rule is not None:
-            wanted = [i for i, t in enumerate(node.inputs) if t is not None and t.is_float
-                      and grad_for_input(rule, i) is not None]
-        if not wanted:
-            continue
-        if rule is None:  # unsupported: assume its backward reads every input and output
-            reads = [t for t in (*node.inputs, *node.outputs) if t is not None]
-            grads = b.node(node.name, f"{node.op_type}Grad", [*dys, *reads],
-                           [node.inputs[i] for i in wanted], forward=node)
-            for i, g in zip(wanted, grads, strict=True):
-                b.add_partial(node.inputs[i], g)
-            node.meta["unsupported"] = True
-            continue
-        groups: dict[str, list[tuple[int, Grad]]] = {}
-        # Add(bias, x), as the TorchScript exporter writes it: the rule's x is input 1, its bias input 0
-        swap = grad_kind(node) == "bias_add" and node.meta.get("bias_input", 1) == 0
-        for i in wanted:
-            g = grad_for_input(rule, 1 - i if swap else i)
-            x = node.inputs[i]
-            if g.op is None or (g.broadcast_only and len(dys) == 1
-                                and not _broadcast(x, node.outputs[0])):
-                b.add_partial(x, dys[0])  # pass-through: no op, reads nothing
-                continue
-            groups.setdefault(g.op, []).append((i, g))
-        for op, items in groups.items():
-            values: dict[str, Tensor] = {}
-            shapes: dict[str, Tensor] = {}
-            for _, g in items:
-                for read in g.reads:
-                    if swap and read[:2] in ("x0", "x1"):
-                        read = f"x{1 - int(read[1])}{read[2:]}"
-                    for t, shape_only in _resolve(node, read):
-                        if not shape_only:
-                            t = profile.storage_of(t)
-                        (shapes if shape_only else values)[t.name] = t
-            grads = b.node(node.name, op, [*dys, *values.values()],
-                           [node.inputs[i] for i, _ in items],
-                           shape_reads=[t for n, t in shapes.items() if n not in values], forward=node)
-            for (i, _), g in zip(items, grads, strict=True):
-                b.add_partial(node.inputs[i], g)
+        _differentiate(b, node, rules.of(node), dys, rg, profile)
     _finish(joint, b, rg, wrt_inputs)
     return joint
+
+
+def _differentiate(b: _Builder, node: Node, rule: dict[int | str, Grad] | None, dys: list[Tensor],
+                   rg: set[str], profile: Profile) -> None:
+    """The backward nodes of one forward node by its rule, given its output gradients ``dys``."""
+    star = None if rule is None else rule.get("*")  # rules.grad_for_input, inline: once per input
+    wanted = [i for i, t in enumerate(node.inputs) if t is not None and t.name in rg
+              and (rule is None or rule.get(i, star) is not None)]
+    if profile.constant_operands and wanted and rule is not None:
+        wanted = [i for i, t in enumerate(node.inputs) if t is not None and t.is_float
+                  and rule.get(i, star) is not None]
+    if not wanted:
+        return
+    if rule is None:  # unsupported: assume its backward reads every input and output
+        reads = [t for t in (*node.inputs, *node.outputs) if t is not None]
+        grads = b.node(node.name, f"{node.op_type}Grad", [*dys, *reads],
+                       [node.inputs[i] for i in wanted], forward=node)
+        for i, g in zip(wanted, grads, strict=True):
+            b.add_partial(node.inputs[i], g)
+        node.meta["unsupported"] = True
+        return
+    groups: dict[str, list[tuple[int, Grad]]] = {}
+    # Add(bias, x), as the TorchScript exporter writes it: the rule's x is input 1, its bias input 0
+    swap = node.meta.get("grad_kind", node.kind) == "bias_add" and node.meta.get("bias_input", 1) == 0
+    for i in wanted:
+        g = rule.get(1 - i if swap else i, star)
+        x = node.inputs[i]
+        if g.op is None or (g.broadcast_only and len(dys) == 1
+                            and not _broadcast(x, node.outputs[0])):
+            b.add_partial(x, dys[0])  # pass-through: no op, reads nothing
+            continue
+        if g.op in groups:
+            groups[g.op].append((i, g))
+        else:
+            groups[g.op] = [(i, g)]
+    for op, items in groups.items():
+        values, shapes = _reads(node, items, swap, profile)
+        grads = b.node(node.name, op, [*dys, *values.values()], [node.inputs[i] for i, _ in items],
+                       shape_reads=[t for n, t in shapes.items() if n not in values], forward=node)
+        for (i, _), g in zip(items, grads, strict=True):
+            b.add_partial(node.inputs[i], g)
+
+
+def _reads(node: Node, items: list[tuple[int, Grad]], swap: bool,
+           profile: Profile) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """What one backward node of ``node`` reads: values (a view read as its base) and shapes, by name."""
+    values: dict[str, Tensor] = {}
+    shapes: dict[str, Tensor] = {}
+    for _, g in items:
+        for read in g.reads:
+            if swap and read[:2] in ("x0", "x1"):
+                read = f"x{1 - int(read[1])}{read[2:]}"
+            for t, shape_only in _resolve(node, read):
+                if shape_only:
+                    shapes[t.name] = t
+                else:
+                    t = profile.storage_of(t)
+                    values[t.name] = t
+    return values, shapes
 
 
 def _composite(b: _Builder, region: Region, dys: list[Tensor], rg: set[str], profile: Profile) -> None:
@@ -224,11 +267,16 @@ def _composite(b: _Builder, region: Region, dys: list[Tensor], rg: set[str], pro
         b.add_partial(t, g)
 
 
+def _name(t: Tensor) -> str:
+    return t.name
+
+
 def _finish(joint: Graph, b: _Builder, rg: set[str], wrt_inputs: bool) -> None:
-    """Parameter (and input) gradients become graph outputs."""
-    for name in sorted(rg):
-        t = joint.tensors[name]
-        if (t.kind == "parameter" or (wrt_inputs and t.kind == "input")) and b.partials.get(name):
-            total = b.total(t)
-            total.meta["grad_of"] = name
-            joint.outputs.append(total)
+    """Parameter (and input) gradients become graph outputs, by name."""
+    leaves = [t for t in joint.tensors.values()
+              if (t.kind == "parameter" or (wrt_inputs and t.kind == "input")) and t.name in rg
+              and b.partials.get(t.name)]
+    for t in sorted(leaves, key=_name):
+        total = b.total(t)
+        total.meta["grad_of"] = t.name
+        joint.outputs.append(total)
