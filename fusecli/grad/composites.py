@@ -111,8 +111,8 @@ PYTORCH_COMPOSITES: tuple[Composite, ...] = (
     Composite("log_softmax", LOG_SOFTMAX, "LogSoftmaxBackward0", _y,
               "_log_softmax_backward_data(grad, result): saves y"),
     Composite("sdpa", (), sdpa.FLASH_OP, None,
-              "F.scaled_dot_product_attention read by its form (spellings.attention); what it saves depends on "
-              "the kernel PyTorch picks (grad/sdpa.py)", find=sdpa.sdpa_region,
+              "F.scaled_dot_product_attention read by its form (spellings.attention); what it saves depends "
+              "on the kernel PyTorch picks (grad/sdpa.py)", find=sdpa.sdpa_region,
               roots=frozenset({"matmul", "einsum"})),
 )
 

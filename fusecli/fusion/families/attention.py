@@ -12,8 +12,8 @@ from ..pattern_kit import (
 
 PATTERNS: tuple[Pattern, ...] = (
     Pattern("attention", (), "Attention / MultiHeadAttention; FlashAttention in training",
-            "y = softmax(q k^T s + bias) v, read by its form (spellings/attention.py): eager backward reads P "
-            "(b h s^2); FlashAttention keeps the softmax row statistics (b h s) and recomputes P",
+            "y = softmax(q k^T s + bias) v, read by its form (spellings/attention.py): eager backward "
+            "reads P (b h s^2); FlashAttention keeps the softmax row statistics (b h s) and recomputes P",
             find=attention_match, roots=frozenset({"matmul", "einsum"}), recompute="flash"),
 )
 
