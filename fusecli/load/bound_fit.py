@@ -13,7 +13,7 @@ shapes are already polynomials in the input dims: those become graph inputs of t
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import onnx
 from onnx import helper
@@ -89,6 +89,17 @@ def cut_model(graph: Graph, model: onnx.ModelProto, need: set[str],
                 frontier[x] = t
             else:
                 todo.append(producer[x])
+    return sub_model(model, keep, seen, need, producer,
+                     [helper.make_tensor_value_info(x, _FLOAT_TYPES[t.dtype], list(t.shape))
+                      for x, t in frontier.items()])
+
+
+def sub_model(model: onnx.ModelProto, keep: set[int], seen: set[str], need: set[str],
+              producer: Mapping[str, int],
+              more_inputs: Sequence[onnx.ValueInfoProto] = ()) -> onnx.ModelProto:
+    """The nodes at positions ``keep`` as a model: the graph inputs and initializers among ``seen``, then
+    ``more_inputs``, and the made ones of ``need`` as outputs (shape tools then do only that work)."""
+    g = model.graph
     out = onnx.ModelProto()
     for fd, value in model.ListFields():
         if fd.name != "graph":
@@ -97,8 +108,7 @@ def cut_model(graph: Graph, model: onnx.ModelProto, need: set[str],
     og.name = g.name
     og.node.extend(g.node[i] for i in sorted(keep))
     og.input.extend(i for i in g.input if i.name in seen)
-    og.input.extend(helper.make_tensor_value_info(x, _FLOAT_TYPES[t.dtype], list(t.shape))
-                    for x, t in frontier.items())
+    og.input.extend(more_inputs)
     og.initializer.extend(t for t in g.initializer if t.name in seen)
     og.output.extend(onnx.ValueInfoProto(name=n) for n in sorted(need) if n in producer)
     return out

@@ -31,7 +31,7 @@ from onnx import helper
 from ..dims import dim_poly, dim_value
 from ..ir import Graph
 from ..kinds import data_dependent_origins
-from .bound_fit import bind_in_place, fit_by_onnx, set_field
+from .bound_fit import bind_in_place, fit_by_onnx, sub_model
 from .dim_fit import fit_polynomials, over_variables, pending_tensors
 from .routing import SIZED_BY_VALUES, balanced, find_routers
 from .shape_tools import huge_shape_value, infer_shapes, value_shapes
@@ -317,17 +317,7 @@ def _ancestors(model: onnx.ModelProto, need: set[str]) -> onnx.ModelProto:
                 seen.add(x)
                 if x in producer:
                     todo.append(x)
-    out = onnx.ModelProto()
-    for fd, value in model.ListFields():
-        if fd.name != "graph":
-            set_field(out, fd, value)
-    og = out.graph
-    og.name = g.name
-    og.node.extend(g.node[i] for i in sorted(keep))
-    og.input.extend(i for i in g.input if i.name in seen)
-    og.initializer.extend(t for t in g.initializer if t.name in seen)
-    og.output.extend(onnx.ValueInfoProto(name=n) for n in sorted(need) if n in producer)
-    return out
+    return sub_model(model, keep, seen, need, producer)
 
 
 def _open(shape: tuple | None) -> bool:

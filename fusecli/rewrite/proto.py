@@ -7,8 +7,8 @@ from collections.abc import Callable
 import numpy as np
 import onnx
 
+from ..load.bound_fit import set_field
 from ..load.onnx import SMALL_VALUE_ELEMENTS
-from ..load.onnx_sizes import set_field
 
 
 def copy_with_initializers(model: onnx.ModelProto,
