@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import atexit
 import gc
-import json
 import os
 import signal
 import sys
@@ -83,15 +82,9 @@ class _Group(click.Group):
                 signal.signal(signal.SIGTERM, previous)
 
 
-def _dump_json(doc: dict) -> str:
-    """Indented for a person at a terminal; compact (json's C encoder, several times faster on big
-    graphs) when piped to a program."""
-    return json.dumps(doc, indent=2 if sys.stdout.isatty() else None)
-
-
 def _echo_json(doc: dict) -> None:
-    """``click.echo(_dump_json(doc))``, written a piece at a time: a big model's document is never one
-    string (nor the copies echo makes of it)."""
+    """The JSON document on stdout (indented at a terminal), written a piece at a time: a big model's
+    document is never one string (nor the copies echo makes of it)."""
     from .output import write_json
 
     write_json(doc, sys.stdout, 2 if sys.stdout.isatty() else None)
@@ -427,7 +420,10 @@ def rewrite_command(model: str, output: str, target: str, mode: str, patterns: t
         result = run_rewrite(model, options, output)
     for w in result.warnings:
         click.echo(f"warning: {w}", err=True)
-    click.echo(_dump_json(rewrite_json(result)) if as_json else format_summary(result))
+    if as_json:
+        _echo_json(rewrite_json(result))
+    else:
+        click.echo(format_summary(result))
     if result.refused:
         _fail(result.refused)
 
@@ -475,7 +471,7 @@ def diff_command(old: str, new: str, as_json: bool, batch: int | None, dims: tup
         for w in result.warnings:
             click.echo(f"warning: {label}: {w}", err=True)
     if as_json:
-        click.echo(_dump_json(doc))
+        _echo_json(doc)
     else:
         from .diff_text import report_lines
 
@@ -550,6 +546,9 @@ def plan_command(model: str, budget: int, batch: int | None, dims: tuple[str, ..
 
         note = write_pytorch_helper(emit_path, plan, name)
         click.echo(f"wrote {emit_path} ({note})", err=True)
-    click.echo(_dump_json(plan_json(plan)) if as_json else "\n".join(plan_lines(plan, name)))
+    if as_json:
+        _echo_json(plan_json(plan))
+    else:
+        click.echo("\n".join(plan_lines(plan, name)))
     if not plan.fits:
         sys.exit(1)

@@ -33,25 +33,21 @@ def dot_label(*lines: str) -> str:
     return "\\n".join(escape(line, 200) for line in lines if line)
 
 
-def verdict_state(m: Match) -> str:
-    """'training', 'recompute' (training-safe if recomputed), 'inference' or 'none' (not fusable)."""
-    v = m.verdict
-    if v.training_safe:
-        return "training"
-    if getattr(v, "recompute", None) is not None:
-        return "recompute"
-    return "inference" if v.inference_safe else "none"
-
-
 STATE_TEXT = {"training": "training-safe", "recompute": "training-safe if recomputed",
-              "inference": "inference only", "none": "not fusable"}
+              "inference": "inference only", "none": "not fusable"}  # colour key -> its rung of LADDER
+_STATE_KEY = {text: key for key, text in STATE_TEXT.items()}
+
+
+def verdict_state(m: Match) -> str:
+    """'training', 'recompute' (training-safe if recomputed), 'inference' or 'none' (not fusable): the
+    verdict's rung (``Verdict.state``) as a colour key."""
+    return _STATE_KEY[m.verdict.state]
 
 
 def state_text(m: Match) -> str:
     """The verdict as a label: a recompute that keeps as much as it frees says it frees nothing."""
-    text = STATE_TEXT[verdict_state(m)]
-    rc = getattr(m.verdict, "recompute", None)
-    return text + ",\nfrees nothing" if rc is not None and getattr(rc, "frees_nothing", False) else text
+    rc = m.verdict.recompute
+    return m.verdict.state + (",\nfrees nothing" if rc is not None and rc.frees_nothing else "")
 
 
 class Drawer:

@@ -34,12 +34,8 @@ RECOMPUTE_COLOR = "#1f77b4"
 def _training_matches(a: Analysis) -> tuple[list[Match], list[Match]]:
     """Non-overlapping forward matches usable in training, chosen as `fusecli rewrite` chooses
     (fusion.select) once those whose backward is fused too are taken first, and the backward matches."""
-    back, used = [], set()
-    for m in (m for m in a.matches if m.pattern.phase == "backward"):
-        ids = {id(n) for n in m.nodes}
-        if not ids & used:
-            back.append(m)
-            used |= ids
+    position = {id(m): i for i, m in enumerate(a.matches)}  # backward matches: in the catalogue's order
+    back = select(a.matches, lambda m: m.pattern.phase == "backward", first=lambda m: position[id(m)])
     paired = {n.meta.get("forward") for m in back for n in m.nodes}  # forward ops of a fused backward
     chosen = select(a.matches, lambda m: m.pattern.phase == "forward"
                     and (m.verdict.training_safe or m.verdict.recompute is not None),

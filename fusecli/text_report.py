@@ -145,19 +145,15 @@ class Style:
 
 def verdict_class(m: Match) -> str:
     """'training-safe', 'training-safe if recomputed', 'inference only', 'backward fusion', 'not fusable'."""
-    v = m.verdict
     if m.pattern.phase == "backward":
-        return "backward fusion" if v.training_safe else "not fusable"
-    if v.training_safe:
-        return "training-safe"
-    if getattr(v, "recompute", None) is not None:
-        return "training-safe if recomputed"
-    return "inference only" if v.inference_safe else "not fusable"
+        return "backward fusion" if m.verdict.training_safe else "not fusable"
+    return m.verdict.state  # its rung of fusion.verdict.LADDER
 
 
 def frees_nothing(m: Match) -> bool:
     """A 'training-safe if recomputed' match whose recompute keeps at least as much as it frees."""
-    return bool(getattr(getattr(m.verdict, "recompute", None), "frees_nothing", False))
+    rc = m.verdict.recompute
+    return rc is not None and rc.frees_nothing
 
 
 CLASS_COLOR = {"training-safe": "green", "backward fusion": "green", "training-safe if recomputed": "cyan",

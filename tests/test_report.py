@@ -18,6 +18,8 @@ from click.testing import CliRunner
 from onnx import helper
 
 from fusecli.cli import main
+from fusecli.fusion.recompute import Recompute
+from fusecli.fusion.verdict import Verdict
 from fusecli.names import common_scope, cut, fit_unique, last_segments, name_pattern
 from fusecli.pipeline import Options, analyze
 from fusecli.text_report import TextOptions, report_lines, summary_lines, verdict_class
@@ -183,17 +185,14 @@ def test_unknown_sizes_print_a_question_mark():
 
 
 def _match(pattern: str, training: bool, inference: bool, recompute=None, phase="forward"):
-    verdict = SimpleNamespace(training_safe=training, inference_safe=inference, blocking=[], reason="r",
-                              frameworks={}, traffic_bytes=0)
-    if recompute is not None:
-        verdict.recompute = recompute
+    verdict = Verdict(inference, training, "r", recompute=recompute)
     node = SimpleNamespace(name="n", op_type="Op")
     return SimpleNamespace(pattern=SimpleNamespace(name=pattern, phase=phase), verdict=verdict, nodes=[node])
 
 
 def test_training_safe_if_recomputed_is_counted():
     """A verdict with a ``recompute`` plan (issue 14's ladder) lights up its own column."""
-    plan = SimpleNamespace(tensors=["t"], flops=10, bytes_freed=100, bytes_kept=4)
+    plan = Recompute(["t"], flops=10, bytes_freed=100, bytes_kept=4)
     matches = [_match("attention", False, True, plan), _match("attention", False, True),
                _match("attention", True, True)]
     assert [verdict_class(m) for m in matches] == ["training-safe if recomputed", "inference only",

@@ -4,11 +4,9 @@ is fusion.select's, which the after pictures share)."""
 from __future__ import annotations
 
 from ..fusion.match import Match
-from ..fusion.select import saving, select
+from ..fusion.select import select
 from .emit import emit
 from .kit import Context, Emission
-
-__all__ = ["is_safe", "plan", "saving"]
 
 
 def is_safe(m: Match, mode: str) -> bool:
