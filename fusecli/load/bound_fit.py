@@ -29,13 +29,13 @@ _FLOAT_TYPES = {"float32": onnx.TensorProto.FLOAT, "float64": onnx.TensorProto.D
 
 
 def fit_by_onnx(graph: Graph, model: onnx.ModelProto, pending: set[str], values: Mapping[str, int],
-                variables: tuple[str, ...]) -> dict[str, tuple]:
+                variables: tuple[str, ...]) -> tuple[dict[str, tuple], dict[str, tuple]]:
     """The shapes of the ``pending`` tensors whose every open dim ONNX's bound inference sizes at each
-    point and fits to a polynomial; the others are left out. Where it leaves one open at the user's
-    point, nothing: onnxruntime's tool then runs anyway, on as much of the model, and the fit's further
-    runs would cost more than they save."""
+    point and fits to a polynomial, and the dims it found at the user's point (ints, None where open).
+    Where it leaves one open at the user's point, no fit: onnxruntime's tool then runs anyway, on as
+    much of the model, and the fit's further runs would cost more than they save."""
     if not pending or not variables or len(variables) > MAX_FIT_VARIABLES:
-        return {}
+        return {}, {}
     template = cut_model(graph, model, pending, variables)
 
     def numbers(point: Mapping[str, int], need: set[str]) -> dict[str, tuple]:
@@ -52,7 +52,7 @@ def fit_by_onnx(graph: Graph, model: onnx.ModelProto, pending: set[str], values:
         closed[name] = shape if shape is not None else (None,) * len(got)
         positions += [(name, axis) for axis, d in enumerate(closed[name]) if not over_variables(d, variables)]
     if len(closed) < len(pending):
-        return {}
+        return {}, at_user
     fitted = fit_polynomials(numbers, positions, values, at_user, variables)
     out = {}
     for name, shape in closed.items():
@@ -60,13 +60,15 @@ def fit_by_onnx(graph: Graph, model: onnx.ModelProto, pending: set[str], values:
                 for axis, d in enumerate(shape)]
         if None not in dims:
             out[name] = tuple(dims)
-    return out
+    return out, at_user
 
 
-def cut_model(graph: Graph, model: onnx.ModelProto, need: set[str],
-              variables: tuple[str, ...]) -> onnx.ModelProto:
+def cut_model(graph: Graph, model: onnx.ModelProto, need: set[str], variables: tuple[str, ...],
+              plain: bool = False) -> onnx.ModelProto:
     """The nodes ``need`` depends on, back to the graph inputs, initializers and float activations whose
-    shape ``graph`` knows over ``variables`` (graph inputs here, their dims as expressions to bind)."""
+    shape ``graph`` knows over ``variables`` (graph inputs here, their dims as expressions to bind).
+    ``plain``: cut only where every dim is a number or a variable itself, for a symbolic tool (it reads a
+    dim's text as one symbol: ``2*seq`` squared would print as ``2*seq**2``)."""
     g = model.graph
     producer = {o: i for i, n in enumerate(g.node) for o in n.output if o}
     keep: set[int] = set()
@@ -85,7 +87,7 @@ def cut_model(graph: Graph, model: onnx.ModelProto, need: set[str],
             if x not in producer:
                 continue
             t = graph.tensors.get(x)
-            if _cuttable(t, variables):
+            if _cuttable(t, variables, plain):
                 frontier[x] = t
             else:
                 todo.append(producer[x])
@@ -114,10 +116,13 @@ def sub_model(model: onnx.ModelProto, keep: set[int], seen: set[str], need: set[
     return out
 
 
-def _cuttable(t: Tensor | None, variables: tuple[str, ...]) -> bool:
+def _cuttable(t: Tensor | None, variables: tuple[str, ...], plain: bool = False) -> bool:
     """A float activation sized by the input dims: a shape is known, its values size nothing."""
     if t is None or t.producer is None or t.dtype not in _FLOAT_TYPES or t.shape is None:
         return False
+    if plain:
+        return any(not isinstance(d, int) for d in t.shape) and all(
+            isinstance(d, int) or d in variables for d in t.shape)
     return any(not isinstance(d, int) for d in t.shape) and all(over_variables(d, variables) for d in t.shape)
 
 

@@ -31,7 +31,7 @@ from onnx import helper
 from ..dims import dim_poly, dim_value
 from ..ir import Graph
 from ..kinds import data_dependent_origins
-from .bound_fit import bind_in_place, fit_by_onnx, sub_model
+from .bound_fit import bind_in_place, cut_model, fit_by_onnx, sub_model
 from .dim_fit import fit_polynomials, over_variables, pending_tensors
 from .routing import SIZED_BY_VALUES, balanced, find_routers
 from .shape_tools import huge_shape_value, infer_shapes, value_shapes
@@ -52,12 +52,15 @@ def resolve_sizes(graph: Graph, values: Mapping[str, int], variables: tuple[str,
     runner = _Runner(model, omitted, variables, routing)
     graph.meta["routers"] = [r.indices for r in runner.routers]
     # 0. ONNX's own inference bound at points, fitted (C++; under --routing the tools see a changed model)
-    fitted = fit_by_onnx(graph, runner.model, pending, values, variables) if not runner.routers else {}
+    fitted, onnx_at_user = fit_by_onnx(graph, runner.model, pending, values, variables) \
+        if not runner.routers else ({}, {})
     for name, shape in fitted.items():
         graph.tensors[name].shape = shape
         pending.discard(name)
     # 1. symbolic, unbound (a model without input dims has nothing to be symbolic in: numbers at once)
-    symbolic = (runner.ort(None, need=pending) or {}) if variables and pending else {}
+    # (on the part they depend on, cut at float activations of known shape: its values size nothing)
+    symbolic = (runner.ort(None, cut_model(graph, runner.model, pending, variables, plain=True)) or {}) \
+        if variables and pending else {}
     for name in list(pending):
         s = _usable(symbolic.get(name), variables, graph.tensors[name].shape)
         if s is not None:
@@ -68,8 +71,12 @@ def resolve_sizes(graph: Graph, values: Mapping[str, int], variables: tuple[str,
                and any(isinstance(d, str) and not _is_variable(d, variables) for d in t.shape)]
     if not pending and not checked:
         return {}
-    # 2. numbers at the user's point: they check step 1's expressions and size what is still open
-    at_user = runner.numbers(values, pending | {t.name for t in checked})
+    # 2. numbers at the user's point: they check step 1's expressions and size what is still open (step 0's
+    # run gave them where it closed every dim; the tools run again for the rest only)
+    need = pending | {t.name for t in checked}
+    at_user = {n: s for n, s in onnx_at_user.items() if n in need and s is not None and None not in s}
+    if need - at_user.keys():
+        at_user = {**runner.numbers(values, need - at_user.keys()), **at_user}
     for t in checked:
         got = at_user.get(t.name)
         if got is None or len(got) != len(t.shape):
