@@ -192,9 +192,10 @@ class Graph:
 
     def add_node(self, node: Node) -> Node:
         """Append a node (callers add in topological order) and link its tensors both ways."""
-        if node.name in self._node_names:
-            raise GraphError(f"duplicate node name {node.name!r}")
-        self._node_names[node.name] = node
+        name, names = node.name, self._node_names
+        if name in names:
+            raise GraphError(f"duplicate node name {name!r}")
+        names[name] = node
         for t in node.inputs:
             if t is not None:
                 t.consumers.append(node)
@@ -258,16 +259,40 @@ class Graph:
     # -- invariants -----------------------------------------------------------------------------
     def lint(self) -> None:
         """Check every IR invariant; raise GraphError naming the first one broken."""
-        seen_nodes: set[int] = set()
-        defined: set[int] = {id(t) for t in self.tensors.values() if t.producer is None}
-        names = set()
-        # long consumer (and input) lists are looked up through id sets, so that a tensor read by
-        # thousands of nodes (or a node reading thousands) costs linear time, not quadratic
-        consumer_ids: dict[int, set[int]] = {}
-        input_ids: dict[int, set[int]] = {}
-        for t in self.tensors.values():
+        tensors = self.tensors
+        for t in tensors.values():
             if t.kind not in TENSOR_KINDS:
                 raise GraphError(f"tensor {t.name!r} has unknown kind {t.kind!r}")
+        seen_nodes = self._lint_nodes()
+        input_ids: dict[int, set[int]] = {}  # long input lists, as _lint_nodes' consumer lists
+        for t in tensors.values():
+            producer = t.producer
+            if producer is not None and producer not in seen_nodes:
+                raise GraphError(f"{t.name!r} names a producer that is not in the graph")
+            for c in t.consumers:
+                inputs = c.inputs
+                if c not in seen_nodes or not (t in inputs if len(inputs) <= _SHORT
+                                               else _lists(inputs, t, input_ids, id(c))):
+                    raise GraphError(f"{t.name!r} lists consumer {c.name!r} that does not read it")
+            if producer is None and t.kind == "activation":
+                raise GraphError(f"activation {t.name!r} has no producer")
+        for t in self.outputs:
+            if tensors.get(t.name) is not t:
+                raise GraphError(f"graph output {t.name!r} is not in the graph")
+
+    def _lint_nodes(self) -> set[Node]:
+        """``lint``'s walk of the nodes in order: names, phases, the tensors each reads (in the graph, made
+        before it, listing it as a consumer) and makes; returns the nodes. Node and Tensor hash by
+        identity (eq=False), so sets hold them as they are."""
+        tensors = self.tensors
+        seen_nodes: set[Node] = set()
+        # the tensors in the graph (under their own name) made so far: those without a producer, then
+        # each node's outputs
+        defined: set[Tensor] = {t for name, t in tensors.items() if t.producer is None and name == t.name}
+        names = set()
+        # long consumer lists are looked up through id sets, so that a tensor read by thousands of
+        # nodes costs linear time, not quadratic
+        consumer_ids: dict[int, set[int]] = {}
         for node in self.nodes:
             if node.name in names:
                 raise GraphError(f"duplicate node name {node.name!r}")
@@ -277,9 +302,9 @@ class Graph:
             for t in node.inputs:
                 if t is None:
                     continue
-                if self.tensors.get(t.name) is not t:
-                    raise GraphError(f"node {node.name!r} reads {t.name!r}, not in the graph")
-                if id(t) not in defined:
+                if t not in defined:
+                    if tensors.get(t.name) is not t:
+                        raise GraphError(f"node {node.name!r} reads {t.name!r}, not in the graph")
                     raise GraphError(f"node {node.name!r} reads {t.name!r} before it is made "
                                      "(not topological)")
                 consumers = t.consumers
@@ -289,26 +314,15 @@ class Graph:
             for t in node.outputs:
                 if t is None:
                     continue
-                if self.tensors.get(t.name) is not t:
+                if tensors.get(t.name) is not t:
                     raise GraphError(f"node {node.name!r} makes {t.name!r}, not in the graph")
                 if t.producer is not node:
                     raise GraphError(f"{t.name!r} does not name {node.name!r} as its producer")
                 if t.kind == "input":
                     raise GraphError(f"input {t.name!r} has a producer {node.name!r}")
-                defined.add(id(t))
-            seen_nodes.add(id(node))
-        for t in self.tensors.values():
-            if t.producer is not None and id(t.producer) not in seen_nodes:
-                raise GraphError(f"{t.name!r} names a producer that is not in the graph")
-            for c in t.consumers:
-                if id(c) not in seen_nodes or not (t in c.inputs if len(c.inputs) <= _SHORT
-                                                   else _lists(c.inputs, t, input_ids, id(c))):
-                    raise GraphError(f"{t.name!r} lists consumer {c.name!r} that does not read it")
-            if t.producer is None and t.kind == "activation":
-                raise GraphError(f"activation {t.name!r} has no producer")
-        for t in self.outputs:
-            if self.tensors.get(t.name) is not t:
-                raise GraphError(f"graph output {t.name!r} is not in the graph")
+                defined.add(t)
+            seen_nodes.add(node)
+        return seen_nodes
 
 
 _SHORT = 8
@@ -324,11 +338,11 @@ def _lists(items: list, x: object, cache: dict[int, set[int]], key: int) -> bool
 
 def topological_order(nodes: list[Node]) -> list[Node]:
     """Kahn's algorithm over producer links, stable for nodes already in order; GraphError on a cycle."""
-    index = {id(n): i for i, n in enumerate(nodes)}
+    index = {n: i for i, n in enumerate(nodes)}  # Node hashes by identity (eq=False)
     if len(index) == len(nodes) and _in_order(nodes, index):
         return list(nodes)  # what Kahn's algorithm below returns for nodes already in order
-    preds = [{index[id(t.producer)] for t in n.inputs
-              if t is not None and t.producer is not None and id(t.producer) in index} for n in nodes]
+    preds = [{index[t.producer] for t in n.inputs
+              if t is not None and t.producer is not None and t.producer in index} for n in nodes]
     order = kahn_order(preds)
     if len(order) != len(nodes):
         placed = set(order)
@@ -358,10 +372,10 @@ def kahn_order(preds: list[set[int]]) -> list[int]:
     return order
 
 
-def _in_order(nodes: list[Node], index: dict[int, int]) -> bool:
+def _in_order(nodes: list[Node], index: dict[Node, int]) -> bool:
     """Whether every producer in ``nodes`` comes before the nodes that read it (ONNX files are so)."""
     for i, n in enumerate(nodes):
         for t in n.inputs:
-            if t is not None and t.producer is not None and index.get(id(t.producer), -1) >= i:
+            if t is not None and index.get(t.producer, -1) >= i:  # (None, no producer: not in index)
                 return False
     return True

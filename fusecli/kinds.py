@@ -137,7 +137,9 @@ TYPE_ONLY_INPUTS = {"CastLike": frozenset({1})}
 
 def value_inputs(op_type: str, inputs: Sequence[T]) -> list[T]:
     """The inputs whose values an op reads (all but TYPE_ONLY_INPUTS' positions)."""
-    skip = TYPE_ONLY_INPUTS.get(op_type, ())
+    skip = TYPE_ONLY_INPUTS.get(op_type)
+    if skip is None:
+        return list(inputs)
     return [x for k, x in enumerate(inputs) if k not in skip]
 
 

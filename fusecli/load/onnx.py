@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import ast
+import math
 import os
 import sys
-from functools import cache
+from functools import cache, lru_cache
 
 import numpy as np
 import onnx
@@ -130,25 +131,39 @@ def opset_of(model: onnx.ModelProto) -> int:
     return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
 
 
-def _attrs(node: onnx.NodeProto) -> dict:
+_SUBGRAPH_ATTRS = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+# attribute types read here as onnx.helper.get_attribute_value reads them, without its chain of type tests
+_NUMBER_ATTRS = {onnx.AttributeProto.INTS: lambda a: list(a.ints), onnx.AttributeProto.INT: lambda a: a.i,
+                 onnx.AttributeProto.FLOATS: lambda a: list(a.floats),
+                 onnx.AttributeProto.FLOAT: lambda a: a.f}
+
+
+def _attrs(attributes) -> dict:
+    """A node's attributes (its ``attribute`` field) by name: numbers, lists, strings as text, TensorProtos,
+    and "<subgraph>" for graphs."""
     out = {}
-    for a in node.attribute:
-        if a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
+    for a in attributes:
+        kind = a.type
+        number = _NUMBER_ATTRS.get(kind)
+        if number is not None and not a.ref_attr_name:  # (get_attribute_value refuses references)
+            out[a.name] = number(a)
+        elif kind in _SUBGRAPH_ATTRS:
             out[a.name] = "<subgraph>"
-        elif a.type == onnx.AttributeProto.TENSOR:
+        elif kind == onnx.AttributeProto.TENSOR:
             out[a.name] = a.t
         else:
-            out[a.name] = onnx.helper.get_attribute_value(a)
-            if isinstance(out[a.name], bytes):
-                out[a.name] = out[a.name].decode("utf-8", "replace")
+            value = onnx.helper.get_attribute_value(a)
+            out[a.name] = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
     return out
 
 
 # element types whose raw_data numpy_helper.to_array reads as np.frombuffer(raw_data, dtype).reshape(dims)
-_RAW_DTYPES = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.DOUBLE: np.float64,
-               onnx.TensorProto.INT64: np.int64, onnx.TensorProto.INT32: np.int32,
-               onnx.TensorProto.INT8: np.int8, onnx.TensorProto.UINT8: np.uint8,
-               onnx.TensorProto.BOOL: np.bool_, onnx.TensorProto.FLOAT16: np.float16}
+# (np.dtype objects: frombuffer takes them without converting a type per call)
+_RAW_DTYPES = {elem_type: np.dtype(dtype) for elem_type, dtype in (
+    (onnx.TensorProto.FLOAT, np.float32), (onnx.TensorProto.DOUBLE, np.float64),
+    (onnx.TensorProto.INT64, np.int64), (onnx.TensorProto.INT32, np.int32),
+    (onnx.TensorProto.INT8, np.int8), (onnx.TensorProto.UINT8, np.uint8),
+    (onnx.TensorProto.BOOL, np.bool_), (onnx.TensorProto.FLOAT16, np.float16))}
 
 
 def _small_value(tensor: onnx.TensorProto, dims: tuple[int, ...] | None = None):
@@ -156,9 +171,7 @@ def _small_value(tensor: onnx.TensorProto, dims: tuple[int, ...] | None = None):
     caller has them), else None."""
     if dims is None:
         dims = tuple(tensor.dims)
-    n = 1
-    for d in dims:
-        n *= d
+    n = math.prod(dims)
     if n > SMALL_VALUE_ELEMENTS or tensor.data_location == onnx.TensorProto.EXTERNAL:
         return None
     raw_dtype = _RAW_DTYPES.get(tensor.data_type)
@@ -166,6 +179,8 @@ def _small_value(tensor: onnx.TensorProto, dims: tuple[int, ...] | None = None):
         raw = tensor.raw_data
         if raw and not tensor.HasField("segment"):
             try:  # to_array's own reading of raw_data, without its per-call set-up (a graph has thousands)
+                if len(raw) == n * raw_dtype.itemsize:  # frombuffer(raw).reshape(dims) in one step
+                    return np.ndarray(dims, raw_dtype, raw)  # (ValueError for negative dims, as reshape's)
                 return np.frombuffer(raw, dtype=raw_dtype).reshape(dims)
             except ValueError:
                 pass  # a size that does not fit the dims: let to_array say what it says
@@ -240,36 +255,38 @@ def build_graph(model: onnx.ModelProto, name: str = "model", constant_weights: b
 
 
 def _tensor_maker(graph: Graph, infos: dict[str, onnx.ValueInfoProto]):
-    """``make(name, kind)``: the graph's tensor of that name, typed and shaped by its value info; a type
-    is read once per distinct TypeProto (a big graph has a few dozen among 100k values)."""
+    """``make(name, kind)``: a new tensor of the graph (the caller checks that the name is free), typed and
+    shaped by its value info; a type is read once per distinct TypeProto (a big graph has a few dozen
+    among 100k values)."""
+    tensors = graph.tensors
     typed: dict[bytes, tuple[str, tuple | None] | None] = {}
 
     def make(name: str, kind: str) -> Tensor:
         vi = infos.get(_text(name, "tensor name"))
+        found = None
         if vi is not None:
             key = vi.type.SerializeToString()
             found = typed.get(key, False)
             if found is False:
                 found = typed[key] = (dtype_name(vi.type.tensor_type.elem_type), dims_of(vi)) \
                     if vi.type.HasField("tensor_type") else None
-            if found is not None:
-                return graph.tensor(name, dtype=found[0], shape=found[1], kind=kind)
-        return graph.tensor(name, shape=None, kind=kind)
+        t = tensors[name] = Tensor(name, kind=kind) if found is None else Tensor(name, *found, kind)
+        return t
 
     return make
 
 
 def _add_initializers(graph: Graph, g: onnx.GraphProto, infos: dict[str, onnx.ValueInfoProto]) -> set[str]:
     """The initializers' tensors (small values kept, the exporter's notes from their value info), then the
-    sparse initializers'; returns their names. FuseError for one defined twice."""
-    names: set[str] = set()
+    sparse initializers'; returns their names. FuseError for one defined twice. ``graph`` is new: its
+    tensors are the initializers made so far."""
+    tensors = graph.tensors
     for init in g.initializer:
         init_name = init.name
-        if init_name in names:
+        if init_name in tensors:
             raise FuseError(f"initializer {init_name!r} is defined twice")
-        names.add(init_name)
         dims = tuple(init.dims)
-        t = _weight(graph, _text(init_name, "initializer name"), init.data_type, dims)
+        t = tensors[init_name] = _weight(_text(init_name, "initializer name"), init.data_type, dims)
         value = _small_value(init, dims)
         if value is not None:
             t.meta["value"] = value
@@ -278,41 +295,40 @@ def _add_initializers(graph: Graph, g: onnx.GraphProto, infos: dict[str, onnx.Va
             t.meta["export"] = {p.key: p.value for p in vi.metadata_props}
     for sparse in g.sparse_initializer:  # a dense tensor of ``dims`` stored as values + indices
         init = sparse.values
-        if init.name in names:
+        if init.name in tensors:
             raise FuseError(f"initializer {init.name!r} is defined twice")
-        names.add(init.name)
-        _weight(graph, init.name, init.data_type, tuple(sparse.dims))
-    return names
+        tensors[init.name] = _weight(init.name, init.data_type, tuple(sparse.dims))
+    return set(tensors)
 
 
 def _add_nodes(graph: Graph, protos: list[onnx.NodeProto], make) -> None:
     """Every node's output tensors first (a node may read a value made further down the file), then the
     nodes, in file order."""
     tensors = graph.tensors
-    outputs = []
+    outputs: list[list[Tensor | None]] = []
     for node_proto in protos:
-        outs = list(node_proto.output)
-        for out in outs:
-            if out and out in tensors:
+        outs: list[Tensor | None] = []
+        for out in node_proto.output:
+            if not out:
+                outs.append(None)  # an absent optional output
+                continue
+            if out in tensors:
                 raise FuseError(f"tensor {out!r} is defined more than once (again by node "
                                 f"{node_proto.name or node_proto.op_type!r})")
-            if out:
-                make(out, "activation")
+            outs.append(make(out, "activation"))
         outputs.append(outs)
     for index, (node_proto, outs) in enumerate(zip(protos, outputs, strict=True)):
         op_type = _text(node_proto.op_type, "op type")
-        inputs: list[Tensor | None] = []
-        for name in node_proto.input:
-            t = tensors.get(name) if name else None
-            if t is None and name:
-                raise FuseError(f"node {node_proto.name or op_type!r} reads {name!r}, "
-                                "which no node, input or initializer defines")
-            inputs.append(t)
+        names = node_proto.input
+        inputs = [tensors.get(name) if name else None for name in names]
+        if None in inputs:  # an absent optional input, or a name nothing defines
+            _check_defined(node_proto, op_type, names, tensors)
         domain = _text(node_proto.domain, "domain")
-        attrs = _attrs(node_proto)
+        attributes = node_proto.attribute
+        attrs = _attrs(attributes) if attributes else {}
         kind = "unknown" if "<subgraph>" in attrs.values() else _kind(op_type, domain)
         node = Node(graph.unique_node_name(_text(node_proto.name, "node name") or f"{op_type}_{index}"),
-                    op_type, kind, inputs, [tensors[n] if n else None for n in outs], attrs, domain)
+                    op_type, kind, inputs, outs, attrs, domain)
         if node_proto.metadata_props:
             module = _torch_module(node_proto)
             if module:
@@ -320,6 +336,15 @@ def _add_nodes(graph: Graph, protos: list[onnx.NodeProto], make) -> None:
         graph.add_node(node)
 
 
+def _check_defined(node_proto: onnx.NodeProto, op_type: str, names, tensors: dict[str, Tensor]) -> None:
+    """FuseError for the first input name of the node that no node, input or initializer defines."""
+    for name in names:
+        if name and name not in tensors:
+            raise FuseError(f"node {node_proto.name or op_type!r} reads {name!r}, "
+                            "which no node, input or initializer defines")
+
+
+@lru_cache(maxsize=4096)  # asked once per node, of a few dozen (op type, domain) pairs
 def _kind(op_type: str, domain: str) -> str:
     """The canonical kind of an op of ONNX's domain or com.microsoft's; other domains' are unknown."""
     if domain in ("", "ai.onnx"):
@@ -354,15 +379,12 @@ def _text(value, what: str) -> str:
     return value
 
 
-def _weight(graph: Graph, name: str, data_type: int, dims) -> Tensor:
-    """An initializer's tensor: float weights are trainable; one-element floats (1/sqrt(d), epsilons)
-    are constants, as are integer tensors."""
+def _weight(name: str, data_type: int, dims: tuple[int, ...]) -> Tensor:
+    """An initializer's (new) tensor: float weights are trainable; one-element floats (1/sqrt(d),
+    epsilons) are constants, as are integer tensors."""
     dtype = dtype_name(data_type)
-    numel = 1
-    for d in dims:
-        numel *= d
-    return graph.tensor(name, dtype=dtype, shape=tuple(dims),
-                        kind="parameter" if dtype in FLOAT_DTYPES and numel > 1 else "constant")
+    return Tensor(name, dtype, dims,
+                  "parameter" if dtype in FLOAT_DTYPES and math.prod(dims) > 1 else "constant")
 
 
 def _constant_values(nodes: list[Node]) -> None:

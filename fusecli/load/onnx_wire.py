@@ -12,6 +12,7 @@ a norm's eps: what shape inference and the patterns need) are kept.
 
 from __future__ import annotations
 
+import math
 import os
 
 import onnx
@@ -56,15 +57,16 @@ class _Source:
         return self.buf[:end - start]
 
 
-def _varint(src: _Source, pos: int) -> tuple[int, int]:
-    data = src.read(pos, pos + 10)
+def _varint_at(data: bytes, i: int) -> tuple[int, int]:
+    """The varint at ``data[i:]`` (10 bytes at most) and the index after it."""
     result, shift = 0, 0
-    for i, b in enumerate(data):
+    for j in range(i, min(i + 10, len(data))):
+        b = data[j]
         result |= (b & 0x7F) << shift
         if not b & 0x80:
-            return result, pos + i + 1
+            return result, j + 1
         shift += 7
-    raise WireError("varint too long" if len(data) == 10 else "truncated varint")
+    raise WireError("varint too long" if len(data) - i >= 10 else "truncated varint")
 
 
 def encode_varint(n: int) -> bytes:
@@ -79,23 +81,39 @@ def encode_varint(n: int) -> bytes:
             return bytes(out)
 
 
+CHUNK = WINDOW // 2  # bytes of field headers decoded from one read (runs of small messages)
+
+
 def wire_fields(src: _Source, start: int, end: int):
     """(field number, wire type, field start, value start, value end) for each field in [start, end)."""
     pos = start
+    base, buf = start, b""  # bytes [base, base + len(buf)) of the file, read a chunk at a time
     while pos < end:
-        key, vpos = _varint(src, pos)
-        number, wtype = key >> 3, key & 7
-        if wtype == 0:
-            _, vend = _varint(src, vpos)
-        elif wtype == 1:
-            vend = vpos + 8
-        elif wtype == 2:
-            length, vpos = _varint(src, vpos)
-            vend = vpos + length
-        elif wtype == 5:
-            vend = vpos + 4
+        i = pos - base
+        if i + 20 > len(buf):  # the key and a varint value or length (10 bytes each at most) may not fit
+            base, buf, i = pos, src.read(pos, pos + CHUNK), 0
+        if i < len(buf) and buf[i] < 0x80:  # one-byte varints (small field numbers, short lengths) inline
+            key, i = buf[i], i + 1
         else:
-            raise WireError(f"unsupported wire type {wtype}")
+            key, i = _varint_at(buf, i)
+        number, wtype = key >> 3, key & 7
+        if wtype == 2:
+            if i < len(buf) and buf[i] < 0x80:
+                length, i = buf[i], i + 1
+            else:
+                length, i = _varint_at(buf, i)
+            vpos = base + i
+            vend = vpos + length
+        else:
+            vpos = base + i
+            if wtype == 0:
+                vend = base + _varint_at(buf, i)[1]
+            elif wtype == 1:
+                vend = vpos + 8
+            elif wtype == 5:
+                vend = vpos + 4
+            else:
+                raise WireError(f"unsupported wire type {wtype}")
         if vend > end:
             raise WireError("field runs past the end of its message")
         yield number, wtype, pos, vpos, vend
@@ -166,8 +184,8 @@ def _rewrite_fields(src: _Source, start: int, end: int, children: dict[int, int]
     run = start  # start of the run of fields kept as they are
     for number, wtype, fstart, vpos, vend in wire_fields(src, start, end):
         child = children.get(number)
-        if child is None or wtype != 2:
-            continue
+        if child is None or wtype != 2 or vend - vpos <= KEEP_BYTES:
+            continue  # (_slim keeps messages no larger than KEEP_BYTES: not even a call for each)
         inner = _slim(src, vpos, vend, child, depth + 1, external)
         if inner is None:
             continue
@@ -204,16 +222,9 @@ def read_structure(path: str, external: bool = False) -> tuple[onnx.ModelProto, 
 
 
 def _left_out(t: onnx.TensorProto) -> bool:
-    return t.data_location != onnx.TensorProto.EXTERNAL and not _has_data(t) and _numel(t) > 0
-
-
-def _numel(t: onnx.TensorProto) -> int:
-    n = 1
-    for d in t.dims:
-        n *= d
-    return n
-
-
-def _has_data(t: onnx.TensorProto) -> bool:
-    return bool(t.raw_data or t.float_data or t.int32_data or t.int64_data or t.double_data
-                or t.uint64_data or t.string_data)
+    """Whether ``t`` has elements but no data, and no external data either (one function: it is asked
+    once per initializer)."""
+    if t.raw_data or t.float_data or t.int32_data or t.int64_data or t.double_data or t.uint64_data \
+            or t.string_data:
+        return False
+    return t.data_location != onnx.TensorProto.EXTERNAL and math.prod(t.dims) > 0
