@@ -15,7 +15,7 @@ from itertools import accumulate
 from .ir import Graph, Node, Tensor
 
 
-@dataclass
+@dataclass(slots=True)
 class Saved:
     """A forward tensor kept for backward: who reads it, and whether its value or only its shape."""
 
@@ -95,10 +95,13 @@ def analyze_liveness(joint: Graph, sizes: Mapping[str, int] | None = None,
         if last.get(t, -2) < keep:
             last[t] = keep
     spans = _Spans(joint, schedule, last, sizes)
-    saved = [Saved(t, nodes, "value", spans.size(t)) for t, nodes in readers.items()]
-    saved += [Saved(t, nodes, "shape", spans.size(t)) for t, nodes in shape_readers.items()
+    size = spans.size
+    saved = [Saved(t, nodes, "value", size(t)) for t, nodes in readers.items()]
+    saved += [Saved(t, nodes, "shape", size(t)) for t, nodes in shape_readers.items()
               if t not in readers]
-    saved.sort(key=_saved_order)
+    # largest first, unknown sizes last, then by name: two stable sorts on plain keys (faster than tuples)
+    saved.sort(key=_saved_name)
+    saved.sort(key=_saved_size_order)
     timeline = spans.timeline()
     peak_step = timeline.index(max(timeline)) if timeline else -1  # the first step at the maximum
     peak = timeline[peak_step] if timeline else spans.resident + spans.delta[0]
@@ -107,9 +110,16 @@ def analyze_liveness(joint: Graph, sizes: Mapping[str, int] | None = None,
                     spans.lifetimes)
 
 
-def _saved_order(s: Saved) -> tuple:
-    """Largest first, unknown sizes last, then by name."""
-    return (s.bytes is None, -(s.bytes or 0), s.tensor.name)
+def _saved_name(s: Saved) -> str:
+    return s.tensor.name
+
+
+def _saved_size_order(s: Saved) -> float:
+    """Largest first, unknown sizes last."""
+    return _UNKNOWN_LAST if s.bytes is None else -s.bytes
+
+
+_UNKNOWN_LAST = float("inf")
 
 
 def _backward_reads(schedule: list[Node], boundary: int, last: dict[Tensor, int],
@@ -162,21 +172,25 @@ class _Spans:
         size_of, lifetimes, spans, unknown = self.size_of, self.lifetimes, self.spans, self.unknown
         resident = 0
         for t in self.tensors:
-            key = (t.shape, t.dtype)
-            n = size_of[key] if key in size_of else self.size(t)  # self.size, inline: once per tensor
+            n = size_of.get((t.shape, t.dtype), size_of)  # self.size, inline: once per tensor
+            if n is size_of:  # the dict itself: this (shape, dtype) is not sized yet
+                n = self.size(t)
             if n is None:
                 unknown.add(t.name)
             if t.kind in _RESIDENT:
                 resident += n or 0
                 spans.append(None)
                 continue
-            born = -1 if t.producer is None else step[id(t.producer)]
+            producer = t.producer
+            born = -1 if producer is None else step[id(producer)]
             end = last.get(t, born)
-            span = lifetimes[t.name] = (born, end if end > born else born)
+            if end < born:
+                end = born
+            span = lifetimes[t.name] = (born, end)
             spans.append(span)
             if n:
                 delta[born + 1] += n
-                delta[span[1] + 2] -= n
+                delta[end + 2] -= n
         self.resident = resident
 
     def size(self, t: Tensor) -> int | None:
