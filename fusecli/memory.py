@@ -83,12 +83,14 @@ def peak_formula(live: Liveness, joint: Graph) -> str:
     lasts: list[int] = []
     which: list[int] = []
     missing = 0
-    lifetimes = live.lifetimes
-    for t in joint.tensors.values():
+    # live.spans[k] is tensor k's lifetime where live.tensors[k] is joint's k-th tensor (always, unless
+    # joint changed after its liveness): no lookup by name, no live.lifetimes dict
+    known, spans, n = live.tensors, live.spans, len(live.tensors)
+    for k, t in enumerate(joint.tensors.values()):
         if t.kind in ("parameter", "constant"):
             resident.append(t)
             continue
-        span = lifetimes.get(t.name)
+        span = spans[k] if k < n and known[k] is t else live.lifetimes.get(t.name)
         if span is None:
             continue
         key = (t.shape, t.dtype)

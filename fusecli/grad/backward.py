@@ -205,9 +205,9 @@ def _differentiate(b: _Builder, node: Node, rule: dict[int | str, Grad] | None, 
             if storage_of is not None:
                 t = storage_of(t)
             values[t.name] = t  # one read per storage, in the order first read
-        shape_reads = [t for t in _distinct_by_name(_tensors_at(node, shape_refs)) if t.name not in values]
+        shape_reads = _shape_reads(node, shape_refs, values) if shape_refs else []
         grads = b.node(node.name, op, [*dys, *values.values()], [inputs[i] for i in group],
-                       shape_reads=shape_reads, forward=node)
+                       shape_reads, node)
         for i, g in zip(group, grads, strict=True):
             b.add_partial(inputs[i], g)
 
@@ -254,11 +254,13 @@ class _Plans:
 
     def of(self, node: Node, rule: dict[int | str, Grad], wanted: list[int]) -> _Plan:
         meta = node.meta
-        # Add(bias, x), as the TorchScript exporter writes it: the rule's x is input 1, its bias input 0
-        swap = meta.get("grad_kind", node.kind) == "bias_add" and meta.get("bias_input", 1) == 0
-        stats = meta.get("stats")
-        if stats is not None:
-            stats = tuple(stats)
+        swap, stats = False, None
+        if meta:  # most nodes have none: no swap (no bias_input), no statistics, no lookups
+            # Add(bias, x), as the TorchScript exporter writes it: the rule's x is input 1, its bias input 0
+            swap = meta.get("grad_kind", node.kind) == "bias_add" and meta.get("bias_input", 1) == 0
+            stats = meta.get("stats")
+            if stats is not None:
+                stats = tuple(stats)
         key = (id(rule), swap, stats, *wanted)
         plan = self.plans.get(key)
         if plan is None:
@@ -308,9 +310,10 @@ def _tensors_at(node: Node, refs: tuple[Ref, ...]) -> list[Tensor]:
     return out
 
 
-def _distinct_by_name(tensors: list[Tensor]) -> list[Tensor]:
-    """``tensors`` without repeated names, first occurrences in their order."""
-    return list({t.name: t for t in tensors}.values()) if len(tensors) > 1 else tensors
+def _shape_reads(node: Node, refs: tuple[Ref, ...], values: dict[str, Tensor]) -> list[Tensor]:
+    """The tensors at ``refs`` of ``node`` whose values are not read too, each once, in order."""
+    shapes = {t.name: t for t in _tensors_at(node, refs)}
+    return [t for name, t in shapes.items() if name not in values]
 
 
 @cache
