@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from functools import cache
+from operator import attrgetter
 
 from ..ir import FLOAT_DTYPES, Graph, Node, Tensor
 from .composites import Region, custom_gradient_regions, find_regions
@@ -140,6 +141,9 @@ def build_backward(forward: Graph, wrt_inputs: bool = False, profile: Profile = 
     joint.meta["wrt_inputs"] = wrt_inputs
     joint.meta["autodiff"] = profile.name
     rg = requires_grad(joint, wrt_inputs, profile)
+    # what may get a gradient output, listed before the backward tensors (all activations) join them
+    leaves = [t for t in joint.tensors.values()
+              if t.kind == "parameter" or (wrt_inputs and t.kind == "input")]
     regions = regions_of(joint, profile, rg)
     joint.meta["composites"] = {r.root.name: r.name for r in regions}
     joint.meta["attention_kernels"] = {r.root.name: r.kernel for r in regions if r.kernel is not None}
@@ -167,7 +171,7 @@ def build_backward(forward: Graph, wrt_inputs: bool = False, profile: Profile = 
                                                                            strict=True)
                     if g is None and t is not None and t.is_float]
         _differentiate(b, node, rules.of(node), dys, rg, profile)
-    _finish(joint, b, rg, wrt_inputs)
+    _finish(joint, b, rg, leaves)
     return joint
 
 
@@ -176,8 +180,9 @@ def _differentiate(b: _Builder, node: Node, rule: dict[int | str, Grad] | None, 
     """The backward nodes of one forward node by its rule, given its output gradients ``dys``."""
     inputs = node.inputs
     star = None if rule is None else rule.get("*")  # rules.grad_for_input, inline: once per input
-    wanted = [i for i, t in enumerate(inputs) if t is not None and t.name in rg
-              and (rule is None or rule.get(i, star) is not None)]
+    # the rule's small dict first: an input without a gradient skips the lookup in the big rg set
+    wanted = [i for i, t in enumerate(inputs) if t is not None
+              and (rule is None or rule.get(i, star) is not None) and t.name in rg]
     if profile.constant_operands and wanted and rule is not None:
         wanted = [i for i, t in enumerate(inputs) if t is not None and t.is_float
                   and rule.get(i, star) is not None]
@@ -270,9 +275,9 @@ class _Plans:
         return plan
 
 
-def _swapped(g: Grad, swap: bool) -> Grad:
+def _swapped(g: Grad | None, swap: bool) -> Grad | None:
     """``g`` with its reads of x0 and x1 exchanged when the node's operands are (``swap``)."""
-    if not swap:
+    if not swap or g is None:  # None: no rule entry, which fails where it is used, as it always did
         return g
     reads = tuple(f"x{1 - int(r[1])}{r[2:]}" if r[:2] in ("x0", "x1") else r for r in g.reads)
     return replace(g, reads=reads)
@@ -346,16 +351,11 @@ def _composite(b: _Builder, region: Region, dys: list[Tensor], rg: set[str], pro
         b.add_partial(t, g)
 
 
-def _name(t: Tensor) -> str:
-    return t.name
-
-
-def _finish(joint: Graph, b: _Builder, rg: set[str], wrt_inputs: bool) -> None:
-    """Parameter (and input) gradients become graph outputs, by name."""
-    leaves = [t for t in joint.tensors.values()
-              if (t.kind == "parameter" or (wrt_inputs and t.kind == "input")) and t.name in rg
-              and b.partials.get(t.name)]
-    for t in sorted(leaves, key=_name):
+def _finish(joint: Graph, b: _Builder, rg: set[str], leaves: list[Tensor]) -> None:
+    """Parameter (and input) gradients become graph outputs, by name; ``leaves``: the joint graph's
+    parameters (and inputs)."""
+    partials = b.partials
+    for t in sorted((t for t in leaves if t.name in rg and partials.get(t.name)), key=attrgetter("name")):
         total = b.total(t)
         total.meta["grad_of"] = t.name
         joint.outputs.append(total)
