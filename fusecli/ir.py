@@ -234,11 +234,26 @@ class Graph:
         g.meta = dict(self.meta)
         m = g.tensors
         for t in self.tensors.values():
-            m[t.name] = Tensor(t.name, t.dtype, t.shape, t.kind, meta=dict(t.meta))
+            m[t.name] = Tensor(t.name, t.dtype, t.shape, t.kind, None, [], dict(t.meta))
+        names, nodes = g._node_names, g.nodes
         for n in self.nodes:
-            g.add_node(Node(n.name, n.op_type, n.kind, [None if t is None else m[t.name] for t in n.inputs],
-                            [None if t is None else m[t.name] for t in n.outputs], n.attrs, n.domain,
-                            n.phase, dict(n.meta)))
+            ins = [None if t is None else m[t.name] for t in n.inputs]
+            outs = [None if t is None else m[t.name] for t in n.outputs]
+            node = Node(n.name, n.op_type, n.kind, ins, outs, n.attrs, n.domain, n.phase, dict(n.meta))
+            # add_node, inline (called once per node): its checks, its links, its append
+            if node.name in names:
+                raise GraphError(f"duplicate node name {node.name!r}")
+            names[node.name] = node
+            for t in ins:
+                if t is not None:
+                    t.consumers.append(node)
+            for t in outs:
+                if t is not None:
+                    if t.producer is not None:
+                        raise GraphError(f"tensor {t.name!r} is produced by both {t.producer.name!r} "
+                                         f"and {node.name!r}")
+                    t.producer = node
+            nodes.append(node)
         g.inputs = [m[t.name] for t in self.inputs]
         g.outputs = [m[t.name] for t in self.outputs]
         return g

@@ -15,7 +15,7 @@ from itertools import accumulate
 from .ir import Graph, Node, Tensor
 
 
-@dataclass
+@dataclass(slots=True)
 class Saved:
     """A forward tensor kept for backward: who reads it, and whether its value or only its shape."""
 
@@ -37,9 +37,21 @@ class Liveness:
     saved_by_name: dict[str, Saved] = field(default_factory=dict)
     unknown: set[str] = field(default_factory=set)  # tensors of unknown size, left out of every total
     live_at_peak: list[Tensor] = field(default_factory=list)  # what the peak is made of
-    lifetimes: dict[str, tuple[int, int]] = field(default_factory=dict, repr=False)  # first, last step
+    tensors: list[Tensor] = field(default_factory=list, repr=False, compare=False)  # the joint's, in order
+    # each one's first and last step (born -1 before the first step); None: a parameter or constant
+    spans: list[tuple[int, int] | None] = field(default_factory=list, repr=False, compare=False)
     _reader_ops: dict[str, dict[str | None, set[str]]] = field(default_factory=dict, repr=False,
                                                                compare=False)
+    _lifetimes: dict[str, tuple[int, int]] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def lifetimes(self) -> dict[str, tuple[int, int]]:
+        """First and last step of every tensor but parameters and constants, by name; made on first use
+        (the report reads ``spans`` by position)."""
+        if self._lifetimes is None:
+            self._lifetimes = {t.name: s for t, s in zip(self.tensors, self.spans, strict=True)
+                               if s is not None}
+        return self._lifetimes
 
     @property
     def saved_bytes(self) -> int:
@@ -87,44 +99,61 @@ def analyze_liveness(joint: Graph, sizes: Mapping[str, int] | None = None,
     schedule = joint.nodes
     boundary = next((i for i, n in enumerate(schedule) if n.phase == "backward"), len(schedule))
     end = len(schedule) - 1
-    # the last step reading each tensor: later steps overwrite earlier ones (keys: tensors, by identity)
-    last = {t: i for i, n in enumerate(schedule) for t in n.inputs}
+    # the last step reading each tensor: later steps overwrite earlier ones (keys: tensors, by identity);
+    # _backward_reads goes on from the boundary, in its pass over the backward steps' reads
+    last = {t: i for i, n in enumerate(schedule[:boundary]) for t in n.inputs}
     readers, shape_readers = _backward_reads(schedule, boundary, last, keeps_for_shape)
     for t in joint.outputs:  # graph outputs live until the loss, parameter gradients until the end
         keep = min(boundary, end) if t.meta.get("grad_of") is None else end
         if last.get(t, -2) < keep:
             last[t] = keep
     spans = _Spans(joint, schedule, last, sizes)
-    saved = [Saved(t, nodes, "value", spans.size(t)) for t, nodes in readers.items()]
-    saved += [Saved(t, nodes, "shape", spans.size(t)) for t, nodes in shape_readers.items()
+    size = spans.size
+    saved = [Saved(t, nodes, "value", size(t)) for t, nodes in readers.items()]
+    saved += [Saved(t, nodes, "shape", size(t)) for t, nodes in shape_readers.items()
               if t not in readers]
-    saved.sort(key=_saved_order)
+    # largest first, unknown sizes last, then by name: two stable sorts on plain keys (faster than tuples)
+    saved.sort(key=_saved_name)
+    saved.sort(key=_saved_size_order)
     timeline = spans.timeline()
     peak_step = timeline.index(max(timeline)) if timeline else -1  # the first step at the maximum
     peak = timeline[peak_step] if timeline else spans.resident + spans.delta[0]
     return Liveness(schedule, boundary, saved, timeline, peak, peak_step, spans.resident,
                     {s.tensor.name: s for s in saved}, spans.unknown, spans.alive_at(peak_step),
-                    spans.lifetimes)
+                    spans.tensors, spans.spans)
 
 
-def _saved_order(s: Saved) -> tuple:
-    """Largest first, unknown sizes last, then by name."""
-    return (s.bytes is None, -(s.bytes or 0), s.tensor.name)
+def _saved_name(s: Saved) -> str:
+    return s.tensor.name
+
+
+def _saved_size_order(s: Saved) -> float:
+    """Largest first, unknown sizes last."""
+    return _UNKNOWN_LAST if s.bytes is None else -s.bytes
+
+
+_UNKNOWN_LAST = float("inf")
 
 
 def _backward_reads(schedule: list[Node], boundary: int, last: dict[Tensor, int],
                     keeps_for_shape: Callable[[Tensor, Node], bool] | None,
                     ) -> tuple[dict[Tensor, list[Node]], dict[Tensor, list[Node]]]:
     """The backward ops reading each forward value, and each shape read that keeps its tensor, in
-    schedule order, each reader once; a kept shape also extends its tensor's ``last`` step."""
+    schedule order, each reader once; every read from ``boundary`` on sets its tensor's ``last`` step,
+    and a kept shape extends it."""
     readers: dict[Tensor, list[Node]] = {}
     shape_readers: dict[Tensor, list[Node]] = {}
     for i in range(boundary, len(schedule)):
         node = schedule[i]
         if node.phase != "backward":
+            for t in node.inputs:
+                last[t] = i
             continue
         for t in node.inputs:
-            if t is None or (t.producer is not None and t.producer.phase != "forward"):
+            if t is None:
+                continue
+            last[t] = i
+            if t.producer is not None and t.producer.phase != "forward":
                 continue
             nodes = readers.get(t)
             if nodes is None:
@@ -155,28 +184,30 @@ class _Spans:
         self.size_of: dict[tuple, int | None] = {}  # nbytes per (shape, dtype): most tensors share a few
         self.unknown: set[str] = set()
         self.resident = 0  # parameters and constants, alive throughout
-        self.lifetimes: dict[str, tuple[int, int]] = {}
         self.spans: list[tuple[int, int] | None] = []  # per tensor of joint.tensors, None: resident
         self.tensors = list(joint.tensors.values())
         delta = self.delta = [0] * (len(schedule) + 2)
-        size_of, lifetimes, spans, unknown = self.size_of, self.lifetimes, self.spans, self.unknown
+        size_of, spans, unknown = self.size_of, self.spans, self.unknown
         resident = 0
         for t in self.tensors:
-            key = (t.shape, t.dtype)
-            n = size_of[key] if key in size_of else self.size(t)  # self.size, inline: once per tensor
+            n = size_of.get((t.shape, t.dtype), size_of)  # self.size, inline: once per tensor
+            if n is size_of:  # the dict itself: this (shape, dtype) is not sized yet
+                n = self.size(t)
             if n is None:
                 unknown.add(t.name)
             if t.kind in _RESIDENT:
                 resident += n or 0
                 spans.append(None)
                 continue
-            born = -1 if t.producer is None else step[id(t.producer)]
+            producer = t.producer
+            born = -1 if producer is None else step[id(producer)]
             end = last.get(t, born)
-            span = lifetimes[t.name] = (born, end if end > born else born)
-            spans.append(span)
+            if end < born:
+                end = born
+            spans.append((born, end))
             if n:
                 delta[born + 1] += n
-                delta[span[1] + 2] -= n
+                delta[end + 2] -= n
         self.resident = resident
 
     def size(self, t: Tensor) -> int | None:

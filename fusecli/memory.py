@@ -77,27 +77,38 @@ def _unknown_note(missing: int) -> str:
 def peak_formula(live: Liveness, joint: Graph) -> str:
     """``max(...)`` of the step totals that can be the peak at some size (one polynomial when one can)."""
     resident: list[Tensor] = []
-    changes: list[tuple[int, int, Poly]] = []
-    formula_of: dict[tuple, Poly | None] = {}  # per distinct (shape, dtype): most tensors share a few
+    index_of: dict[tuple, int] = {}  # per distinct (shape, dtype), its polynomial's index (-1: unknown)
+    polys: list[Poly] = []
+    borns: list[int] = []
+    lasts: list[int] = []
+    which: list[int] = []
     missing = 0
-    lifetimes = live.lifetimes
-    for t in joint.tensors.values():
+    # live.spans[k] is tensor k's lifetime where live.tensors[k] is joint's k-th tensor (always, unless
+    # joint changed after its liveness): no lookup by name, no live.lifetimes dict
+    known, spans, n = live.tensors, live.spans, len(live.tensors)
+    for k, t in enumerate(joint.tensors.values()):
         if t.kind in ("parameter", "constant"):
             resident.append(t)
             continue
-        span = lifetimes.get(t.name)
+        span = spans[k] if k < n and known[k] is t else live.lifetimes.get(t.name)
         if span is None:
             continue
         key = (t.shape, t.dtype)
-        f = formula_of.get(key, formula_of)  # formula_of itself: not seen yet
-        if f is formula_of:
-            f = formula_of[key] = tensor_formula(*key)
-        if f is None:
+        k = index_of.get(key)
+        if k is None:  # most tensors share a few (shape, dtype)s: one formula each
+            f = tensor_formula(*key)
+            k = index_of[key] = -1 if f is None else len(polys)
+            if f is not None:
+                polys.append(f)
+        if k < 0:
             missing += 1
         else:
-            changes.append((span[0], span[1], f))
+            borns.append(span[0])
+            lasts.append(span[1])
+            which.append(k)
     total, unknown = grouped_total(resident)
-    return max_text(peak_polys(total, changes, len(live.schedule))) + _unknown_note(missing + unknown)
+    return max_text(_peak_rows(total, polys, borns, lasts, which, len(live.schedule))) + \
+        _unknown_note(missing + unknown)
 
 
 def max_text(polys: list[Poly]) -> str:
@@ -119,6 +130,12 @@ def peak_polys(resident: Poly, changes: list[tuple[int, int, Poly]], steps: int)
         borns.append(born)
         lasts.append(last)
         which.append(k)
+    return _peak_rows(resident, polys, borns, lasts, which, steps)
+
+
+def _peak_rows(resident: Poly, polys: list[Poly], borns: list[int], lasts: list[int], which: list[int],
+               steps: int) -> list[Poly]:
+    """``peak_polys`` of the intervals ``borns[j]..lasts[j]`` of ``polys[which[j]]`` bytes each."""
     monomials = sorted({m for f in polys for m in f.terms} | set(resident.terms))
     index = {m: i for i, m in enumerate(monomials)}
     # every step total, row sum and difference is at most the sum of all |coefficients|
@@ -131,7 +148,7 @@ def peak_polys(resident: Poly, changes: list[tuple[int, int, Poly]], steps: int)
         for m, c in f.terms.items():
             coefficients[k, index[m]] = c
     delta = np.zeros((steps + 2, len(monomials)), dtype=dtype)
-    if changes:
+    if which:
         rows = coefficients[np.array(which, dtype=np.int64)]
         np.add.at(delta, np.array(borns, dtype=np.int64) + 1, rows)  # alive from step born + 1's total on
         np.subtract.at(delta, np.array(lasts, dtype=np.int64) + 2, rows)  # freed after its last step

@@ -7,7 +7,9 @@ consumers of a tensor have their gradients summed by an ``AddN``.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import cache
+from operator import attrgetter
 
 from ..ir import FLOAT_DTYPES, Graph, Node, Tensor
 from .composites import Region, custom_gradient_regions, find_regions
@@ -68,7 +70,7 @@ class _Builder:
     def __init__(self, joint: Graph) -> None:
         self.joint = joint
         self.partials: dict[str, list[Tensor]] = {}
-        self.totals: dict[str, Tensor] = {}
+        self.plans = _Plans()
 
     def node(self, scope: str, op: str, inputs: list[Tensor], like: list[Tensor],
              shape_reads: list[Tensor] = (), forward: Node | None = None) -> list[Tensor]:
@@ -76,13 +78,18 @@ class _Builder:
         joint = self.joint
         # PyTorch's names start with '/': 'gradients/m/Conv/ConvGrad', not 'gradients//m/...'
         name = joint.unique_node_name(f"{GRAD_PREFIX}/{scope.lstrip('/')}/{op}")
-        tensor = joint.tensor
-        outs = [tensor(f"{name}:{k}", dtype=t.dtype, shape=t.shape, kind="activation")
-                for k, t in enumerate(like)]
+        tensors = joint.tensors
+        outs = []
+        for k, t in enumerate(like):
+            out_name = f"{name}:{k}"
+            out = tensors.get(out_name)  # joint.tensor, inline: called for every gradient
+            if out is None:
+                out = tensors[out_name] = Tensor(out_name, t.dtype, t.shape, "activation")
+            outs.append(out)
         meta = {"shape_reads": list(shape_reads)}
         if forward is not None:
             meta["forward"] = forward.name
-        joint.add_node(Node(name, op, "grad", list(inputs), outs, phase="backward", meta=meta))
+        joint.add_node(Node(name, op, "grad", list(inputs), outs, {}, "", "backward", meta))
         return outs
 
     def add_partial(self, target: Tensor, grad: Tensor) -> None:
@@ -93,35 +100,14 @@ class _Builder:
             parts.append(grad)
 
     def total(self, t: Tensor) -> Tensor | None:
-        """The full gradient of ``t``: its one partial, or the AddN of several."""
+        """The full gradient of ``t``: its one partial, or the AddN of several (made once: it replaces
+        them, as every partial of ``t`` is in before its total is asked for, in reverse topological order)."""
         parts = self.partials.get(t.name)
         if not parts:  # most forward tensors get no gradient: one lookup
             return None
-        total = self.totals.get(t.name)
-        if total is None:
-            total = parts[0] if len(parts) == 1 else self.node(t.name, "AddN", parts, [t])[0]
-            self.totals[t.name] = total
-        return total
-
-
-def _resolve(node: Node, read: str) -> list[tuple[Tensor, bool]]:
-    """A rule's read -> [(tensor, shape_only)]; reads of absent optional tensors drop out."""
-    if read == "stats":
-        return [r for ref in node.meta.get("stats", ("x3", "x4")) for r in _resolve(node, ref)]
-    shape_only, from_inputs, i = _parse_read(read)
-    if from_inputs is None:
-        return [(t, shape_only) for t in node.inputs if t is not None]
-    pool = node.inputs if from_inputs else node.outputs
-    t = pool[i] if i < len(pool) else None
-    return [] if t is None else [(t, shape_only)]
-
-
-@cache
-def _parse_read(read: str) -> tuple[bool, bool | None, int]:
-    """'x1.shape' -> (shape only, of the inputs (None: all of them), index)."""
-    shape_only = read.endswith(".shape")
-    ref = read.removesuffix(".shape")
-    return (shape_only, None, 0) if ref == "*" else (shape_only, ref[0] == "x", int(ref[1:]))
+        if len(parts) > 1:
+            parts[:] = self.node(t.name, "AddN", parts, [t])
+        return parts[0]
 
 
 def _broadcast(x: Tensor, y: Tensor | None) -> bool:
@@ -155,6 +141,9 @@ def build_backward(forward: Graph, wrt_inputs: bool = False, profile: Profile = 
     joint.meta["wrt_inputs"] = wrt_inputs
     joint.meta["autodiff"] = profile.name
     rg = requires_grad(joint, wrt_inputs, profile)
+    # what may get a gradient output, listed before the backward tensors (all activations) join them
+    leaves = [t for t in joint.tensors.values()
+              if t.kind == "parameter" or (wrt_inputs and t.kind == "input")]
     regions = regions_of(joint, profile, rg)
     joint.meta["composites"] = {r.root.name: r.name for r in regions}
     joint.meta["attention_kernels"] = {r.root.name: r.kernel for r in regions if r.kernel is not None}
@@ -182,67 +171,162 @@ def build_backward(forward: Graph, wrt_inputs: bool = False, profile: Profile = 
                                                                            strict=True)
                     if g is None and t is not None and t.is_float]
         _differentiate(b, node, rules.of(node), dys, rg, profile)
-    _finish(joint, b, rg, wrt_inputs)
+    _finish(joint, b, rg, leaves)
     return joint
 
 
 def _differentiate(b: _Builder, node: Node, rule: dict[int | str, Grad] | None, dys: list[Tensor],
                    rg: set[str], profile: Profile) -> None:
     """The backward nodes of one forward node by its rule, given its output gradients ``dys``."""
+    inputs = node.inputs
     star = None if rule is None else rule.get("*")  # rules.grad_for_input, inline: once per input
-    wanted = [i for i, t in enumerate(node.inputs) if t is not None and t.name in rg
-              and (rule is None or rule.get(i, star) is not None)]
+    # the rule's small dict first: an input without a gradient skips the lookup in the big rg set
+    wanted = [i for i, t in enumerate(inputs) if t is not None
+              and (rule is None or rule.get(i, star) is not None) and t.name in rg]
     if profile.constant_operands and wanted and rule is not None:
-        wanted = [i for i, t in enumerate(node.inputs) if t is not None and t.is_float
+        wanted = [i for i, t in enumerate(inputs) if t is not None and t.is_float
                   and rule.get(i, star) is not None]
     if not wanted:
         return
     if rule is None:  # unsupported: assume its backward reads every input and output
-        reads = [t for t in (*node.inputs, *node.outputs) if t is not None]
-        grads = b.node(node.name, f"{node.op_type}Grad", [*dys, *reads],
-                       [node.inputs[i] for i in wanted], forward=node)
+        reads = [t for t in (*inputs, *node.outputs) if t is not None]
+        grads = b.node(node.name, f"{node.op_type}Grad", [*dys, *reads], [inputs[i] for i in wanted],
+                       forward=node)
         for i, g in zip(wanted, grads, strict=True):
-            b.add_partial(node.inputs[i], g)
+            b.add_partial(inputs[i], g)
         node.meta["unsupported"] = True
         return
-    groups: dict[str, list[tuple[int, Grad]]] = {}
-    # Add(bias, x), as the TorchScript exporter writes it: the rule's x is input 1, its bias input 0
-    swap = node.meta.get("grad_kind", node.kind) == "bias_add" and node.meta.get("bias_input", 1) == 0
-    for i in wanted:
-        g = rule.get(1 - i if swap else i, star)
-        x = node.inputs[i]
-        if g.op is None or (g.broadcast_only and len(dys) == 1
-                            and not _broadcast(x, node.outputs[0])):
-            b.add_partial(x, dys[0])  # pass-through: no op, reads nothing
-            continue
-        if g.op in groups:
-            groups[g.op].append((i, g))
-        else:
-            groups[g.op] = [(i, g)]
-    for op, items in groups.items():
-        values, shapes = _reads(node, items, swap, profile)
-        grads = b.node(node.name, op, [*dys, *values.values()], [node.inputs[i] for i, _ in items],
-                       shape_reads=[t for n, t in shapes.items() if n not in values], forward=node)
-        for (i, _), g in zip(items, grads, strict=True):
-            b.add_partial(node.inputs[i], g)
+    plan = b.plans.of(node, rule, wanted)
+    broadcast = ()
+    if plan.checked:  # whether each broadcast-only input was broadcast: its gradient needs an op
+        broadcast = tuple(len(dys) != 1 or _broadcast(inputs[i], node.outputs[0]) for i in plan.checked)
+    passthrough, ops = plan.ops(broadcast)
+    for i in passthrough:
+        b.add_partial(inputs[i], dys[0])  # no op, reads nothing
+    storage_of = profile.storage_of if profile.views else None
+    for op, group, value_refs, shape_refs in ops:
+        values = {}
+        for t in _tensors_at(node, value_refs):
+            if storage_of is not None:
+                t = storage_of(t)
+            values[t.name] = t  # one read per storage, in the order first read
+        shape_reads = _shape_reads(node, shape_refs, values) if shape_refs else []
+        grads = b.node(node.name, op, [*dys, *values.values()], [inputs[i] for i in group],
+                       shape_reads, node)
+        for i, g in zip(group, grads, strict=True):
+            b.add_partial(inputs[i], g)
 
 
-def _reads(node: Node, items: list[tuple[int, Grad]], swap: bool,
-           profile: Profile) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-    """What one backward node of ``node`` reads: values (a view read as its base) and shapes, by name."""
-    values: dict[str, Tensor] = {}
-    shapes: dict[str, Tensor] = {}
-    for _, g in items:
-        for read in g.reads:
-            if swap and read[:2] in ("x0", "x1"):
-                read = f"x{1 - int(read[1])}{read[2:]}"
-            for t, shape_only in _resolve(node, read):
-                if shape_only:
-                    shapes[t.name] = t
+Ref = tuple[bool | None, int]  # (of the inputs (None: every input), index): a parsed read
+Op = tuple[str, tuple[int, ...], tuple[Ref, ...], tuple[Ref, ...]]  # op, its inputs, value and shape reads
+
+
+class _Plan:
+    """How one rule differentiates one set of a node's inputs: the rule's entries, parsed once for every
+    node they fit. ``checked`` lists the broadcast-only inputs (pass-through unless broadcast)."""
+
+    def __init__(self, entries: list[tuple[int, Grad]], stats: tuple[str, ...] | None) -> None:
+        self.entries = entries
+        self.stats = stats
+        self.checked = tuple(i for i, g in entries if g.op is not None and g.broadcast_only)
+        self._ops: dict[tuple[bool, ...], tuple[list[int], list[Op]]] = {}
+
+    def ops(self, broadcast: tuple[bool, ...]) -> tuple[list[int], list[Op]]:
+        """The pass-through inputs and the backward ops, given whether each ``checked`` input was
+        broadcast: entries naming one op become one backward node, in the order first named."""
+        out = self._ops.get(broadcast)
+        if out is None:
+            was = dict(zip(self.checked, broadcast, strict=True))
+            passthrough: list[int] = []
+            groups: dict[str, list[tuple[int, Grad]]] = {}
+            for i, g in self.entries:
+                if g.op is None or not was.get(i, True):
+                    passthrough.append(i)
                 else:
-                    t = profile.storage_of(t)
-                    values[t.name] = t
-    return values, shapes
+                    groups.setdefault(g.op, []).append((i, g))
+            ops = [(op, tuple(i for i, _ in items), *_plan_reads([g for _, g in items], self.stats))
+                   for op, items in groups.items()]
+            out = self._ops[broadcast] = (passthrough, ops)
+        return out
+
+
+class _Plans:
+    """Each node's _Plan, made once per (rule, inputs differentiated, bias swap, statistics). Keys hold a
+    rule by identity: every rule outlives the build that holds this cache."""
+
+    def __init__(self) -> None:
+        self.plans: dict[tuple, _Plan] = {}
+
+    def of(self, node: Node, rule: dict[int | str, Grad], wanted: list[int]) -> _Plan:
+        meta = node.meta
+        swap, stats = False, None
+        if meta:  # most nodes have none: no swap (no bias_input), no statistics, no lookups
+            # Add(bias, x), as the TorchScript exporter writes it: the rule's x is input 1, its bias input 0
+            swap = meta.get("grad_kind", node.kind) == "bias_add" and meta.get("bias_input", 1) == 0
+            stats = meta.get("stats")
+            if stats is not None:
+                stats = tuple(stats)
+        key = (id(rule), swap, stats, *wanted)
+        plan = self.plans.get(key)
+        if plan is None:
+            star = rule.get("*")
+            entries = [(i, _swapped(rule.get(1 - i if swap else i, star), swap)) for i in wanted]
+            plan = self.plans[key] = _Plan(entries, stats)
+        return plan
+
+
+def _swapped(g: Grad | None, swap: bool) -> Grad | None:
+    """``g`` with its reads of x0 and x1 exchanged when the node's operands are (``swap``)."""
+    if not swap or g is None:  # None: no rule entry, which fails where it is used, as it always did
+        return g
+    reads = tuple(f"x{1 - int(r[1])}{r[2:]}" if r[:2] in ("x0", "x1") else r for r in g.reads)
+    return replace(g, reads=reads)
+
+
+def _plan_reads(grads: list[Grad], stats: tuple[str, ...] | None) -> tuple[tuple[Ref, ...], tuple[Ref, ...]]:
+    """The distinct value and shape refs of ``grads``' reads, in the order first read."""
+    values: dict[Ref, None] = {}
+    shapes: dict[Ref, None] = {}
+    for g in grads:
+        for read in g.reads:
+            for shape_only, from_inputs, i in _expand(read, stats):
+                (shapes if shape_only else values)[from_inputs, i] = None
+    return tuple(values), tuple(shapes)
+
+
+def _expand(read: str, stats: tuple[str, ...] | None) -> list[tuple[bool, bool | None, int]]:
+    """A rule's read parsed; ``stats`` becomes the node's statistics reads (default ``x3 x4``)."""
+    if read == "stats":
+        return [r for ref in (("x3", "x4") if stats is None else stats) for r in _expand(ref, stats)]
+    return [_parse_read(read)]
+
+
+def _tensors_at(node: Node, refs: tuple[Ref, ...]) -> list[Tensor]:
+    """The tensors at ``refs`` of ``node``; refs to absent optional tensors drop out."""
+    out = []
+    for from_inputs, i in refs:
+        if from_inputs is None:
+            out += [t for t in node.inputs if t is not None]
+            continue
+        pool = node.inputs if from_inputs else node.outputs
+        t = pool[i] if i < len(pool) else None
+        if t is not None:
+            out.append(t)
+    return out
+
+
+def _shape_reads(node: Node, refs: tuple[Ref, ...], values: dict[str, Tensor]) -> list[Tensor]:
+    """The tensors at ``refs`` of ``node`` whose values are not read too, each once, in order."""
+    shapes = {t.name: t for t in _tensors_at(node, refs)}
+    return [t for name, t in shapes.items() if name not in values]
+
+
+@cache
+def _parse_read(read: str) -> tuple[bool, bool | None, int]:
+    """'x1.shape' -> (shape only, of the inputs (None: all of them), index)."""
+    shape_only = read.endswith(".shape")
+    ref = read.removesuffix(".shape")
+    return (shape_only, None, 0) if ref == "*" else (shape_only, ref[0] == "x", int(ref[1:]))
 
 
 def _composite(b: _Builder, region: Region, dys: list[Tensor], rg: set[str], profile: Profile) -> None:
@@ -267,16 +351,11 @@ def _composite(b: _Builder, region: Region, dys: list[Tensor], rg: set[str], pro
         b.add_partial(t, g)
 
 
-def _name(t: Tensor) -> str:
-    return t.name
-
-
-def _finish(joint: Graph, b: _Builder, rg: set[str], wrt_inputs: bool) -> None:
-    """Parameter (and input) gradients become graph outputs, by name."""
-    leaves = [t for t in joint.tensors.values()
-              if (t.kind == "parameter" or (wrt_inputs and t.kind == "input")) and t.name in rg
-              and b.partials.get(t.name)]
-    for t in sorted(leaves, key=_name):
+def _finish(joint: Graph, b: _Builder, rg: set[str], leaves: list[Tensor]) -> None:
+    """Parameter (and input) gradients become graph outputs, by name; ``leaves``: the joint graph's
+    parameters (and inputs)."""
+    partials = b.partials
+    for t in sorted((t for t in leaves if t.name in rg and partials.get(t.name)), key=attrgetter("name")):
         total = b.total(t)
         total.meta["grad_of"] = t.name
         joint.outputs.append(total)
