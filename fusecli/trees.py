@@ -57,8 +57,38 @@ class Op:
 
     @cached_property
     def root_test(self) -> tuple:
-        """What ``_root_may_match`` reads of the form: forms that share it get the same answer."""
-        return self.arg_kinds, len(self.args), self.more, self.commutative
+        """What ``root_may_match`` reads of the form (its skeleton ``ROOT_TEST_DEPTH`` ops deep): forms
+        that share it get the same answer."""
+        return _skeleton(self, ROOT_TEST_DEPTH, frozenset())
+
+
+ROOT_TEST_DEPTH = 3  # how many ops deep root_may_match looks: the root, its operands' producers, theirs
+
+
+def _names(pat: Op | Var) -> set[str]:
+    """Every name bound in the tree ``pat``."""
+    names = {pat.name} if pat.name is not None else set()
+    for a in getattr(pat, "args", ()):
+        names |= _names(a)
+    return names
+
+
+def _skeleton(pat: Op, depth: int, bound_before: frozenset[str]) -> tuple:
+    """(operand count, more, operands swap, checks): what ``_match_node`` requires of the operands' producers
+    ``depth`` ops deep. checks: (position, kinds, the producer's own skeleton or None) per operand the matcher
+    surely matches as an ``Op``: not optional, and not a name some earlier subtree may have bound already
+    (``bound_before``: the names the match may hold when ``pat``'s operands are tried; those then only
+    need to be the same tensor). An optional operand keeps the one-level check of ``arg_kinds``."""
+    checks = []
+    before = set(bound_before)
+    for i, a in enumerate(pat.args):
+        if isinstance(a, Op) and not a.optional and (a.name is None or a.name not in before):
+            sub = _skeleton(a, depth - 1, frozenset(before)) if depth > 2 else None
+            checks.append((i, a.kinds, sub))
+        elif isinstance(a, Op) and pat.arg_kinds[i] is not None and not pat.arg_kinds[i] & _NOOP_KIND_SET:
+            checks.append((i, pat.arg_kinds[i], None))
+        before |= _names(a)
+    return len(pat.args), pat.more, pat.commutative and len(pat.args) == 2, tuple(checks)
 
 
 def _producer_kinds(a: Op | Var) -> frozenset[str] | None:
@@ -195,6 +225,7 @@ def _operands_may_match(kind_checks: tuple[tuple[int, frozenset[str]], ...], ord
 
 
 _NOOP_KINDS = ("cast", "identity")  # is_noop's kinds, a cheap first test
+_NOOP_KIND_SET = frozenset(_NOOP_KINDS)
 
 
 def _match_node(pat: Op, node: Node, st: _State) -> bool:
@@ -235,14 +266,42 @@ def _match_operands(args: tuple[Op | Var, ...], order: list[Tensor], st: _State)
     return True
 
 
-def root_may_match(form: Op, inputs: list[Tensor]) -> bool:
-    """_match_node's first checks on a root's operands (count, producers' kinds), without its state."""
-    n, nargs = len(inputs), len(form.args)
-    if n < nargs or (not form.more and n != nargs):
+def root_may_match(root_test: tuple, inputs: list[Tensor]) -> bool:
+    """A necessary condition for ``match_at(form, node)`` on the root's operands ``inputs`` (not None),
+    without the matcher's state: ``_match_node``'s checks of operand counts and of the producers' kinds
+    along the form's ``root_test``, ``ROOT_TEST_DEPTH`` ops deep, in either order of two commutative
+    operands."""
+    nargs, more, swap, checks = root_test
+    n = len(inputs)
+    if n < nargs or (not more and n != nargs):
         return False
-    checks = form.kind_checks
-    return _operands_may_match(checks, inputs) or (
-        form.commutative and nargs == 2 and _operands_may_match(checks, [inputs[1], inputs[0]]))
+    return _producers_may_match(checks, inputs) or (
+        swap and _producers_may_match(checks, [inputs[1], inputs[0], *inputs[2:]]))
+
+
+def _producers_may_match(checks: tuple, order: list[Tensor]) -> bool:
+    """Each checked operand is made, through the no-op casts ``_match_op_tensor`` walks, by a node of its
+    kinds, not constant, whose first output it is (and whose own operands pass their skeleton)."""
+    for i, kinds, sub in checks:
+        t = order[i]
+        p = t.producer
+        if p is None:
+            return False
+        while p.kind not in kinds and p.kind in _NOOP_KINDS and is_noop(p) and p.outputs[0] is t:
+            t = p.inputs[0]  # the walk of _match_op_tensor
+            p = t.producer
+            if p is None:
+                return False
+        key = p.op_type if p.phase == "backward" else p.kind  # node_key, inline: a hot loop
+        if p.outputs[0] is not t or key not in kinds or p.meta.get("constant"):
+            return False
+        if sub is not None:
+            inputs = p.inputs
+            if None in inputs:
+                inputs = [x for x in inputs if x is not None]
+            if not root_may_match(sub, inputs):
+                return False
+    return True
 
 
 def match_at(pattern_root: Op, node: Node) -> tuple[list[Node], dict[str, Node], dict[str, Tensor]] | None:

@@ -14,12 +14,35 @@ from __future__ import annotations
 
 from .families import NOTES
 from .match import Match
-from .notes_kit import FRAMEWORKS, note, verdict
+from .notes_kit import FRAMEWORKS, default, note, verdict
 
 
 def framework_notes(m: Match) -> dict:
-    own = NOTES.get(m.pattern.name, {})
-    return {fw: note(own.get(fw), fw, m) for fw in FRAMEWORKS}
+    """Per framework, its verdict on ``m``: the family's entry read for it (``notes_kit.note``)."""
+    notes = {}
+    for fw, fixed, entry in _entries(m):
+        if fixed is None:
+            got = entry(m)
+            notes[fw] = got if got is not None else default(fw, m)
+        else:
+            notes[fw] = dict(fixed)  # a copy: each match owns its notes
+    return notes
+
+
+_ENTRIES: dict[int, tuple] = {}  # id(pattern) -> (pattern, per framework (name, fixed verdict, entry))
+
+
+def _entries(m: Match) -> tuple:
+    """Per framework: (name, the verdict when it does not depend on the match, else None, the family's
+    function of the match), made once per pattern: ``note`` reads a tuple entry or an absent one (the
+    default, which reads the pattern's phase only) the same way for every match."""
+    got = _ENTRIES.get(id(m.pattern))
+    if got is None or got[0] is not m.pattern:
+        own = NOTES.get(m.pattern.name, {})
+        entries = tuple((fw, None, own[fw]) if callable(own.get(fw)) else (fw, note(own.get(fw), fw, m), None)
+                        for fw in FRAMEWORKS)
+        got = _ENTRIES[id(m.pattern)] = (m.pattern, entries)
+    return got[1]
 
 
 def not_fusable_notes(notes: dict) -> dict:

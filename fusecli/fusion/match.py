@@ -55,7 +55,8 @@ def _root_index(patterns, phase: str) -> tuple[dict[str, list[tuple]], int]:
         if p.phase != phase:
             continue
         for key in p.root.kinds:
-            forms = tuple((f, slots.setdefault(f.root_test, len(slots))) for f in p.forms if key in f.kinds)
+            forms = tuple((f, slots.setdefault(f.root_test, len(slots)), f.root_test) for f in p.forms
+                          if key in f.kinds)
             index.setdefault(key, []).append((p, getattr(p, "anchor", None), getattr(p, "find", None), forms))
     return index, len(slots)
 
@@ -92,10 +93,10 @@ def find_matches(graph: Graph, patterns, phase: str = "forward") -> list[Match]:
 
 def _first_form(p, forms: tuple, node: Node, inputs: list[Tensor], may: list[bool | None]) -> Match | None:
     """The match of the first of ``forms`` (with their root test slots) that matches at ``node``."""
-    for form, slot in forms:
+    for form, slot, root_test in forms:
         ok = may[slot]
         if ok is None:
-            ok = may[slot] = root_may_match(form, inputs)
+            ok = may[slot] = root_may_match(root_test, inputs)
         if not ok:
             continue  # match_at would say no: skip its set-up
         m = match_at(form, node)

@@ -10,7 +10,7 @@ statistics (logsumexp, one float32 per row) kept instead of P.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from ..dims import dim_value
@@ -132,9 +132,13 @@ def _add(a: int | None, b: int | None) -> int | None:
     return None if a is None or b is None else a + b
 
 
-def plan(m: Match, blocking: list, live: Liveness,
-         dims: Mapping[str, int] | None = None) -> Recompute | str:
-    """A Recompute for the blocked match ``m``, or the reason it cannot be recomputed."""
+def plan(m: Match, blocking: list, live: Liveness, dims: Mapping[str, int] | None = None,
+         flops_of: Callable[[Node], int | None] | None = None) -> Recompute | str:
+    """A Recompute for the blocked match ``m``, or the reason it cannot be recomputed (``flops_of``: the
+    caller's ``node_flops`` at ``dims``, when it keeps them for many matches)."""
+    if flops_of is None:
+        def flops_of(n: Node) -> int | None:
+            return node_flops(n, dims)
     inside = {id(n) for n in m.nodes}
     attention_qk = m.roles.get(RULES[m.pattern.recompute]) if m.pattern.recompute else None
     rerun: dict[int, Node] = {}
@@ -148,7 +152,7 @@ def plan(m: Match, blocking: list, live: Liveness,
         if id(p) in rerun:
             return None
         if p.kind in CONTRACTIONS and p is not attention_qk:
-            f = node_flops(p, dims)
+            f = flops_of(p)
             cost = f"{f:,} FLOPs" if f is not None else "a size fusecli does not know"
             return (f"recomputing {t.name} would re-run {p.op_type} {p.name} in backward ({cost}), "
                     "so no fused backward recomputes it")
@@ -166,7 +170,7 @@ def plan(m: Match, blocking: list, live: Liveness,
             return why
     flops: int | None = 0
     for n in rerun.values():
-        flops = _add(flops, node_flops(n, dims))
+        flops = _add(flops, flops_of(n))
     # a view (reshape, transpose, no-op cast) is the storage it views: keeping k instead of k^T frees nothing
     before = {id(storage(b.tensor, inside)): storage(b.tensor, inside) for b in blocking}
     after: dict[int, Tensor] = {}

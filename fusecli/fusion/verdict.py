@@ -12,7 +12,7 @@ from ..trees import is_noop
 from ..units import format_bytes
 from .frameworks import framework_notes, not_fusable_notes
 from .match import Match
-from .recompute import Recompute, plan
+from .recompute import Recompute, node_flops, plan
 
 # Verdict.state's values, worst first
 LADDER = ("not fusable", "inference only", "training-safe if recomputed", "training-safe")
@@ -70,6 +70,33 @@ class Lookups:
         self.live, self.sizes = live, sizes
         self._bytes: dict[int, int | None] = {}
         self._readers: dict[int, dict[str | None, set[str]] | None] = {}
+        self._flops: dict[int, int | None] = {}
+        self._read_by: dict[str, str] = {}
+        self._at: str | None = None
+
+    def node_flops(self, node: Node) -> int | None:
+        """``recompute.node_flops(node, sizes)``, once per node (a node is in several matches)."""
+        n = self._flops.get(id(node), _UNSET)
+        if n is _UNSET:
+            n = self._flops[id(node)] = node_flops(node, self.sizes)
+        return n
+
+    def read_by(self, name: str) -> str:
+        """'BatchNormGrad (backward of bn1)': the backward ops that read saved tensor ``name``, once per
+        name."""
+        text = self._read_by.get(name)
+        if text is None:
+            text = self._read_by[name] = ", ".join(sorted(
+                {f"{n.op_type} (backward of {n.meta.get('forward', '?')})"
+                 for n in self.live.saved_by_name[name].needed_by}))
+        return text
+
+    @property
+    def at(self) -> str:
+        """``_at(sizes)``, made once."""
+        if self._at is None:
+            self._at = _at(self.sizes)
+        return self._at
 
     def nbytes(self, t: Tensor) -> int | None:
         """``t.nbytes(sizes)``, once per tensor."""
@@ -194,7 +221,7 @@ def judge(m: Match, graph: Graph, live: Liveness, sizes: Mapping[str, int] | Non
                        + (f"; today {edge}" if edge else ""), traffic_bytes=traffic, frameworks=notes)
     blocking = _blocking(interior, live)
     if blocking:
-        return _blocked(m, blocking, live, sizes, traffic, notes)
+        return _blocked(m, blocking, lookups, traffic, notes)
     return Verdict(True, True, "training-safe: no tensor inside the fused kernel is read by backward"
                    + (f" ({edge})" if edge else ""), traffic_bytes=traffic, frameworks=notes)
 
@@ -209,15 +236,14 @@ def _blocking(interior: list[Tensor], live: Liveness) -> list[Blocking]:
     return blocking
 
 
-def _blocked(m: Match, blocking: list[Blocking], live: Liveness, sizes: Mapping[str, int] | None,
-             traffic: int, notes: dict) -> Verdict:
+def _blocked(m: Match, blocking: list[Blocking], lookups: Lookups, traffic: int, notes: dict) -> Verdict:
     """Training-safe if recomputed, or inference only: backward reads ``blocking``."""
-    rc = plan(m, blocking, live, sizes)
+    sizes = lookups.sizes
+    rc = plan(m, blocking, lookups.live, sizes, lookups.node_flops)
     b = next((x for x in blocking if isinstance(rc, Recompute) and x.tensor.name in rc.tensors),
              blocking[0])
-    what = ", ".join(sorted({f"{n.op_type} (backward of {n.meta.get('forward', '?')})"
-                             for n in live.saved_by_name[b.tensor.name].needed_by}))
-    size = "size unknown" if b.bytes is None else f"{format_bytes(b.bytes)} at {_at(sizes)}"
+    what = lookups.read_by(b.tensor.name)
+    size = "size unknown" if b.bytes is None else f"{format_bytes(b.bytes)} at {lookups.at}"
     blocked = (f"{what} reads {b.tensor.name}, made inside the fused kernel by {b.tensor.producer.name} "
                f"({size})")
     if isinstance(rc, Recompute):
@@ -273,23 +299,36 @@ def _judge_backward(m: Match, lookups: Lookups, notes: dict, inside: set[int]) -
 def suppress_dominated(matches: list[Match]) -> list[Match]:
     """Drop a match whose nodes lie inside a larger match that is at least as safe (bias in conv_bias_act);
     it stays in the larger ones' ``inner`` (what a rewrite falls back to where no kernel takes them)."""
-    def safety(m: Match) -> tuple[bool, bool, bool]:
-        v = m.verdict
-        return (v.inference_safe, v.training_safe or v.recompute is not None, v.training_safe)
-
     by_node: dict[int, list[Match]] = {}
     for m in matches:
         for n in m.nodes:
             by_node.setdefault(id(n), []).append(m)
+    node_ids: dict[int, set[int]] = {}  # id(match) -> ids of its nodes, made for the matches compared only
     kept = []
     for m in matches:
-        ids = {id(n) for n in m.nodes}
         candidates = by_node[id(m.nodes[0])]
-        over = [o for o in candidates if o is not m and len(o.nodes) > len(m.nodes)
-                and ids <= {id(n) for n in o.nodes}
-                and all(a >= b for a, b in zip(safety(o), safety(m), strict=True))]
+        over = []
+        if len(candidates) > 1:  # else m is the only match over its first node
+            ids = _node_ids(m, node_ids)
+            safe = _safety(m)
+            over = [o for o in candidates if o is not m and len(o.nodes) > len(m.nodes)
+                    and ids <= _node_ids(o, node_ids)
+                    and all(a >= b for a, b in zip(_safety(o), safe, strict=True))]
         for o in over:
             o.inner.append(m)
         if not over:
             kept.append(m)
     return kept
+
+
+def _safety(m: Match) -> tuple[bool, bool, bool]:
+    v = m.verdict
+    return (v.inference_safe, v.training_safe or v.recompute is not None, v.training_safe)
+
+
+def _node_ids(m: Match, made: dict[int, set[int]]) -> set[int]:
+    """The ids of ``m``'s nodes, made once per match (``made``)."""
+    ids = made.get(id(m))
+    if ids is None:
+        ids = made[id(m)] = {id(n) for n in m.nodes}
+    return ids

@@ -8,6 +8,7 @@ import pytest
 
 from fusecli.fusion.patterns import BY_NAME, CATALOGUE
 from fusecli.grad.rules import rule_for
+from fusecli.trees import match_at, node_key, root_may_match
 from tests.fusion.models import (
     GELU_ERF_NODES,
     LAYER_NORM_NODES,
@@ -326,3 +327,19 @@ def test_conv_mul(tmp_path, act):
     m = only(a, "conv_mul")
     assert [n.name for n in m.nodes] == ["conv", "scale"] + (["act"] if act else [])
     assert m.verdict.state == "inference only" and [b.tensor.name for b in m.verdict.blocking] == ["conv_out"]
+
+
+@pytest.mark.parametrize("build", [lambda: conv_bn_act("op"), lambda: conv_bn_act("decomposed"), gelu_erf,
+                                   layer_norm, lambda: conv_act("Relu"), gelu_tanh])
+def test_the_root_test_never_refuses_a_match(tmp_path, build):
+    """root_may_match (the matcher's checks a few ops deep) is a necessary condition of match_at."""
+    a = analyze_model(build(), tmp_path)
+    tried = 0
+    for node in a.graph.nodes:
+        inputs = [t for t in node.inputs if t is not None]
+        for p in CATALOGUE:
+            for form in (f for f in p.forms if node_key(node) in f.kinds):
+                if match_at(form, node) is not None:
+                    tried += 1
+                    assert root_may_match(form.root_test, inputs), (p.name, node.name)
+    assert tried
