@@ -28,6 +28,9 @@ SCRATCH_PREFIX = "fusecli-scratch-"
 _PID = re.compile(r"-(\d+)-")
 MAX_INPUT_FILES = 100_000  # files of a SavedModel folder compared with the target (hard links)
 JSON_SLICE = 1000  # list items encoded at once: json's C encoder does the work, a slice stays small
+# json.dumps's own encoder without its check for circular references (a document is a tree): the same
+# text, a tenth faster on a 100k-node model's document
+_ENCODE = json.JSONEncoder(check_circular=False).encode
 
 
 def _pid_alive(pid: int) -> bool:
@@ -224,15 +227,15 @@ def json_pieces(doc, depth: int = 2) -> Iterator[str]:
     if depth and type(doc) is dict and doc and all(type(k) is str for k in doc):
         sep = "{"
         for key, value in doc.items():
-            yield sep + json.dumps(key) + ": "
+            yield sep + _ENCODE(key) + ": "
             yield from json_pieces(value, depth - 1)
             sep = ", "
         yield "}"
     elif depth and type(doc) is list and len(doc) > JSON_SLICE:
         sep = "["
         for start in range(0, len(doc), JSON_SLICE):
-            yield sep + json.dumps(doc[start:start + JSON_SLICE])[1:-1]  # the items, without [ ]
+            yield sep + _ENCODE(doc[start:start + JSON_SLICE])[1:-1]  # the items, without [ ]
             sep = ", "
         yield "]"
     else:
-        yield json.dumps(doc)
+        yield _ENCODE(doc)
