@@ -91,35 +91,9 @@ def cut_model(graph: Graph, model: onnx.ModelProto, need: set[str], variables: t
                 frontier[x] = t
             else:
                 todo.append(producer[x])
-    cut = sub_model(model, keep, seen, need, producer,
-                    [helper.make_tensor_value_info(x, _FLOAT_TYPES[t.dtype], list(t.shape))
-                     for x, t in frontier.items()])
-    constants_as_initializers(cut)
-    return cut
-
-
-def constants_as_initializers(m: onnx.ModelProto) -> None:
-    """``m``'s Constant nodes of one ``value`` tensor as initializers of that name, in place (IR >= 4, where
-    an initializer need not be a graph input): the same values to the shape tools, and a third fewer
-    nodes for onnxruntime's symbolic tool, which runs ONNX's inference once per node."""
-    if m.ir_version < 4:
-        return
-    g = m.graph
-    kept, made = [], []
-    for n in g.node:
-        if n.op_type == "Constant" and n.domain in ("", "ai.onnx") and len(n.attribute) == 1 \
-                and n.attribute[0].name == "value" and n.attribute[0].type == onnx.AttributeProto.TENSOR \
-                and len(n.output) == 1 and n.output[0]:
-            t = onnx.TensorProto()
-            t.CopyFrom(n.attribute[0].t)
-            t.name = n.output[0]
-            made.append(t)
-        else:
-            kept.append(n)
-    if made:
-        del g.node[:]
-        g.node.extend(kept)
-        g.initializer.extend(made)
+    return sub_model(model, keep, seen, need, producer,
+                     [helper.make_tensor_value_info(x, _FLOAT_TYPES[t.dtype], list(t.shape))
+                      for x, t in frontier.items()])
 
 
 def sub_model(model: onnx.ModelProto, keep: set[int], seen: set[str], need: set[str],
@@ -146,10 +120,11 @@ def _cuttable(t: Tensor | None, variables: tuple[str, ...], plain: bool = False)
     """A float activation sized by the input dims: a shape is known, its values size nothing."""
     if t is None or t.producer is None or t.dtype not in _FLOAT_TYPES or t.shape is None:
         return False
-    if plain:
-        return any(not isinstance(d, int) for d in t.shape) and all(
-            isinstance(d, int) or d in variables for d in t.shape)
-    return any(not isinstance(d, int) for d in t.shape) and all(over_variables(d, variables) for d in t.shape)
+
+    def known(d) -> bool:  # plain: a number or an input dim itself, not an expression of them
+        return (isinstance(d, int) or d in variables) if plain else over_variables(d, variables)
+
+    return any(not isinstance(d, int) for d in t.shape) and all(known(d) for d in t.shape)
 
 
 def bind_inputs(model: onnx.ModelProto, values: Mapping[str, int]) -> onnx.ModelProto:
