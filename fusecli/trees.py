@@ -51,9 +51,10 @@ class Op:
         return tuple(_producer_kinds(a) for a in self.args)
 
     @cached_property
-    def kind_checks(self) -> tuple[tuple[int, frozenset[str]], ...]:
-        """(position, kinds) of the operands whose producer's kind ``arg_kinds`` constrains."""
-        return tuple((i, k) for i, k in enumerate(self.arg_kinds) if k is not None)
+    def kind_checks(self) -> tuple[tuple[int, frozenset[str], None], ...]:
+        """(position, kinds, None) of the operands whose producer's kind ``arg_kinds`` constrains: the
+        one-level checks of ``_producers_may_match`` (no deeper skeleton)."""
+        return tuple((i, k, None) for i, k in enumerate(self.arg_kinds) if k is not None)
 
     @cached_property
     def root_test(self) -> tuple:
@@ -205,25 +206,6 @@ def _match_op_tensor(pat: Op, t: Tensor, st: _State) -> bool:
     return True
 
 
-def _operands_may_match(kind_checks: tuple[tuple[int, frozenset[str]], ...], order: list[Tensor]) -> bool:
-    """A cheap necessary condition for ``_match_tensor`` on each operand: an unnamed ``Op`` operand needs a
-    producer of one of its kinds, not constant, whose first output the tensor is. Most tries fail here."""
-    for i, kinds in kind_checks:
-        t = order[i]
-        p = t.producer
-        if p is None:
-            return False
-        if p.kind in _NOOP_KINDS and "cast" not in kinds and is_noop(p):
-            t = through_noops(t)
-            p = t.producer
-            if p is None:
-                return False
-        key = p.op_type if p.phase == "backward" else p.kind  # _node_key, inline: the hottest loop
-        if p.outputs[0] is not t or key not in kinds or p.meta.get("constant"):
-            return False
-    return True
-
-
 _NOOP_KINDS = ("cast", "identity")  # is_noop's kinds, a cheap first test
 _NOOP_KIND_SET = frozenset(_NOOP_KINDS)
 
@@ -247,7 +229,7 @@ def _match_node(pat: Op, node: Node, st: _State) -> bool:
         orders.append([inputs[1], inputs[0], *inputs[2:]])
     kind_checks = pat.kind_checks
     for order in orders:
-        if not _operands_may_match(kind_checks, order):
+        if not _producers_may_match(kind_checks, order):
             continue
         saved = st.save()
         st.nodes.append(node)
