@@ -3,12 +3,16 @@
 At the user's point and at the fit's probe points (``dim_fit``), ONNX's inference with data propagation
 sizes most dims the symbolic run left open (``unk__7`` out of Shape -> Gather -> Concat -> Reshape); the
 numbers are fitted to integer polynomials in the input dims and checked at every point. What it leaves
-open (a Slice whose bounds come out of a Div of a shape) goes on to onnxruntime's symbolic tool
-(``onnx_sizes``), and then this fit is not tried.
+open (a Slice whose bounds come out of a Div of a shape, a Range) goes on to onnxruntime's symbolic tool
+(``onnx_sizes``).
 
 Each run sees only the part of the model the open tensors depend on, cut at float activations whose
 shapes are already polynomials in the input dims: those become graph inputs of that shape at the point
 (a float activation's values never size anything), so a run costs the shape computations, not the model.
+Where that part is large (a TorchScript decoder's batch dim comes out of ``view(-1, seq)``: every
+activation is open), two more runs size the float activations first, each dim one integer times one
+monomial that fits all three points (``guess_shapes``); the fit then runs on the part cut there, and the
+symbolic tool on what stays open only.
 """
 
 from __future__ import annotations
@@ -18,12 +22,13 @@ from collections.abc import Mapping, Sequence
 import onnx
 from onnx import helper
 
-from ..dims import dim_value
+from ..dims import Poly, dim_value
 from ..ir import Graph, Tensor
 from ..sizes import input_dim_name
 from .dim_fit import MAX_FIT_VARIABLES, fit_polynomials, over_variables
 from .shape_tools import dims_of, infer_shapes
 
+_UNREAD = object()  # a memo's "not asked yet"
 _FLOAT_TYPES = {"float32": onnx.TensorProto.FLOAT, "float64": onnx.TensorProto.DOUBLE,
                 "float16": onnx.TensorProto.FLOAT16, "bfloat16": onnx.TensorProto.BFLOAT16}
 
@@ -32,29 +37,41 @@ def fit_by_onnx(graph: Graph, model: onnx.ModelProto, pending: set[str], values:
                 variables: tuple[str, ...]) -> tuple[dict[str, tuple], dict[str, tuple]]:
     """The shapes of the ``pending`` tensors whose every open dim ONNX's bound inference sizes at each
     point and fits to a polynomial, and the dims it found at the user's point (ints, None where open).
-    Where it leaves one open at the user's point, no fit: onnxruntime's tool then runs anyway, on as
-    much of the model, and the fit's further runs would cost more than they save."""
+    What it leaves open at the user's point goes on to onnxruntime's tool (``onnx_sizes``).
+
+    Where the part of the model the open tensors depend on is large (a decoder whose batch or sequence
+    dim comes out of a Reshape: every activation open), the float activations are sized first from two
+    more runs (``guess_shapes``); cut there, the fit's runs cost the shape computations only."""
     if not pending or not variables or len(variables) > MAX_FIT_VARIABLES:
         return {}, {}
     template = cut_model(graph, model, pending, variables)
 
-    def numbers(point: Mapping[str, int], need: set[str]) -> dict[str, tuple]:
-        inferred, _ = infer_shapes(bind_inputs(template, point))
-        return needed_dims(inferred, need)
+    def numbers_on(m: onnx.ModelProto):
+        def numbers(point: Mapping[str, int], need: set[str]) -> dict[str, tuple]:
+            inferred, _ = infer_shapes(bind_inputs(m, point))
+            return needed_dims(inferred, need)
+        return numbers
 
-    at_user = numbers(values, pending)
+    at_user = numbers_on(template)(values, pending)
+    guessed: dict[str, tuple] = {}
+    if len(template.graph.node) >= GUESS_MIN_NODES:
+        points = [{**values, **p} for p in guess_points(values, variables)]
+        columns = [at_user, *(numbers_on(template)(p, pending) for p in points)]
+        guessed = guess_shapes(graph, pending, columns, [values, *points], variables)
     closed: dict[str, tuple] = {}
     positions: list[tuple[str, int]] = []
-    for name in sorted(pending):
+    for name in sorted(pending - guessed.keys()):
         got, shape = at_user.get(name), graph.tensors[name].shape
         if got is None or None in got or (shape is not None and len(got) != len(shape)):
             continue
         closed[name] = shape if shape is not None else (None,) * len(got)
         positions += [(name, axis) for axis, d in enumerate(closed[name]) if not over_variables(d, variables)]
-    if len(closed) < len(pending):
-        return {}, at_user
-    fitted = fit_polynomials(numbers, positions, values, at_user, variables)
-    out = {}
+    if not guessed and len(closed) < len(pending):
+        return {}, at_user  # no fit: onnxruntime's tool runs on as much of the model anyway
+    if guessed:  # the fit's runs: what the closed tensors depend on, cut at the guessed activations
+        template = cut_model(graph, model, set(closed), variables, guessed)
+    fitted = fit_polynomials(numbers_on(template), positions, values, at_user, variables)
+    out = dict(guessed)
     for name, shape in closed.items():
         dims = [fitted.get((name, axis), d if over_variables(d, variables) else None)
                 for axis, d in enumerate(shape)]
@@ -63,12 +80,95 @@ def fit_by_onnx(graph: Graph, model: onnx.ModelProto, pending: set[str], values:
     return out, at_user
 
 
+GUESS_MIN_NODES = 2000  # a smaller part is cheap to run whole at every point (ONNX's C++: ~7 us a node)
+
+
+def guess_points(values: Mapping[str, int], variables: tuple[str, ...]) -> list[dict[str, int]]:
+    """Two points where every input dim differs from the user's and from the other point's (3..40)."""
+    out = []
+    for base in (17, 29):
+        p = {}
+        for i, v in enumerate(variables):
+            x = base + 2 * i
+            while x == values.get(v) or any(q[v] == x for q in out):
+                x += 1
+            p[v] = x
+        out.append(p)
+    return out
+
+
+def guess_shapes(graph: Graph, pending: set[str], columns: Sequence[Mapping[str, tuple]],
+                 points: Sequence[Mapping[str, int]], variables: tuple[str, ...]) -> dict[str, tuple]:
+    """The float activations of ``pending`` whose every dim at all ``points`` (the dims found there,
+    ``columns``) is one integer times one monomial of degree <= 2 in the input dims, or a constant, and
+    only one such: those shapes (a dim already known must agree at every point)."""
+    mons = [(v,) for v in variables] + [(a, b) for i, a in enumerate(variables) for b in variables[i:]]
+    out: dict[str, tuple] = {}
+    made: dict[tuple, tuple | None] = {}  # (dims at the points, dims known) -> the shape: asked once each
+    for name in pending:
+        t = graph.tensors[name]
+        if t.dtype not in _FLOAT_TYPES or t.producer is None:
+            continue
+        key = (tuple(c.get(name) for c in columns), t.shape)
+        shape = made.get(key, _UNREAD)
+        if shape is _UNREAD:
+            shape = made[key] = _guess_shape(key[0], t.shape, points, variables, mons)
+        if shape is not None:
+            out[name] = shape
+    return out
+
+
+def _guess_shape(rows: tuple, shape: tuple | None, points: Sequence[Mapping[str, int]],
+                 variables: tuple[str, ...], mons: list[tuple[str, ...]]) -> tuple | None:
+    """``guess_shapes`` for one tensor: its dims at the points ``rows``, its dims known ``shape``."""
+    if any(r is None or None in r for r in rows) or len({len(r) for r in rows}) != 1 \
+            or (shape is not None and len(shape) != len(rows[0])):
+        return None
+    dims = []
+    for axis in range(len(rows[0])):
+        got = [r[axis] for r in rows]
+        d = None if shape is None else shape[axis]
+        if d is not None and over_variables(d, variables):
+            d = d if all(dim_value(d, p) == g for p, g in zip(points, got, strict=True)) else None
+        else:
+            d = _one_monomial(got, points, mons)
+        if d is None:
+            return None
+        dims.append(d)
+    return tuple(dims)
+
+
+def _one_monomial(got: Sequence[int], points: Sequence[Mapping[str, int]], mons) -> int | str | None:
+    """The constant, or the only ``c * monomial``, that gives ``got`` at every point; None otherwise."""
+    if len(set(got)) == 1:
+        return got[0]
+    found = None
+    for m in mons:
+        c = None
+        for p, g in zip(points, got, strict=True):
+            v = 1
+            for x in m:
+                v *= p[x]
+            if v == 0 or g % v or (c is not None and g // v != c):
+                break
+            c = g // v
+        else:  # c > 0: a dim of 0 at every point is the constant above
+            if found is not None:
+                return None
+            poly = Poly.const(c)
+            for x in m:
+                poly = poly * Poly.var(x)
+            found = str(poly)  # as fit_polynomials writes it
+    return found
+
+
 def cut_model(graph: Graph, model: onnx.ModelProto, need: set[str], variables: tuple[str, ...],
-              plain: bool = False) -> onnx.ModelProto:
+              known: Mapping[str, tuple] | None = None, plain: bool = False) -> onnx.ModelProto:
     """The nodes ``need`` depends on, back to the graph inputs, initializers and float activations whose
     shape ``graph`` knows over ``variables`` (graph inputs here, their dims as expressions to bind).
     ``plain``: cut only where every dim is a number or a variable itself, for a symbolic tool (it reads a
-    dim's text as one symbol: ``2*seq`` squared would print as ``2*seq**2``)."""
+    dim's text as one symbol: ``2*seq`` squared would print as ``2*seq**2``). ``known``: shapes sized
+    since ``graph``'s, by name."""
     g = model.graph
     producer = {o: i for i, n in enumerate(g.node) for o in n.output if o}
     keep: set[int] = set()
@@ -87,13 +187,14 @@ def cut_model(graph: Graph, model: onnx.ModelProto, need: set[str], variables: t
             if x not in producer:
                 continue
             t = graph.tensors.get(x)
-            if _cuttable(t, variables, plain):
-                frontier[x] = t
+            shape = None if t is None else (known or {}).get(x, t.shape)
+            if _cuttable(t, shape, variables, plain):
+                frontier[x] = (t.dtype, shape)
             else:
                 todo.append(producer[x])
     return sub_model(model, keep, seen, need, producer,
-                     [helper.make_tensor_value_info(x, _FLOAT_TYPES[t.dtype], list(t.shape))
-                      for x, t in frontier.items()])
+                     [helper.make_tensor_value_info(x, _FLOAT_TYPES[dtype], list(shape))
+                      for x, (dtype, shape) in frontier.items()])
 
 
 def sub_model(model: onnx.ModelProto, keep: set[int], seen: set[str], need: set[str],
@@ -116,15 +217,15 @@ def sub_model(model: onnx.ModelProto, keep: set[int], seen: set[str], need: set[
     return out
 
 
-def _cuttable(t: Tensor | None, variables: tuple[str, ...], plain: bool = False) -> bool:
+def _cuttable(t: Tensor | None, shape: tuple | None, variables: tuple[str, ...], plain: bool = False) -> bool:
     """A float activation sized by the input dims: a shape is known, its values size nothing."""
-    if t is None or t.producer is None or t.dtype not in _FLOAT_TYPES or t.shape is None:
+    if t is None or t.producer is None or t.dtype not in _FLOAT_TYPES or shape is None:
         return False
 
     def known(d) -> bool:  # plain: a number or an input dim itself, not an expression of them
         return (isinstance(d, int) or d in variables) if plain else over_variables(d, variables)
 
-    return any(not isinstance(d, int) for d in t.shape) and all(known(d) for d in t.shape)
+    return any(not isinstance(d, int) for d in shape) and all(known(d) for d in shape)
 
 
 def bind_inputs(model: onnx.ModelProto, values: Mapping[str, int]) -> onnx.ModelProto:
@@ -151,14 +252,23 @@ def bind_in_place(m: onnx.ModelProto, values: Mapping[str, int]) -> None:
 
 
 def needed_dims(model: onnx.ModelProto, need: set[str]) -> dict[str, tuple]:
-    """The dims (ints, None where open) of the ``need`` values the (inferred) model describes."""
+    """The dims (ints, None where open) of the ``need`` values the (inferred) model describes; each
+    distinct type is read once (a decoder's thousands of values have a few hundred)."""
     g = model.graph
     out: dict[str, tuple] = {}
-    for vi in (*g.input, *g.value_info, *g.output):
-        if vi.name in need:
-            s = dims_of(vi)
-            if s is not None or vi.name not in out:
-                out[vi.name] = None if s is None else tuple(d if isinstance(d, int) else None for d in s)
+    read: dict[bytes, tuple | None] = {}
+    for infos in (g.input, g.value_info, g.output):
+        for vi in infos:
+            name = vi.name
+            if name not in need:
+                continue
+            key = vi.type.SerializeToString()
+            s = read.get(key, _UNREAD)
+            if s is _UNREAD:
+                s = dims_of(vi)
+                s = read[key] = None if s is None else tuple(d if isinstance(d, int) else None for d in s)
+            if s is not None or name not in out:
+                out[name] = s
     return out
 
 
