@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import subprocess
+import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent / "fusecli"
 MAX_PRIVATE = 3
@@ -104,3 +106,23 @@ def test_the_pattern_language_and_spellings_sit_below_grad_and_fusion():
                         or (not m.startswith("fusecli.grad") and t.startswith("fusecli.grad")))
               for m in below}
     assert below and {m: t for m, t in upward.items() if t} == {}
+
+
+def test_every_module_imports_first():
+    """Each module imported first, in a fresh set of fusecli modules: an import cycle through a package's
+    ``__init__`` (a kernel module importing fusion, whose families import the kernels) fails only then."""
+    names = sorted(_modules())
+    code = ("import importlib, sys\n"
+            "failed = []\n"
+            "for name in sys.argv[1:]:\n"
+            "    for m in [m for m in sys.modules if m == 'fusecli' or m.startswith('fusecli.')]:\n"
+            "        del sys.modules[m]\n"
+            "    try:\n"
+            "        importlib.import_module(name)\n"
+            "    except Exception as e:\n"
+            "        failed.append(f'{name}: {e}')\n"
+            "print('\\n'.join(failed))\n")
+    done = subprocess.run([sys.executable, "-c", code, *(n for n in names if not n.endswith("__main__"))],
+                          capture_output=True, text=True, cwd=ROOT.parent, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "", done.stdout

@@ -8,11 +8,15 @@ CUDA provider registers no HardSwish kernel).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from ..fusion.match import Match
 from ..spellings.acts import gate_act_kind
 from .kit import MS, Context, Emission, attr_value, clip_bounds, dtype_of, make_node, out_name
+
+if TYPE_CHECKING:  # annotations only: fusion's families import these emitters
+    from ..fusion.match import Match
 
 
 def _beta(m: Match, ctx: Context) -> float | None:

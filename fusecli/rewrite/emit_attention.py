@@ -13,10 +13,10 @@ identity in inference. Heads-merged attention (BLOOM: q, K^T, v and the scores a
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..fusion.match import Match
 from ..ir import Node, Tensor
 from ..spellings.attention import LAYOUT, AttentionForm, read_attention, scalar_value
 from ..spellings.common import ADD
@@ -24,6 +24,9 @@ from ..trees import is_noop
 from .kit import MS, Context, Emission, attr_value, dtype_of, make_node, new_initializer
 from .merged_heads import merged_terms, read_merged, write_shapes
 from .shape_values import int_value
+
+if TYPE_CHECKING:  # annotations only: fusion's families import these emitters
+    from ..fusion.match import Match
 
 ABSORBING = -1e30  # a fill at or below this absorbs any score term added to it in float32 (ulp ~ 1e23)
 

@@ -5,10 +5,11 @@ conv_bias_add_act, conv_bias_act, conv_bias, conv_bn(_act), conv_squeeze_bias.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import onnx
 
-from ..fusion.match import Match
 from ..ir import Node, Tensor
 from .fold import channel_vector, fold_batch_norm, fold_bias, fold_scale_shift
 from .kit import (
@@ -26,6 +27,9 @@ from .kit import (
     same_shape,
     unused_extra_outputs,
 )
+
+if TYPE_CHECKING:  # annotations only: fusion's families import these emitters
+    from ..fusion.match import Match
 
 
 # -- Conv family: conv_bias(_add)_act, conv_bias, conv_bn(_act), conv_squeeze_bias ------------------------

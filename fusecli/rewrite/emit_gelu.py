@@ -4,8 +4,12 @@
 
 from __future__ import annotations
 
-from ..fusion.match import Match
+from typing import TYPE_CHECKING
+
 from .kit import MS, Context, Emission, dtype_of, last_axis_vector, make_node, other_input, out_name, param_of
+
+if TYPE_CHECKING:  # annotations only: fusion's families import these emitters
+    from ..fusion.match import Match
 
 
 # -- GELU ----------------------------------------------------------------------------------------------

@@ -18,10 +18,10 @@ a prompt without past, position s reads cache row s, as RotaryEmbedding does).
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..fusion.match import Match
 from ..ir import Node, Tensor
 from ..spellings.attention import LAYOUT, AttentionForm, depends_on_input, read_attention
 from ..spellings.common import ADD
@@ -39,6 +39,9 @@ from .emit_rotary import RotaryParts, rotary_parts
 from .kit import MS, Context, Emission, attr_value
 from .mask_band import causal_window
 from .shape_values import int_value
+
+if TYPE_CHECKING:  # annotations only: fusion's families import these emitters
+    from ..fusion.match import Match
 
 SHAPE_DTYPES = frozenset({"int64", "int32", "bool"})  # what shape computations make (Equal: bool)
 MAX_DEAD = 256  # shape reads of removed tensors taken out with them, per emission

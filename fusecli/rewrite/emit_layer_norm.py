@@ -6,8 +6,8 @@ the sum.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from ..fusion.match import Match
 from ..ir import Tensor
 from .kit import (
     MS,
@@ -26,6 +26,9 @@ from .kit import (
     skip_operands,
     unused_extra_outputs,
 )
+
+if TYPE_CHECKING:  # annotations only: fusion's families import these emitters
+    from ..fusion.match import Match
 
 
 # -- LayerNorm -----------------------------------------------------------------------------------------

@@ -10,9 +10,10 @@ transpose optimizer cancels it against the next conv's.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from ..fusion.match import Match
 from .emit_conv import conv_family
 from .fold import channel_vector, fold_bias, fold_scale_shift
 from .kit import (
@@ -27,6 +28,9 @@ from .kit import (
     out_name,
     param_of,
 )
+
+if TYPE_CHECKING:  # annotations only: fusion's families import these emitters
+    from ..fusion.match import Match
 
 _CONV = ("conv_bias_add_act", "conv_bias_act", "conv_bias", "conv_bn_act", "conv_bn", "conv_squeeze_bias",
          "conv_bias_bn_act", "conv_bias_bn")

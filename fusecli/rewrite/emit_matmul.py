@@ -5,7 +5,8 @@ matmul_transpose.
 
 from __future__ import annotations
 
-from ..fusion.match import Match
+from typing import TYPE_CHECKING
+
 from ..spellings.common import swaps_last_two
 from .kit import (
     MS,
@@ -21,6 +22,9 @@ from .kit import (
     param_of,
     same_shape,
 )
+
+if TYPE_CHECKING:  # annotations only: fusion's families import these emitters
+    from ..fusion.match import Match
 
 
 # -- MatMul family: matmul_bias(_act) -> Gemm / FusedGemm, matmul_scale -> FusedMatMul ----------------------

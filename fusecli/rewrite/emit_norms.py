@@ -8,9 +8,10 @@ block reads the residual sum again (Llama's decoder layers).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from ..fusion.match import Match
 from ..ir import Tensor
 from ..spellings.common import ADD
 from .kit import (
@@ -24,6 +25,9 @@ from .kit import (
     reduce_axes,
     skip_operands,
 )
+
+if TYPE_CHECKING:  # annotations only: fusion's families import these emitters
+    from ..fusion.match import Match
 
 
 def _rms_parts(m: Match, ctx: Context) -> tuple[Tensor, float, Tensor | None] | None:

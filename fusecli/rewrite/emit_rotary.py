@@ -13,15 +13,18 @@ pairs, a (B, S, N, D) layout, a table with a batch axis, an odd or unknown head 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
 
-from ..fusion.match import Match
 from ..ir import Node, Tensor
 from ..trees import through_noops
 from .kit import MS, Context, Emission, attr_value, make_node, new_initializer
 from .shape_values import int_value
+
+if TYPE_CHECKING:  # annotations only: fusion's families import these emitters
+    from ..fusion.match import Match
 
 INT_MAX = 2**62  # a Slice end at or past this means "to the end"
 ELEMENTWISE = frozenset({"Cos", "Sin", "Cast", "Identity"})  # what may stand between concat(f, f) and a table

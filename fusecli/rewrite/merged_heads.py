@@ -12,15 +12,18 @@ P @ V's output read the same sizes from q's merge instead.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..dims import same_dim
-from ..fusion.match import Match
 from ..ir import Node, Tensor
 from ..spellings.attention import LAYOUT
 from ..trees import is_noop
 from .kit import Context, attr_value
+
+if TYPE_CHECKING:  # annotations only: fusion's families import these emitters
+    from ..fusion.match import Match
 
 
 @dataclass
