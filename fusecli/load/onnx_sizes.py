@@ -49,7 +49,7 @@ def resolve_sizes(graph: Graph, values: Mapping[str, int], variables: tuple[str,
     pending = pending_tensors(graph, variables)
     if not pending:
         return {}
-    runner = _Runner(model, omitted, variables, routing)
+    runner = _Runner(model, omitted, variables, routing, graph)
     graph.meta["routers"] = [r.indices for r in runner.routers]
     # 0. ONNX's own inference bound at points, fitted (C++; under --routing the tools see a changed model)
     fitted, onnx_at_user = fit_by_onnx(graph, runner.model, pending, values, variables) \
@@ -150,18 +150,23 @@ class _Runner:
     """Runs the shape tools on the model, symbolic or bound to numbers (weights as graph inputs)."""
 
     def __init__(self, model: onnx.ModelProto, omitted: set[str], variables: tuple[str, ...],
-                 routing: str | None = None) -> None:
+                 routing: str | None = None, graph: Graph | None = None) -> None:
         self.model = _weights_as_inputs(model, omitted)
         self.routers = find_routers(self.model) if routing == "balanced" else []
         if self.routers:
             self.model = balanced(self.model, self.routers)
+        # its shapes known so far: where a run's part of the model is cut (not under --routing, where the
+        # experts' token counts are evaluated from the router's values: its inputs stay in)
+        self.graph = None if self.routers else graph
         self.variables = variables
         self.ort_failed = False
         self.fold_elements = ROUTED_FOLD_ELEMENTS if self.routers else FOLD_ELEMENTS
 
     def bound(self, values: Mapping[str, int] | None, need: set[str] | None = None) -> onnx.ModelProto:
-        """The model (only what ``need`` depends on, when given) with its inputs bound to ``values``."""
-        m = _ancestors(self.model, need) if need is not None else None
+        """The model (only what ``need`` depends on, when given, cut at the float activations whose
+        shapes the graph knows: ``bound_fit.cut_model``) with its inputs bound to ``values``."""
+        m = None if need is None else _ancestors(self.model, need) if self.graph is None else \
+            cut_model(self.graph, self.model, need, self.variables)
         if values is None:
             return m if m is not None else self.model
         if m is None:
