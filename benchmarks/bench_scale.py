@@ -6,9 +6,10 @@ root. Inputs are built once under ``benchmarks/work/`` (git-ignored).
 Scaling: ``fusecli analyze MODEL --json`` (decoders: ``--batch 2 --dim seq=128``) as whole processes, every
 model once per round, rounds interleaved; medians with their spread (min-max), CPU and wall seconds and
 peak RSS, and a per-stage table from the same runs (``FUSECLI_STAGE_TIMES``: each stage's seconds on
-stderr). Models: synthetic Conv-BN-Relu residual chains of 25k/50k/100k/200k nodes
-(``bench_analyze.build_synthetic``) and 80-layer decoders (Llama with 2 K/V heads, GPT-2; hidden 64,
-default attention) by both PyTorch exporters (``tests/hf_models.export``).
+stderr), with fusecli's bytecode cached as after ``pip install`` (``child_env``). Models: synthetic
+Conv-BN-Relu residual chains of 25k/50k/100k/200k nodes (``bench_analyze.build_synthetic``) and
+80-layer decoders (Llama with 2 K/V heads, GPT-2; hidden 64, default attention) by both PyTorch exporters
+(``tests/hf_models.export``).
 
 Rewrite vs analyze on 200k-node chains (issue: rewrite within 3x analyze), by
 ``tests/rewrite/test_scale.py``'s builders:
@@ -66,11 +67,20 @@ def decoder(name: str, exporter: str) -> Path:
     return built_once(path, code, name, exporter, str(path), str(DECODER_LAYERS), quiet=True)
 
 
+def child_env() -> dict[str, str]:
+    """The measured processes' environment: stage times on, and fusecli's bytecode cached as an installed
+    fusecli has it (pip compiles it at install; ``PYTHONDONTWRITEBYTECODE``, set on some machines, would
+    make every process compile fusecli's ~80 modules again: about 0.1 s each time)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["FUSECLI_STAGE_TIMES"] = "1"
+    return env
+
+
 def timed_run(cmd: list[str]) -> dict:
     """One whole process with stage times: wall and CPU seconds, peak RSS (MiB), stage -> (wall, cpu)."""
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT,
-                            env={**os.environ, "FUSECLI_STAGE_TIMES": "1"}, text=True)
+                            env=child_env(), text=True)
     err = proc.stderr.read()
     _, status, usage = os.wait4(proc.pid, 0)
     stages = {}
@@ -98,6 +108,8 @@ def scaling(runs: int) -> list[str]:
             continue
         models.append((f"{name} {DECODER_LAYERS} layers, {exporter}", path, ["--dim", "seq=128"]))
     results: dict[str, list[dict]] = {label: [] for label, _, _ in models}
+    for _, path, dims in models[len(SYNTH_NODES):]:  # warm-up, not timed: fusecli's bytecode is written
+        timed_run([sys.executable, "-m", "fusecli", "analyze", str(path), "--json", "--batch", "2", *dims])
     for i in range(runs):
         for label, path, dims in models:
             cmd = [sys.executable, "-m", "fusecli", "analyze", str(path), "--json", "--batch", "2", *dims]
@@ -123,8 +135,10 @@ def scaling(runs: int) -> list[str]:
                    *(f"| {label} | {' | '.join(cells + [''] * (len(names) - len(cells)))} |"
                      for label, cells in stage_rows)]
     return ["## Scaling: `fusecli analyze`", "",
-            f"Whole processes, {runs} rounds (every model once per round); median (min-max). Synthetic "
-            "chains: `--batch 2`; decoders: `--batch 2 --dim seq=128`.", "",
+            f"Whole processes, {runs} rounds (every model once per round, after one untimed run of each "
+            "decoder); median (min-max). fusecli's bytecode cached, as an installed fusecli has it "
+            "(`PYTHONDONTWRITEBYTECODE` unset for the runs). Synthetic chains: `--batch 2`; decoders: "
+            "`--batch 2 --dim seq=128`.", "",
             "| model | CPU s | wall s | peak RSS MiB |", "|---|---|---|---|", *rows, "",
             "### Stages (median CPU seconds, from `FUSECLI_STAGE_TIMES` of the same runs)", "",
             "Time before the first stage (imports) and after the last (the JSON document) is in the totals "
