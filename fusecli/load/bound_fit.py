@@ -40,8 +40,10 @@ def fit_by_onnx(graph: Graph, model: onnx.ModelProto, pending: set[str], values:
     What it leaves open at the user's point goes on to onnxruntime's tool (``onnx_sizes``).
 
     Where the part of the model the open tensors depend on is large (a decoder whose batch or sequence
-    dim comes out of a Reshape: every activation open), the float activations are sized first from two
-    more runs (``guess_shapes``); cut there, the fit's runs cost the shape computations only."""
+    dim comes out of a Reshape: every activation open) and the user's point closes at least half of
+    them, the float activations are sized first from two more runs (``guess_shapes``); cut there, the
+    fit's runs cost the shape computations only. (Where most stay open, onnxruntime's tool sizes them
+    anyway, on about as much of the model: the two runs would cost more than they save.)"""
     if not pending or not variables or len(variables) > MAX_FIT_VARIABLES:
         return {}, {}
     template = cut_model(graph, model, pending, variables)
@@ -54,7 +56,8 @@ def fit_by_onnx(graph: Graph, model: onnx.ModelProto, pending: set[str], values:
 
     at_user = numbers_on(template)(values, pending)
     guessed: dict[str, tuple] = {}
-    if len(template.graph.node) >= GUESS_MIN_NODES:
+    still_open = sum(at_user.get(n) is None or None in at_user[n] for n in pending)
+    if len(template.graph.node) >= GUESS_MIN_NODES and 2 * still_open <= len(pending):
         points = [{**values, **p} for p in guess_points(values, variables)]
         columns = [at_user, *(numbers_on(template)(p, pending) for p in points)]
         guessed = guess_shapes(graph, pending, columns, [values, *points], variables)
