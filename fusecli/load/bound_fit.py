@@ -22,10 +22,10 @@ from collections.abc import Mapping, Sequence
 import onnx
 from onnx import helper
 
-from ..dims import Poly, dim_value
+from ..dims import dim_value
 from ..ir import Graph, Tensor
 from ..sizes import input_dim_name
-from .dim_fit import MAX_FIT_VARIABLES, fit_polynomials, over_variables
+from .dim_fit import MAX_FIT_VARIABLES, fit_polynomials, monomial_poly, monomials, over_variables
 from .shape_tools import dims_of, infer_shapes
 
 _UNREAD = object()  # a memo's "not asked yet"
@@ -105,7 +105,7 @@ def guess_shapes(graph: Graph, pending: set[str], columns: Sequence[Mapping[str,
     """The float activations of ``pending`` whose every dim at all ``points`` (the dims found there,
     ``columns``) is one integer times one monomial of degree <= 2 in the input dims, or a constant, and
     only one such: those shapes (a dim already known must agree at every point)."""
-    mons = [(v,) for v in variables] + [(a, b) for i, a in enumerate(variables) for b in variables[i:]]
+    mons = monomials(variables)[1:]  # the constant is _one_monomial's first test
     out: dict[str, tuple] = {}
     made: dict[tuple, tuple | None] = {}  # (dims at the points, dims known) -> the shape: asked once each
     for name in pending:
@@ -158,10 +158,7 @@ def _one_monomial(got: Sequence[int], points: Sequence[Mapping[str, int]], mons)
         else:  # c > 0: a dim of 0 at every point is the constant above
             if found is not None:
                 return None
-            poly = Poly.const(c)
-            for x in m:
-                poly = poly * Poly.var(x)
-            found = str(poly)  # as fit_polynomials writes it
+            found = str(monomial_poly(c, m))  # as fit_polynomials writes it
     return found
 
 

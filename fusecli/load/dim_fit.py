@@ -47,11 +47,20 @@ def pending_tensors(graph: Graph, variables: tuple[str, ...]) -> set[str]:
     return out
 
 
-def _monomials(variables: tuple[str, ...]) -> list[tuple[str, ...]]:
+def monomials(variables: tuple[str, ...]) -> list[tuple[str, ...]]:
+    """The monomials of degree <= 2 in the input dims, the constant first: (), (v,), (a, b)."""
     mons: list[tuple[str, ...]] = [()]
     mons += [(v,) for v in variables]
     mons += [pair for pair in itertools.combinations_with_replacement(variables, 2)]
     return mons
+
+
+def monomial_poly(c: int, m: tuple[str, ...]) -> Poly:
+    """``c`` times the monomial ``m``."""
+    term = Poly.const(c)
+    for v in m:
+        term = term * Poly.var(v)
+    return term
 
 
 def _probe_points(variables: tuple[str, ...], count: int) -> list[dict[str, int]]:
@@ -73,7 +82,7 @@ def fit_polynomials(numbers: Numbers, positions: list[tuple[str, int]], values: 
     free = variables
     if not positions or not free or len(free) > MAX_FIT_VARIABLES:
         return {}
-    mons = _monomials(free)
+    mons = monomials(free)
     points = _probe_points(free, len(mons) + 2)
     columns: list[dict] = []
     need = {name for name, _ in positions}
@@ -93,10 +102,7 @@ def fit_polynomials(numbers: Numbers, positions: list[tuple[str, int]], values: 
         poly = Poly()
         for m, k in zip(mons, c, strict=True):
             if k:
-                term = Poly.const(int(k))
-                for v in m:
-                    term = term * Poly.var(v)
-                poly = poly + term
+                poly = poly + monomial_poly(int(k), m)
         exact = all(poly.evaluate({**values, **p}) == _at(col, pos) for p, col in zip(points, columns,
                                                                                         strict=True))
         if exact and poly.evaluate(values) == at_user[pos[0]][pos[1]]:

@@ -33,6 +33,7 @@ from ..ir import Graph
 from ..kinds import data_dependent_origins
 from .bound_fit import bind_in_place, cut_model, fit_by_onnx, sub_model
 from .dim_fit import fit_polynomials, over_variables, pending_tensors
+from .onnx_wire import payload_left_out
 from .routing import SIZED_BY_VALUES, balanced, find_routers
 from .shape_tools import huge_shape_value, infer_shapes, value_shapes
 
@@ -303,7 +304,7 @@ def fold_shape_values(model: onnx.ModelProto, shapes: dict,
 
 
 def _has_data(t: onnx.TensorProto) -> bool:
-    return not _payload_left_out(t) and t.data_location != onnx.TensorProto.EXTERNAL
+    return not payload_left_out(t) and t.data_location != onnx.TensorProto.EXTERNAL
 
 
 def _numel(shape) -> int:
@@ -365,7 +366,7 @@ def _weights_as_inputs(model: onnx.ModelProto, omitted: set[str]) -> onnx.ModelP
         a = n.attribute[0] if n.op_type == "Constant" and len(n.attribute) == 1 else None
         if a is None or a.type != onnx.AttributeProto.TENSOR:
             nodes.append(n)
-        elif _payload_left_out(a.t):
+        elif payload_left_out(a.t):
             constants.append((n.output[0], a.t))
         elif m.ir_version >= 4 and n.domain in ("", "ai.onnx") and a.name == "value" \
                 and len(n.output) == 1 and n.output[0]:
@@ -384,16 +385,6 @@ def _weights_as_inputs(model: onnx.ModelProto, omitted: set[str]) -> onnx.ModelP
                    for t in stubs if t.name not in listed)
     g.input.extend(helper.make_tensor_value_info(name, t.data_type, list(t.dims)) for name, t in constants)
     return m
-
-
-def _payload_left_out(t: onnx.TensorProto) -> bool:
-    """A tensor with elements but no data: its payload was skipped when the structure was read."""
-    n = 1
-    for d in t.dims:
-        n *= d
-    return n > 0 and t.data_location != onnx.TensorProto.EXTERNAL and not (
-        t.raw_data or t.float_data or t.int32_data or t.int64_data or t.double_data or t.uint64_data
-        or t.string_data)
 
 
 def ort_symbolic_shapes(model: onnx.ModelProto, passes: int = MAX_SYMBOLIC_PASSES) -> dict[str, Shape] | None:

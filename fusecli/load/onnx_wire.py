@@ -211,19 +211,19 @@ def read_structure(path: str, external: bool = False) -> tuple[onnx.ModelProto, 
         parts = _rewrite_fields(src, 0, len(src), MODEL_CHILDREN, 0, location) or [src.read(0, len(src))]
     model = onnx.ModelProto()
     model.ParseFromString(b"".join(parts))
-    omitted = {t.name for t in model.graph.initializer if _left_out(t)}
+    omitted = {t.name for t in model.graph.initializer if payload_left_out(t)}
     for node in model.graph.node:
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and node.output:
             for a in node.attribute:
-                if (a.name == "value" and _left_out(a.t)) or \
-                        (a.name == "sparse_value" and _left_out(a.sparse_tensor.values)):
+                if (a.name == "value" and payload_left_out(a.t)) or \
+                        (a.name == "sparse_value" and payload_left_out(a.sparse_tensor.values)):
                     omitted.add(node.output[0])
     return model, omitted
 
 
-def _left_out(t: onnx.TensorProto) -> bool:
-    """Whether ``t`` has elements but no data, and no external data either (one function: it is asked
-    once per initializer)."""
+def payload_left_out(t: onnx.TensorProto) -> bool:
+    """Whether ``t`` has elements but no data, and no external data either: its payload was skipped when
+    the structure was read (one function: it is asked once per initializer)."""
     if t.raw_data or t.float_data or t.int32_data or t.int64_data or t.double_data or t.uint64_data \
             or t.string_data:
         return False
