@@ -16,6 +16,9 @@ import tempfile
 import traceback
 import warnings
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository root
+from tests import hf_models  # noqa: E402
+
 SMALL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
              vocab_size=100, max_position_embeddings=256)
 ARCHS = {  # model_type -> config overrides (transformers' AutoConfig.for_model)
@@ -49,6 +52,7 @@ def build(model_type: str):
     config = tr.AutoConfig.for_model(model_type, **{**SMALL, **ARCHS[model_type]})
     kw = {"experts_implementation": "eager"} if "experts" in ARCHS[model_type] or "moe" in model_type else {}
     inner = tr.AutoModel.from_config(config, **kw).eval()
+    hf_models.perturb_vectors(inner)  # as the tests' models: identical norms would merge in a dynamo export
 
     class Wrapped(torch.nn.Module):
         def __init__(self):
@@ -77,23 +81,12 @@ def export(model, path: str, exporter: str) -> None:
 
 
 def pytorch_saved_bytes(model) -> int:
+    """The tests' judge (``hf_models.saved_storages``): distinct storages the autograd nodes of backward
+    keep, neither parameters, buffers nor the input."""
     import torch
 
     ids = torch.randint(0, 100, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
-    skip = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    skip |= {b.untyped_storage().data_ptr() for b in model.buffers()} | {ids.untyped_storage().data_ptr()}
-    seen: dict[int, int] = {}
-
-    def pack(t):
-        s = t.untyped_storage()
-        if s.data_ptr() not in skip and s.nbytes() > 0:
-            seen.setdefault(s.data_ptr(), s.nbytes())
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = model(ids)
-    out.float().sum().backward()
-    return sum(seen.values())
+    return sum(b for _, _, b in hf_models.saved_storages(model, (ids,)))
 
 
 def trial(model_type: str, folder: str) -> list[str]:

@@ -127,7 +127,9 @@ def block_candidates(graph: Graph, joint: Graph, live: Liveness,
         inside = {id(n) for n in nodes}
         freed, kept, seen = [], [], set()
         for n in nodes:
-            for t in n.outputs:
+            # the joint graph's copy: its outputs include what backward adds (LayerNorm's kept statistics,
+            # an sdpa kernel's logsumexp and copies), which the block's re-run makes again too
+            for t in joint.node(n.name).outputs if joint.has_node(n.name) else n.outputs:
                 s = saved.get(t.name) if t is not None else None
                 if s is not None and t.kind == "activation" and \
                         all(r.meta.get("forward") in names for r in s.needed_by):

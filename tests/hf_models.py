@@ -5,7 +5,8 @@ One place for the test corpus: `build(name)` makes the eager-attention model (2 
 `export(name, path, exporter, dynamic, batch, seq)` writes the ONNX file (TorchScript exporter with
 `dynamic_axes`, or the dynamo exporter with `dynamic_shapes`; `dynamic=False` fixes every dim), and
 `pytorch_saved_bytes(name, batch, seq)` measures bytes of the distinct storages autograd saves that are
-neither parameters nor model inputs (`torch.autograd.graph.saved_tensors_hooks`, model in eval()).
+neither parameters nor model inputs (`torch.autograd.graph.saved_tensors_hooks`, model in eval()), of the
+autograd nodes backward runs (a pooler the output does not use saves tensors that free with it).
 The `hf_onnx` fixture in conftest.py caches each export once per test session.
 """
 
@@ -150,6 +151,19 @@ def _config(name: str):
     raise KeyError(name)
 
 
+def perturb_vectors(model) -> None:
+    """Norm gains near 1 and biases near 0, not exactly: fresh ones and zeros would hide swapped operands,
+    and identical norms would let the dynamo exporter merge them (one LayerNorm where eager runs two)."""
+    import torch
+
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if p.dim() == 1 and ("norm" in pname.lower() or "ln" in pname.lower()) and "weight" in pname:
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+            elif p.dim() == 1:
+                p.copy_(0.1 * torch.randn_like(p))
+
+
 def build(name: str, seed: int = 0, attn: str = "eager", layers: int = 2, kv_heads: int | None = None):
     """The model in eval() mode with non-trivial random weights, wrapped so that forward() takes the spec's
     inputs positionally and returns plain tensors. ``attn``: "eager" (matmul/softmax attention) or
@@ -179,12 +193,7 @@ def build(name: str, seed: int = 0, attn: str = "eager", layers: int = 2, kv_hea
         inner = tr.CLIPVisionModel._from_config(config, **kw)
     else:
         inner = tr.AutoModel.from_config(config, **kw)
-    with torch.no_grad():  # fresh zeros/ones (biases, norm gains) would hide swapped operands
-        for pname, p in inner.named_parameters():
-            if p.dim() == 1 and ("norm" in pname.lower() or "ln" in pname.lower()) and "weight" in pname:
-                p.copy_(1.0 + 0.1 * torch.randn_like(p))
-            elif p.dim() == 1:
-                p.copy_(0.1 * torch.randn_like(p))
+    perturb_vectors(inner)
 
     class Wrapped(torch.nn.Module):
         def __init__(self):
@@ -277,20 +286,51 @@ def saved_storages(model, args, held_by=()) -> list[tuple[tuple[int, ...], str, 
             seen[ptr] = (tuple(t.shape), str(t.dtype).removeprefix("torch."), storage.nbytes())
         return t
 
+    held_storages: set[int] = set()
+
     def held(module, args, kwargs):
         for t in (*args, *kwargs.values()):
             if isinstance(t, torch.Tensor):
                 pack(t)
+                held_storages.add(t.untyped_storage().data_ptr())
 
     handles = [m.register_forward_pre_hook(held, with_kwargs=True) for m in held_by]
     try:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             out = model(*args)
-        out.float().sum().backward()
+        loss = out.float().sum()
+        # what a dead branch saved (a pooler the output does not use) frees with it
+        reached = _reachable_storages(loss) | held_storages
+        seen = {ptr: v for ptr, v in seen.items() if ptr in reached}
+        loss.backward()
     finally:
         for h in handles:
             h.remove()
     return list(seen.values())
+
+
+def _reachable_storages(loss) -> set[int]:
+    """Storages of the tensors saved by the autograd nodes that backward of ``loss`` runs: each node's
+    ``_saved_*`` attributes (a Python Function's ``saved_tensors``)."""
+    import torch
+
+    out, seen, stack = set(), set(), [loss.grad_fn]
+    while stack:
+        fn = stack.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        for attr in dir(fn):
+            if attr.startswith("_saved_") or attr == "saved_tensors":
+                try:
+                    value = getattr(fn, attr)
+                except RuntimeError:  # freed, or not a tensor this node kept
+                    continue
+                for t in value if isinstance(value, (list, tuple)) else (value,):
+                    if isinstance(t, torch.Tensor):
+                        out.add(t.untyped_storage().data_ptr())
+        stack.extend(f for f, _ in fn.next_functions)
+    return out
 
 
 def pytorch_saved_bytes(name: str, batch: int = 2, seq: int = 16, attn: str = "eager", seed: int = 0) -> int:

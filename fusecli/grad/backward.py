@@ -13,6 +13,8 @@ from operator import attrgetter
 
 from ..ir import FLOAT_DTYPES, Graph, Node, Tensor
 from .composites import Region, custom_gradient_regions, find_regions
+from .kept_outputs import KEPT_OUTPUTS, make_kept_outputs
+from .layout import Layouts
 from .profiles import OPS, Profile
 from .rules import Grad
 
@@ -67,8 +69,9 @@ class _RuleCache:
 class _Builder:
     """Adds backward nodes and tensors to the joint graph, and sums partial gradients."""
 
-    def __init__(self, joint: Graph) -> None:
+    def __init__(self, joint: Graph, layouts: Layouts | None = None) -> None:
         self.joint = joint
+        self.layouts = layouts  # PyTorch's strides of forward tensors: whether a reshape copies
         self.partials: dict[str, list[Tensor]] = {}
         self.plans = _Plans()
 
@@ -149,7 +152,7 @@ def build_backward(forward: Graph, wrt_inputs: bool = False, profile: Profile = 
     joint.meta["attention_kernels"] = {r.root.name: r.kernel for r in regions if r.kernel is not None}
     region_of = {id(r.root): r for r in regions}
     interior = {id(n) for r in regions for n in r.nodes[:-1]}
-    b = _Builder(joint)
+    b = _Builder(joint, Layouts(profile.dims) if profile.views else None)
     for y in joint.outputs:
         if y.name in rg:  # d(sum y)/dy = ones_like(y)
             b.add_partial(y, b.node(y.name, "OnesLike", [], [y], shape_reads=[y])[0])
@@ -196,6 +199,9 @@ def _differentiate(b: _Builder, node: Node, rule: dict[int | str, Grad] | None, 
             b.add_partial(inputs[i], g)
         node.meta["unsupported"] = True
         return
+    kind = node.meta.get("grad_kind", node.kind)  # grad_kind(node), inline
+    if kind in KEPT_OUTPUTS:  # outputs the kernel keeps for backward though the export names none
+        make_kept_outputs(b.joint, node, kind, profile.name, profile.device)
     plan = b.plans.of(node, rule, wanted)
     broadcast = ()
     if plan.checked:  # whether each broadcast-only input was broadcast: its gradient needs an op
@@ -203,12 +209,16 @@ def _differentiate(b: _Builder, node: Node, rule: dict[int | str, Grad] | None, 
     passthrough, ops = plan.ops(broadcast)
     for i in passthrough:
         b.add_partial(inputs[i], dys[0])  # no op, reads nothing
-    storage_of = profile.storage_of if profile.views else None
+    views = profile.views
     for op, group, value_refs, shape_refs in ops:
         values = {}
         for t in _tensors_at(node, value_refs):
-            if storage_of is not None:
-                t = storage_of(t)
+            if views:  # a view keeps its base's storage; a matmul operand folded by a copy keeps its own
+                base = profile.storage_of(t, b.layouts)
+                if base is not t and kind == "matmul" and b.layouts is not None \
+                        and b.layouts.matmul_copies(node, t):
+                    base = t
+                t = base
             values[t.name] = t  # one read per storage, in the order first read
         shape_reads = _shape_reads(node, shape_refs, values) if shape_refs else []
         grads = b.node(node.name, op, [*dys, *values.values()], [inputs[i] for i in group],
@@ -337,7 +347,7 @@ def _composite(b: _Builder, region: Region, dys: list[Tensor], rg: set[str], pro
         return
     if profile.zeros_like_unused:  # the pass-through outputs get no gradient: ZerosLike reads them
         dys = dys + [b.node(t.name, "ZerosLike", [t], [t])[0] for t in region.passthrough if t.is_float]
-    reads = list({id(t): t for t in map(profile.storage_of, region.reads)
+    reads = list({id(t): t for t in (profile.storage_of(r, b.layouts) for r in region.reads)
                   if t.producer is None or t.producer.phase == "forward"}.values())
     for name, dtype, shape in region.new:  # made by the framework's kernel, not in the export (logsumexp)
         t = b.joint.tensor(name, dtype=dtype, shape=shape, kind="activation")

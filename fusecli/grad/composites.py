@@ -23,6 +23,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ..ir import Graph, Node, Tensor
 from ..spellings import acts, gelu, norms, softmax
 from ..spellings.common import TORCH, select
@@ -43,7 +45,8 @@ class Composite:
     reads: Reads | None  # (roles, bound, root) -> the tensors its derivative formula saves
     doc: str
     find: Callable | None = None  # (root, requires-grad names, memo, device, dims) -> (form, kernel) | None
-    roots: frozenset[str] = frozenset()  # root kinds of a ``find`` composite
+    roots: frozenset[str] = frozenset()  # root kinds of a ``find`` or ``match`` composite
+    match: Callable | None = None  # root -> (nodes, root last; the tensors its formula saves) | None
 
 
 @dataclass
@@ -88,6 +91,92 @@ def _layer_norm_reads(roles, bound, root) -> list[Tensor]:
     return [bound["x"], bound["d"].producer.inputs[1], roles["normalize"].inputs[1]]
 
 
+def _zeros(t: Tensor) -> bool:
+    """A tensor of zeros the export makes: ConstantOfShape of 0 (zeros_like), or a constant all zeros."""
+    p = t.producer
+    if p is not None and p.op_type == "ConstantOfShape":
+        v = p.attrs.get("value")  # a TensorProto (only ONNX has ConstantOfShape)
+        if v is None:
+            return True
+        from onnx import numpy_helper
+        return not np.any(numpy_helper.to_array(v))
+    v = t.meta.get("value") if t.kind == "constant" else None
+    return v is not None and not np.any(v)
+
+
+def index_add_match(root: Node):
+    """``self.index_add_(dim, index, source)`` as the TorchScript exporter writes it (symbolic_opset9's
+    index_add, through its scatter_add): Add(self, ScatterElements(zeros, Expand(index), Expand(source)))
+    with no reduction, index and source expanded to self's shape but along dim. PyTorch's
+    IndexAddBackward0 saves index and source (its formula's ``expand_as(source)``), where scatter_add
+    saves the index only; ScatterElements' own rule reads the index alone. (Above opset 15 scatter_add is
+    ScatterElements(reduction='add'), so this spelling is index_add's; below, the expanded index is.)"""
+    if len(root.inputs) != 2:
+        return None
+    for j in (0, 1):
+        s = root.inputs[j]
+        p = s.producer if s is not None else None
+        if p is None or p.kind != "scatter_elements" or p.op_type != "ScatterElements" \
+                or p.attrs.get("reduction", "none") != "none" or len(p.inputs) != 3 \
+                or any(t is None for t in p.inputs) or not _zeros(p.inputs[0]):
+            continue
+        index, source = p.inputs[1], p.inputs[2]
+        if index.producer is None or index.producer.kind != "expand" \
+                or source.producer is None or source.producer.kind != "expand":
+            continue
+        return [p, root], [index, source]
+    return None
+
+
+def _index_leaves(t: Tensor, out: list[Tensor], depth: int = 0) -> bool:
+    """The index tensors of a linearised multi-tensor index ``i0 * stride + i1 (+ ...)``, into ``out``;
+    False where ``t`` is not spelled so."""
+    p = t.producer
+    if depth > 8 or p is None or p.op_type not in ("Add", "Mul") or len(p.inputs) != 2 \
+            or any(x is None for x in p.inputs):
+        return False
+    if p.op_type == "Mul":  # i * stride: the stride a scalar read from a shape
+        idx, stride = sorted(p.inputs, key=lambda x: x.shape is not None and len(x.shape) <= 1 and
+                             (len(x.shape) == 0 or x.shape[0] == 1))
+        if not (stride.shape is not None and (len(stride.shape) == 0 or list(stride.shape) == [1])):
+            return False
+        out.append(idx)
+        return True
+    for x in p.inputs:
+        if _index_leaves(x, out, depth + 1):
+            continue
+        if x.dtype not in ("int64", "int32"):
+            return False
+        out.append(x)  # the last index: added unscaled
+    return True
+
+
+def multi_index_match(root: Node):
+    """``x[i0, i1]`` (aten::index with several index tensors) as the TorchScript exporter writes it:
+    Gather(Flatten(x), i0 * x.shape[1] + i1) (transformers' MoE: ``top_k_weights[token_idx, top_k_pos]``).
+    PyTorch's IndexBackward0 saves the index tensors (and x's sizes), not the linear index the export
+    computes from them."""
+    if root.op_type != "Gather" or root.attrs.get("axis", 0) != 0 or len(root.inputs) != 2 \
+            or any(t is None for t in root.inputs):
+        return None
+    data, index = root.inputs
+    if data.producer is None or data.producer.op_type not in ("Flatten", "Reshape") \
+            or index.producer is None or index.producer.op_type != "Add" \
+            or index.dtype not in ("int64", "int32"):
+        return None
+    leaves: list[Tensor] = []
+    if not _index_leaves(index, leaves) or len(leaves) < 2:
+        return None
+    nodes, stack, leaf_ids = [], [index.producer], {id(x) for x in leaves}
+    while stack:  # the Add/Mul tree between the indices and the Gather (its interior)
+        n = stack.pop()
+        if all(n is not m for m in nodes):
+            nodes.append(n)
+            stack.extend(x.producer for x in n.inputs if id(x) not in leaf_ids and x.producer is not None
+                         and x.producer.op_type in ("Add", "Mul"))
+    return [*reversed(nodes), root], leaves
+
+
 def _rms_norm_reads(roles, bound, root) -> list[Tensor]:
     """CPU's rms_norm is CompositeImplicitAutograd: pow saves x, rsqrt and mul save rstd, w * normed
     saves normed."""
@@ -114,11 +203,22 @@ PYTORCH_COMPOSITES: tuple[Composite, ...] = (
               "F.scaled_dot_product_attention read by its form (spellings.attention); what it saves depends "
               "on the kernel PyTorch picks (grad/sdpa.py)", find=sdpa.sdpa_region,
               roots=frozenset({"matmul", "einsum"})),
+    Composite("index_add", (), "IndexAddBackward0", None,
+              "index_add(self, dim, index, source): saves index and source (transformers' eager MoE experts "
+              "sum their outputs with index_add_)", match=index_add_match, roots=frozenset({"add"})),
+    Composite("index", (), "IndexBackward0", None,
+              "x[i0, i1] (aten::index with several index tensors): saves the indices, not the linear index "
+              "the export computes", match=multi_index_match, roots=frozenset({"gather"})),
 )
 
 
 def _found(composite: Composite, node: Node, rg: set[str], memo: dict, device: str, dims: Mapping[str, int]):
     """Each reading of ``composite`` at ``node``: (nodes, reads, op, new tensors, kernel)."""
+    if composite.match is not None:
+        got = composite.match(node)
+        if got is not None:
+            yield got[0], got[1], composite.op, [], None
+        return
     if composite.find is not None:
         got = composite.find(node, rg, memo, device, dims)
         if got is not None:

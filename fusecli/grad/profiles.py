@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from ..ir import Graph, Node, Tensor
+from .layout import Layouts
 from .rules import RULES, G, Grad
 
 
@@ -49,18 +50,27 @@ class Profile:
         rule = self.overrides.get(kind)
         return rule if rule is not None else RULES.get(kind)
 
-    def storage_of(self, t: Tensor) -> Tensor:
+    def storage_of(self, t: Tensor, layouts: Layouts | None = None) -> Tensor:
         """The tensor whose storage ``t`` shares: a view's base (PyTorch saves the view, which keeps
-        its base's storage alive: one storage, counted once), else ``t``."""
+        its base's storage alive: one storage, counted once), else ``t``. ``layouts``: the strides
+        PyTorch gives each tensor (grad.layout), which tell a reshape that copies from one that views."""
         while self.views and t.producer is not None and t.producer.kind in self.views \
                 and t.producer.inputs and t.producer.inputs[0] is not None \
-                and t.producer.inputs[0].dtype == t.dtype and t.producer.outputs[0] is t:
+                and t.producer.inputs[0].dtype == t.dtype \
+                and (t.producer.outputs[0] is t or t.producer.kind in _EVERY_OUTPUT_VIEWS):
             x = t.producer.inputs[0]
             if x.producer is not None and x.producer.kind == "expand" and t.producer.kind != "expand":
                 break  # reshaping a broadcast view copies (repeat_kv's K and V): its own storage
+            if layouts is not None and t.producer.kind in ("reshape", "flatten") \
+                    and layouts.reshape_copies(t):
+                break  # reshaping a non-contiguous view copies (transpose(1, 2).contiguous()): own storage
             t = x
         return t
 
+
+# kinds each of whose outputs is a view of input 0: torch.split / chunk / unbind return narrow()s, which
+# keep the whole input's storage alive (GPT-2's q, k, v split from c_attn's one output)
+_EVERY_OUTPUT_VIEWS = frozenset({"split"})
 
 OPS = Profile("ops", "the plain per-op rules table, each ONNX op differentiated on its own")
 
@@ -88,9 +98,9 @@ def _pytorch() -> Profile:
             "acosh": {0: G("AcoshBackward", "x0")},  # grad * rsqrt(self^2 - 1)
         },
         composites=PYTORCH_COMPOSITES,
-        # reshape/view/permute/squeeze/expand return views, and .to(its own dtype) returns the tensor itself
+        # reshape/view/permute/squeeze/expand/split return views; .to(its own dtype) returns the tensor itself
         views=frozenset({"reshape", "flatten", "squeeze", "unsqueeze", "transpose", "identity", "cast",
-                         "expand"}),
+                         "expand", "split"}),
         frozen=frozen_parameters)  # dynamo: buffers and values folded from them are no parameters
 
 

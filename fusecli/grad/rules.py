@@ -34,6 +34,10 @@ _SHAPE0 = G("ReshapeToInput", "x0.shape")  # d/dx squeeze(x) = reshape(dy, shape
 _REDUCE = G("ReduceGrad", "x0.shape")  # d/dx sum(x) = broadcast(dy, shape(x))
 
 
+# LayerNorm's backward reads x, gamma, and its Mean and InvStdDev (made where unnamed: grad/kept_outputs.py)
+_LAYER_NORM = G("LayerNormGrad", "x0", "x1", "y1", "y2")
+
+
 def _sum_to_shape(i: int) -> Grad:
     """d/da (a + b) = sum of dy over a's broadcast axes: needs a's shape only."""
     return G("SumToShape", f"x{i}.shape", broadcast_only=True)
@@ -107,8 +111,7 @@ RULES: dict[str, dict[int | str, Grad]] = {
     # normalisation: BatchNorm's backward reads x, gamma and the statistics         [seed post 2]
     "batch_norm": {0: G("BatchNormGrad", "x0", "x1", "stats"), 1: G("BatchNormGrad", "x0", "x1", "stats"),
                    2: G("BatchNormGrad", "x0", "x1", "stats")},
-    "layer_norm": {0: G("LayerNormGrad", "x0", "x1", "stats"), 1: G("LayerNormGrad", "x0", "x1", "stats"),
-                   2: G("LayerNormGrad", "x0", "x1", "stats")},
+    "layer_norm": {0: _LAYER_NORM, 1: _LAYER_NORM, 2: _LAYER_NORM},
     "instance_norm": {0: G("InstanceNormGrad", "x0", "x1"), 1: G("InstanceNormGrad", "x0", "x1"),
                       2: G("InstanceNormGrad", "x0", "x1")},
     "group_norm": {0: G("GroupNormGrad", "x0", "x1"), 1: G("GroupNormGrad", "x0", "x1"),

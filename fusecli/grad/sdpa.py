@@ -25,6 +25,7 @@ causal mask the export spells out) is passed as ``is_causal=True`` and no mask, 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -67,7 +68,21 @@ _WINDOW_OPS = frozenset({"Add", "Sub", "Less", "LessOrEqual", "Greater", "Greate
 def sliding_window(mask: Tensor, limit: int = 4096) -> int | None:
     """W of a shape-only mask that is a sliding window (transformers' ``kv_idx > q_idx - W``: an integer
     constant > 1 that a Sub, Add or comparison of its cone reads; the smallest such), else None."""
-    stack, seen, found = [mask], set(), []
+    found = []
+    for p in mask_cone([mask], limit):
+        if p.op_type not in _WINDOW_OPS:
+            continue
+        for i in p.inputs:
+            v = i.meta.get("value") if i is not None and i.kind in ("parameter", "constant") else None
+            if v is not None and np.size(v) == 1 \
+                    and np.issubdtype(np.asarray(v).dtype, np.integer) and abs(int(np.reshape(v, -1)[0])) > 1:
+                found.append(abs(int(np.reshape(v, -1)[0])))
+    return min(found) if found else None
+
+
+def mask_cone(masks: list[Tensor], limit: int = 4096):
+    """The nodes that compute ``masks`` (up to ``limit`` tensors), each once, not through shape reads."""
+    stack, seen = list(masks), set()
     while stack and len(seen) < limit:
         x = stack.pop()
         if id(x) in seen:
@@ -76,15 +91,8 @@ def sliding_window(mask: Tensor, limit: int = 4096) -> int | None:
         p = x.producer
         if p is None or p.kind in ("shape", "size"):
             continue
-        for i in p.inputs:
-            if i is None:
-                continue
-            v = i.meta.get("value") if i.kind in ("parameter", "constant") else None
-            if p.op_type in _WINDOW_OPS and v is not None and np.size(v) == 1 \
-                    and np.issubdtype(np.asarray(v).dtype, np.integer) and abs(int(np.reshape(v, -1)[0])) > 1:
-                found.append(abs(int(np.reshape(v, -1)[0])))
-            stack.append(i)
-    return min(found) if found else None
+        yield p
+        stack.extend(i for i in p.inputs if i is not None)
 
 
 def _kept_window(form: AttentionForm, masks: list[Tensor], dims: Mapping[str, int]) -> tuple[int, str] | None:
@@ -100,6 +108,41 @@ def _kept_window(form: AttentionForm, masks: list[Tensor], dims: Mapping[str, in
         return None  # the window covers every key: the causal mask, skipped
     at = f"{n} keys" if n is not None else "keys of unknown length, assumed at least that long"
     return w, f"its sliding window of {w} keys is kept as a mask ({at}; transformers skips it below {w})"
+
+
+# transformers models whose create_causal_mask call passes allow_is_causal_skip=False (5.24): the causal
+# mask reaches sdpa even where is_causal would do (Falcon adds ALiBi to it)
+NEVER_SKIP = frozenset({"FalconModel", "DogeModel", "Dots3NoteTextModel", "MistralLarge4TextModel",
+                        "DiffusionGemmaDecoderModel"})
+
+
+def _kept_causal(masks: list[Tensor], limit: int = 4096) -> str | None:
+    """Why a mask that depends on no input reaches PyTorch's sdpa as a mask in eager runs, or None where
+    transformers passes is_causal instead. Exports cannot show it: torch.export never lets transformers
+    skip the mask (masking_utils' _ignore_causal_mask_sdpa), and a TorchScript trace may build it where
+    eager skips it (a traced cache position); only the model's class, which a dynamo export records per
+    node (``torch_classes``), says so."""
+    classes = {c for p in mask_cone(masks, limit) for c in p.meta.get("torch_classes", ())}
+    kept = sorted(classes & NEVER_SKIP)
+    return f"{kept[0]} hands sdpa its causal mask (allow_is_causal_skip=False)" if kept else None
+
+
+_FX_CAT = re.compile(r"cat(_\d+)?")  # torch.export's names of aten.cat nodes
+
+
+def _dropped_cat(pv: Node, index: int, t: Tensor) -> bool:
+    """Whether sdpa's argument ``index`` (0: q, 1: K, 2: V) is, in eager PyTorch, a torch.cat the ONNX graph
+    lacks, so a fresh contiguous tensor: transformers' DynamicCache.update returns ``torch.cat([empty, k],
+    dim=-2)``, and a partial rotary with nothing left to pass (Phi-3) ``torch.cat([q_rot, empty])``.
+    TorchScript writes such a cat as a Concat (a copy fusecli sees); the dynamo exporter as an Identity
+    its optimizer removes, so sdpa reads the tensor before the cat (GPT-2's K: a view of c_attn's output,
+    whose storage q keeps already). The FX node a dynamo export records per node names the call's
+    arguments (load/onnx.py's ``fx_args``): one made by aten.cat that the export reads under another
+    name is such a copy."""
+    args = pv.meta.get("fx_args", ())
+    if len(args) <= index or args[index] == t.name or not _FX_CAT.fullmatch(args[index]):
+        return False
+    return t.producer is None or t.producer.kind != "concat"
 
 
 def _needs_grad(t: Tensor, rg: set[str]) -> bool:
@@ -134,6 +177,10 @@ def choose(form: AttentionForm, rg: set[str], memo: dict[int, bool], device: str
     window = None if data_masks else _kept_window(form, masks, dims or {})
     if window is not None:
         data_masks = masks  # reaches the kernel as a data mask does
+    kept = None if data_masks or window is not None or not masks \
+        or any(sliding_window(m) is not None for m in masks) else _kept_causal(masks)
+    if kept is not None:
+        data_masks = masks
     grad_terms = [m for m in form.terms if _needs_grad(m, rg)]
     why_math = _math_reason(form, data_masks, grad_terms, device)
     if why_math is not None:
@@ -145,6 +192,11 @@ def choose(form: AttentionForm, rg: set[str], memo: dict[int, bool], device: str
     reads = [form.q, k, v, out]
     new = [(f"{pv.name}.logsumexp", "float32",
             None if form.q.shape is None else tuple(form.q.shape[:-1]))]
+    for role, index, t in (("key", 1, k), ("value", 2, v)):
+        if _dropped_cat(pv, index, t):  # the kernel saves the copy, not the tensor the export shows
+            reads[index] = None
+            new.append((f"{pv.name}.{role}_cat", t.dtype, t.shape))
+    reads = [t for t in reads if t is not None]
     if device == "cpu":
         kernel, reason = "flash", "flash kernel for CPU: saves q, k, v, the output and the row logsumexp"
     elif form.q.dtype in ("float16", "bfloat16") and not data_masks:
@@ -159,6 +211,8 @@ def choose(form: AttentionForm, rg: set[str], memo: dict[int, bool], device: str
         notes.append("its mask depends on no input: transformers passes is_causal instead")
     if window is not None:
         notes.append(window[1])
+    if kept is not None:
+        notes.append(kept)
     if grouped:
         notes.append("K and V enter unrepeated (enable_gqa)")
     for m in data_masks:
@@ -177,4 +231,14 @@ def sdpa_region(node: Node, rg: set[str], memo: dict[int, bool], device: str = "
     form = read_attention(node)
     if not isinstance(form, AttentionForm) or not form.sdpa:
         return None
-    return form, choose(form, rg, memo, device, dims)
+    choice = choose(form, rg, memo, device, dims)
+    # the output's memory layout (grad.layout), which decides whether transpose(1, 2).contiguous() copies:
+    # the CPU flash kernel lays it out as q; CUDA's flash and memory-efficient kernels as (b, s, h, d);
+    # the math kernel's P @ V is contiguous
+    out = form.roles["pv"].outputs[0]
+    if choice.kernel == "math":
+        out.meta.pop("sdpa_layout", None)
+    else:
+        q_copied = _dropped_cat(form.roles["pv"], 0, form.q)  # a contiguous q, whatever the export shows
+        out.meta["sdpa_layout"] = ("contiguous" if q_copied else form.q) if device == "cpu" else "bshd"
+    return form, choice

@@ -83,7 +83,13 @@ def _reaches_weight_role(t: Tensor) -> bool:
 
 
 def constant_weights(graph: Graph) -> list[Tensor]:
-    """Outputs of float Constant nodes (MIN_WEIGHT_ELEMENTS or more) that are in a weight's role."""
+    """Outputs of float Constant nodes (MIN_WEIGHT_ELEMENTS or more) that are in a weight's role. None in
+    a torch export that has float parameters as initializers: torch writes parameters (and persistent
+    buffers) as initializers and inlines only non-persistent buffers as Constant nodes (GPT-J's rotary
+    ``embed_positions``), which autograd never differentiates."""
+    if graph.meta.get("producer") == "pytorch" and any(
+            t.kind == "parameter" and t.is_float and t.producer is None for t in graph.tensors.values()):
+        return []
     found = []
     for node in graph.nodes:
         if node.op_type != "Constant" or node.domain not in ("", "ai.onnx") or not node.outputs:

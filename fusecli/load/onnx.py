@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 import math
 import os
 import sys
@@ -21,6 +20,7 @@ from .common import mark_constant_subgraphs, mark_parameter_views, refine_bias_a
 from .constant_weights import promote_constant_weights
 from .onnx_wire import WireError, read_structure
 from .shape_tools import dims_of, infer_shapes
+from .torch_meta import torch_node_meta
 
 MIN_OPSET = 7  # older models are analyzed too, with a warning: their ops are read by today's kinds
 SMALL_VALUE_ELEMENTS = 64  # constants this small keep their values (Clip bounds, Pow exponents, 1/sqrt(d))
@@ -329,10 +329,8 @@ def _add_nodes(graph: Graph, protos: list[onnx.NodeProto], make) -> None:
         kind = "unknown" if "<subgraph>" in attrs.values() else _kind(op_type, domain)
         node = Node(graph.unique_node_name(_text(node_proto.name, "node name") or f"{op_type}_{index}"),
                     op_type, kind, inputs, outs, attrs, domain)
-        if node_proto.metadata_props:
-            module = _torch_module(node_proto)
-            if module:
-                node.meta["module"] = module
+        if node_proto.metadata_props:  # torch's dynamo exporter: module, classes, FX arguments
+            node.meta.update(torch_node_meta(node_proto.metadata_props))
         graph.add_node(node)
 
 
@@ -352,24 +350,6 @@ def _kind(op_type: str, domain: str) -> str:
     if domain in _MS_DOMAINS:
         return ONNX_MS_KINDS.get(op_type, "unknown")
     return "unknown"
-
-
-TORCH_SCOPES = "pkg.torch.onnx.name_scopes"  # torch's dynamo exporter: the module path of each node
-
-
-def _torch_module(node_proto: onnx.NodeProto) -> str | None:
-    """The dotted module path a dynamo export records for a node ('encoder.layer.0.attention'); its
-    node names ('node_linear_4') say nothing of the module, which ``fusecli diff`` pairs blocks by."""
-    for p in node_proto.metadata_props:
-        if p.key == TORCH_SCOPES and len(p.value) < 4096:
-            try:
-                scopes = ast.literal_eval(p.value)
-            except (ValueError, SyntaxError, MemoryError, RecursionError):
-                return None
-            if isinstance(scopes, list) and len(scopes) >= 2 and isinstance(scopes[-2], str) \
-                    and not scopes[-2].startswith("_"):  # '_empty_nn_module_stack...': no module
-                return scopes[-2]  # the last entry is the node's own name
-    return None
 
 
 def _text(value, what: str) -> str:

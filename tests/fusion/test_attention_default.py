@@ -3,7 +3,7 @@ supports it) and with eager attention, both torch exporters, dynamic batch and s
 
 Per export: one ``attention`` match per attention block (cross-attention included), the kernel fusecli
 assumes PyTorch runs (flash, math, or eager), no near miss, no op unsupported because of attention, and
-saved activation bytes within 10% of what PyTorch's autograd saves for the same model at batch 2 and seq
+saved activation bytes within 1% of what PyTorch's autograd saves for the same model at batch 2 and seq
 32 and 256 (``saved_tensors_hooks``, tests/hf_models.py).
 """
 
@@ -20,6 +20,7 @@ from tests import hf_models
 from tests.conftest import make_model, vi
 
 BATCH = 2
+TOLERANCE = 0.01  # of PyTorch's bytes, as tests/grad/test_hf_pytorch_bytes.py
 SEQS = (32, 256)
 # name -> (attention blocks, the kernel PyTorch runs by default)
 MODELS = {
@@ -33,6 +34,7 @@ MODELS = {
     "bloom": (2, "eager"),  # ALiBi: eager only
     "gemma": (2, "flash"), "gemma3_text": (2, "flash"),  # q/k norms (Gemma3), sqrt(hidden)-scaled embeddings
     "deberta_v2": (2, "eager"),  # disentangled attention (c2p, p2c gathers): eager only
+    "falcon": (2, "flash"),  # hands sdpa its causal mask (allow_is_causal_skip=False): saved per layer
 }
 # default attention only: DeBERTa-v2 has no other, and eager Gemma adds no form the others lack
 DEFAULT_ONLY = ("gemma", "gemma3_text", "deberta_v2")
@@ -83,9 +85,20 @@ def test_attention_found_with_the_kernel_pytorch_runs(hf_onnx, name, exporter, a
 
 
 # (name, seq) -> why fusecli's count of the export cannot be PyTorch's there
-KNOWN = {("deberta_v2", 256): "both exporters compute DeBERTa's clamped relative-position indices once for "
-         "all layers (the layers' computations are identical: common subexpressions); each eager layer makes "
-         "and saves its own (S, S) int64 pair, 1 MiB per layer at seq 256 (0.86 of PyTorch; 0.955 at seq 32)"}
+_DEBERTA = ("both exporters compute DeBERTa's clamped relative-position indices once for all layers "
+            "(the layers' computations are identical: common subexpressions); each eager layer makes and "
+            "saves its own (S, S) int64 pair, 1 MiB per layer at seq 256 (0.86 of PyTorch; 0.959 at seq 32)")
+KNOWN = {("deberta_v2", 256): _DEBERTA, ("deberta_v2", 32): _DEBERTA}
+_FALCON = ("Falcon hands sdpa its causal mask (allow_is_causal_skip=False), which a TorchScript export "
+           "cannot tell from a mask transformers builds only while tracing (BART's): fusecli takes it for "
+           "is_causal, as its kernel note says, and misses a (B, 1, S, S) float mask per layer (0.969 of "
+           "PyTorch at seq 32, 0.80 at 256; the dynamo export names the model's class)")
+_WHISPER = ("WhisperAttention calls .contiguous() on q, which both exporters drop: PyTorch's CPU flash "
+            "kernel then lays its output out (B, H, S, D), so out_proj's input is a copy it saves that the "
+            "export cannot show (0.938 of PyTorch)")
+# (name, exporter, attn, seq) -> likewise, for one export
+KNOWN_EXPORT = {**{("falcon", "torchscript", "default", seq): _FALCON for seq in SEQS},
+                **{("whisper_encoder", e, "default", 32): _WHISPER for e in ("torchscript", "dynamo")}}
 
 
 @pytest.mark.parametrize("seq", SEQS)
@@ -93,13 +106,14 @@ KNOWN = {("deberta_v2", 256): "both exporters compute DeBERTa's clamped relative
 def test_attention_saved_bytes_match_pytorch(request, hf_onnx, name, exporter, attn, seq):
     if not hf_models.spec(name).seq_axis and seq != SEQS[0]:
         pytest.skip("fixed-size input: one length")
-    if (name, seq) in KNOWN:
-        request.node.add_marker(pytest.mark.xfail(reason=KNOWN[name, seq], strict=True))
+    why = KNOWN.get((name, seq)) or KNOWN_EXPORT.get((name, exporter, attn, seq))
+    if why:
+        request.node.add_marker(pytest.mark.xfail(reason=why, strict=True))
     a = analyze(hf_onnx(name, exporter, attn=attn), Options(batch=BATCH, dims=_dims(name, seq)))
     sizes = [s.bytes for s in a.liveness.saved if s.tensor.kind == "activation"]
     assert None not in sizes
     ratio = sum(sizes) / _pytorch_bytes(name, seq, attn)
-    assert ratio == pytest.approx(1, rel=0.10), (ratio, a.joint.meta["attention_kernels"])
+    assert ratio == pytest.approx(1, rel=TOLERANCE), (ratio, a.joint.meta["attention_kernels"])
 
 
 def _attention_graph(between: str | None):

@@ -46,9 +46,28 @@ def fusecli_joint(model: onnx.ModelProto, profile: Profile = OPS) -> Graph:
 
 
 def fusecli_saved(model: onnx.ModelProto, profile: Profile = OPS) -> set[str]:
-    """Names of the forward tensors whose values fusecli's backward reads."""
+    """Names of the model's tensors whose values fusecli's backward reads."""
+    return {name for name, _ in _fusecli_saved_values(model, profile) if name is not None}
+
+
+def fusecli_kept(model: onnx.ModelProto, profile: Profile = OPS) -> list[tuple[tuple, str]]:
+    """(shape, dtype) of the values fusecli's backward reads that are no tensor of the model: outputs a
+    kernel keeps though the model does not name them (grad/kept_outputs.py)."""
+    return sorted(kept for name, kept in _fusecli_saved_values(model, profile) if name is None)
+
+
+def model_names(model: onnx.ModelProto) -> set[str]:
+    """The names of the model's own tensors: inputs, initializers, node outputs."""
+    g = model.graph
+    return {*(i.name for i in g.input), *(i.name for i in g.initializer),
+            *(o for n in g.node for o in n.output)}
+
+
+def _fusecli_saved_values(model: onnx.ModelProto, profile: Profile) -> list[tuple[str | None, tuple]]:
+    names = model_names(model)
     live = analyze_liveness(fusecli_joint(model, profile))
-    return {s.tensor.name for s in live.saved if s.reads == "value"}
+    return [(s.tensor.name, ()) if s.tensor.name in names else (None, (s.tensor.shape, s.tensor.dtype))
+            for s in live.saved if s.reads == "value"]
 
 
 def fusecli_reads_by_node(joint: Graph) -> dict[str, set[str]]:

@@ -2,7 +2,7 @@
 
 Each model (tests/hf_models.py: built from a config, 2 layers, hidden 64) is exported by both torch
 exporters; fusecli analyzes the export with the profile it picks (PyTorch's, from ``producer_name``)
-and its saved activation bytes must be within 10% of what eager autograd saves
+and its saved activation bytes must be within 1% of what eager autograd saves
 (``hf_models.pytorch_saved_bytes``: distinct storages that are neither parameters nor inputs) at
 batch 2 and sequence lengths 16 and 128.
 
@@ -21,6 +21,7 @@ from tests import hf_models
 
 DYNAMIC = True  # the exports' axes: True = named batch/seq dims bound by --batch/--dim at analysis
 BATCH = 2
+TOLERANCE = 0.01  # of PyTorch's bytes: what is left is 0-dim float64 scalars and 256-byte index slices
 DONE_WHEN = ("bert", "distilbert", "gpt2", "llama", "mistral", "qwen2", "t5_encoder", "vit", "clip_vision",
              "whisper_encoder", "convnext", "swin", "segformer")
 FOLDED_BN = ("the eval export folds BatchNorm into the conv; eager PyTorch keeps the conv output for "
@@ -55,4 +56,4 @@ def test_saved_bytes_match_pytorch(hf_onnx, name, exporter, seq):
     theirs = _pytorch_bytes(name, seq)
     assert theirs > 0
     ratio = sum(sizes) / theirs
-    assert ratio == pytest.approx(1, rel=0.10), (ratio, result.joint.meta["composites"])
+    assert ratio == pytest.approx(1, rel=TOLERANCE), (ratio, result.joint.meta["composites"])

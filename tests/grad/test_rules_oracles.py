@@ -21,7 +21,15 @@ from fusecli.ir import Graph, Node
 from fusecli.liveness import analyze_liveness
 from tests.conftest import make_model, vi
 
-from .oracles import ORACLES, fusecli_joint, fusecli_saved, make_feeds, onnxruntime_outputs, tf_saved
+from .oracles import (
+    ORACLES,
+    fusecli_joint,
+    fusecli_kept,
+    fusecli_saved,
+    make_feeds,
+    onnxruntime_outputs,
+    tf_saved,
+)
 
 
 @dataclass
@@ -276,6 +284,12 @@ def test_saved_values_match_the_framework(case, fw):
     ours = fusecli_saved(model)
     assert (got.named - ours, ours - got.named) == expected_difference(node, fw)
     assert bool(got.internal) == ((rule_key(node), fw) in INTERNAL), got.internal
+    kept = fusecli_kept(model)  # values fusecli counts that the model does not name: the framework keeps them
+    assert not kept or got.internal, kept
+    if fw == "torch":  # PyTorch's internal values are listed by shape and dtype: each kept one is among them
+        internal = list(got.internal)
+        for shape, dtype in kept:
+            internal.remove(f"{shape} torch.{dtype}")
 
 
 TF_ONLY = [  # (op, kind, inputs, numpy reference)

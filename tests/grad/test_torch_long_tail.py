@@ -130,13 +130,71 @@ class BufferSlice(nn.Module):
         return torch.tanh(self.a(x) * self.table[: x.shape[1]])
 
 
+class BufferTable(nn.Module):
+    """A non-persistent buffer gathered by positions (GPT-J's rotary ``embed_positions``): the exporters
+    inline it as a Constant, which the export's float initializers show is no weight: PyTorch differentiates
+    neither it nor the Gather."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(H, H)
+        self.register_buffer("table", torch.randn(64, H), persistent=False)
+
+    def forward(self, x, ids):
+        return torch.tanh(self.a(x) * self.table.index_select(0, torch.arange(x.shape[1])))
+
+
+class LayerNormed(nn.Module):
+    """nn.LayerNorm: native_layer_norm saves x, mean and rstd; the export's LayerNormalization names Y only,
+    and fusecli makes the other two (grad/kept_outputs.py)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.norm, self.b = nn.Linear(H, H), nn.LayerNorm(H), nn.Linear(H, H)
+
+    def forward(self, x, ids):
+        return self.b(self.norm(self.a(x)))
+
+
+class _Attention(nn.Module):
+    """sdpa on (b, h, s, d) heads, then ``transpose(1, 2).contiguous().reshape(b, s, H)`` into o_proj. CPU
+    flash lays its output out as q: q from view + transpose makes that reshape a view of the output sdpa
+    saves (Llama); q rebuilt by ``cat`` (StableLM's and Phi's partial rotary) is contiguous (b, h, s, d), so
+    the reshape copies and o_proj saves the copy too (grad/layout.py)."""
+
+    cat_query = False
+
+    def __init__(self):
+        super().__init__()
+        self.q, self.k, self.v, self.o = (nn.Linear(H, H) for _ in range(4))
+
+    def forward(self, x, ids):
+        b, s, _ = x.shape
+        q, k, v = (p(x).view(b, s, 2, H // 2).transpose(1, 2) for p in (self.q, self.k, self.v))
+        if self.cat_query:
+            q = torch.cat((q[..., :2] * 2, q[..., 2:]), dim=-1)
+        out = nn.functional.scaled_dot_product_attention(q, k, v)
+        return self.o(out.transpose(1, 2).contiguous().reshape(b, s, H))
+
+
+class ViewQueryAttention(_Attention):
+    cat_query = False
+
+
+class CatQueryAttention(_Attention):
+    cat_query = True
+
+
 MODULES = {"gather_elements": (GatherElements, "GatherElements"),
            "expanded_index": (ExpandedIndex, "Expand"), "cumsum": (CumSum, "CumSum"),
            "top_k": (TopK, "TopK"), "trilu": (Trilu, "Trilu"),
            "scatter_elements": (ScatterElements, "ScatterElements"),
            "parameter_view": (ExpertWeights, "MatMul"), "position_slice": (PositionSlice, "Slice"),
-           "buffer_slice": (BufferSlice, "Slice")}
-DYNAMIC = ("position_slice", "buffer_slice")  # exported with a dynamic sequence axis (--dim seq sizes it)
+           "buffer_slice": (BufferSlice, "Slice"), "layer_norm": (LayerNormed, "LayerNormalization"),
+           "buffer_table": (BufferTable, "Gather"),
+           "view_query_attention": (ViewQueryAttention, "Softmax"),
+           "cat_query_attention": (CatQueryAttention, "Concat")}
+DYNAMIC = ("position_slice", "buffer_slice", "buffer_table")  # a dynamic sequence axis (--dim seq)
 
 
 def _inputs():

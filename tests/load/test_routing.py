@@ -117,7 +117,7 @@ def test_mixtral_balanced_bytes_match_pytorch(mixtral, seq):
     pytorch = np.mean([hf_models.pytorch_saved_bytes("mixtral", 2, seq, attn="default", seed=s)
                        for s in range(3)])
     ratio = doc["memory"]["saved_activation_bytes"] / pytorch
-    assert 0.9 <= ratio <= 1.1, ratio
+    assert ratio == pytest.approx(1, rel=0.01), ratio  # the routed total is tokens*k however it routes
 
 
 def test_mixtral_expert_weights_are_parameters_and_swiglu_matches(mixtral):

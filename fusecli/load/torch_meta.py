@@ -1,0 +1,73 @@
+"""What torch's dynamo exporter records about each node (``metadata_props``), read into ``node.meta``.
+
+- ``module``: the dotted module path ('encoder.layer.0.attention', from ``name_scopes``); the node names
+  ('node_linear_4') say nothing of the module, which ``fusecli diff`` pairs blocks by;
+- ``torch_classes``: the `transformers` model classes of the modules it runs in ('FalconModel', from
+  ``class_hierarchy``): which model's habits made it (grad/sdpa.py: whether transformers hands sdpa its
+  causal mask);
+- ``fx_args``: for the nodes of an ``aten.scaled_dot_product_attention`` call, the FX names of its
+  arguments ('transpose_2', 'cat', 'cat_1', 'expand': q, k, v, mask, from ``fx_node``): an argument the
+  ONNX graph reads under another name was made by an op the exporter dropped (grad/sdpa.py).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from functools import lru_cache
+
+SCOPES = "pkg.torch.onnx.name_scopes"
+CLASSES = "pkg.torch.onnx.class_hierarchy"
+FX_NODE = "pkg.torch.onnx.fx_node"
+_LONGEST = 4096  # characters of a value read; longer ones are no exporter's
+_FX_ARGS = re.compile(r"\]\(args = \((.*?)\), kwargs = ")
+_TRANSFORMERS_CLASS = re.compile(r"transformers\.models\.\w+\.modeling_\w+\.(\w+)")
+
+
+def torch_node_meta(props) -> dict:
+    """The meta entries of one node's ``metadata_props`` (those it has)."""
+    meta: dict = {}
+    for p in props:
+        key = p.key
+        if key == SCOPES:
+            module = _module(p.value)
+            if module:
+                meta["module"] = module
+        elif key == CLASSES:
+            classes = _classes(p.value)
+            if classes:
+                meta["torch_classes"] = classes
+        elif key == FX_NODE and "aten.scaled_dot_product_attention" in p.value:
+            args = _sdpa_args(p.value)
+            if args:
+                meta["fx_args"] = args
+    return meta
+
+
+def _module(scopes_text: str) -> str | None:
+    """The module path: the next-to-last name scope (the last is the node's own name)."""
+    if len(scopes_text) >= _LONGEST:
+        return None
+    try:
+        scopes = ast.literal_eval(scopes_text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return None
+    if isinstance(scopes, list) and len(scopes) >= 2 and isinstance(scopes[-2], str) \
+            and not scopes[-2].startswith("_"):  # '_empty_nn_module_stack...': no module
+        return scopes[-2]
+    return None
+
+
+@lru_cache(maxsize=1024)  # the nodes of one module share one hierarchy
+def _classes(hierarchy: str) -> tuple[str, ...]:
+    if "transformers.models." not in hierarchy:
+        return ()
+    return tuple(dict.fromkeys(_TRANSFORMERS_CLASS.findall(hierarchy)))
+
+
+@lru_cache(maxsize=1024)  # the nodes of one sdpa call share its FX node
+def _sdpa_args(fx_node: str) -> tuple[str, ...]:
+    if len(fx_node) >= _LONGEST:
+        return ()
+    m = _FX_ARGS.search(fx_node)
+    return tuple(a.strip().removeprefix("%") for a in m.group(1).split(",")) if m else ()
