@@ -18,10 +18,10 @@ from ..ir import Graph, Node
 _STASH_DTYPES = {1: "float32", 10: "float16", 11: "float64", 16: "bfloat16"}
 
 
-def layer_norm_stats(node: Node, framework: str, device: str) -> list[tuple[int, str, tuple | None]]:
-    """(output index, dtype, shape) of Mean and InvStdDev: one value per normalized row. PyTorch keeps x's
-    dtype on CPU and float32 for float16/bfloat16 on CUDA (acc_type); the ONNX spec computes them in
-    ``stash_type`` (float32 unless the node says otherwise)."""
+def layer_norm_stats(node: Node, framework: str, device: str) -> list[tuple[int, str, str, tuple | None]]:
+    """(output index, name suffix, dtype, shape) of Mean and InvStdDev: one value per normalized row.
+    PyTorch keeps x's dtype on CPU and float32 for float16/bfloat16 on CUDA (acc_type); the ONNX spec
+    computes them in ``stash_type`` (float32 unless the node says otherwise)."""
     x = node.inputs[0] if node.inputs else None
     if x is None:
         return []
@@ -37,24 +37,23 @@ def layer_norm_stats(node: Node, framework: str, device: str) -> list[tuple[int,
         axis = axis + rank if axis < 0 else axis
         if 0 <= axis <= rank:
             shape = (*x.shape[:axis], *(1,) * (rank - axis))
-    return [(1, dtype, shape), (2, dtype, shape)]
+    return [(1, "mean", dtype, shape), (2, "inv_std_dev", dtype, shape)]
 
 
 # kind -> the outputs its kernel keeps for backward, named or not
-KEPT_OUTPUTS: dict[str, Callable[[Node, str, str], list[tuple[int, str, tuple | None]]]] = {
+KEPT_OUTPUTS: dict[str, Callable[[Node, str, str], list[tuple[int, str, str, tuple | None]]]] = {
     "layer_norm": layer_norm_stats,  # mean and 1/sqrt(var + eps) per row
 }
-_NAMES = {("layer_norm", 1): "mean", ("layer_norm", 2): "inv_std_dev"}
 
 
 def make_kept_outputs(joint: Graph, node: Node, kind: str, framework: str, device: str) -> None:
     """Give ``node`` (of the joint graph) the outputs its kernel keeps and the export does not name:
     activations it produces, named '<node>.mean' and so on."""
-    for index, dtype, shape in KEPT_OUTPUTS[kind](node, framework, device):
+    for index, suffix, dtype, shape in KEPT_OUTPUTS[kind](node, framework, device):
         outputs = node.outputs
         if index < len(outputs) and outputs[index] is not None:
             continue  # the export names it: the rule reads it as it is
-        name = f"{node.name}.{_NAMES.get((kind, index), f'output{index}')}"
+        name = f"{node.name}.{suffix}"
         while name in joint.tensors:
             name += "_"
         t = joint.tensor(name, dtype=dtype, shape=shape, kind="activation")

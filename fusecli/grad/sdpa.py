@@ -69,7 +69,7 @@ def sliding_window(mask: Tensor, limit: int = 4096) -> int | None:
     """W of a shape-only mask that is a sliding window (transformers' ``kv_idx > q_idx - W``: an integer
     constant > 1 that a Sub, Add or comparison of its cone reads; the smallest such), else None."""
     found = []
-    for p in mask_cone([mask], limit):
+    for p in _mask_cone([mask], limit):
         if p.op_type not in _WINDOW_OPS:
             continue
         for i in p.inputs:
@@ -80,7 +80,7 @@ def sliding_window(mask: Tensor, limit: int = 4096) -> int | None:
     return min(found) if found else None
 
 
-def mask_cone(masks: list[Tensor], limit: int = 4096):
+def _mask_cone(masks: list[Tensor], limit: int = 4096):
     """The nodes that compute ``masks`` (up to ``limit`` tensors), each once, not through shape reads."""
     stack, seen = list(masks), set()
     while stack and len(seen) < limit:
@@ -95,12 +95,10 @@ def mask_cone(masks: list[Tensor], limit: int = 4096):
         stack.extend(i for i in p.inputs if i is not None)
 
 
-def _kept_window(form: AttentionForm, masks: list[Tensor], dims: Mapping[str, int]) -> tuple[int, str] | None:
-    """(W, why) where transformers passes a shape-only sliding-window mask to sdpa: the keys are at least
-    W long at the analysis sizes (or their length is unknown: assumed so, and said)."""
-    windows = [w for w in map(sliding_window, masks) if w is not None]
-    if not windows:
-        return None
+def _kept_window(form: AttentionForm, windows: list[int], dims: Mapping[str, int]) -> tuple[int, str] | None:
+    """(W, why) where transformers passes a shape-only sliding-window mask to sdpa (``windows``: the masks'
+    W, ``sliding_window``): the keys are at least W long at the analysis sizes (or their length is
+    unknown: assumed so, and said)."""
     w = min(windows)
     keys = form.k.shape[-2] if form.k.shape is not None and len(form.k.shape) >= 2 else None
     n = dim_value(keys, dims) if keys is not None else None
@@ -122,7 +120,7 @@ def _kept_causal(masks: list[Tensor], limit: int = 4096) -> str | None:
     skip the mask (masking_utils' _ignore_causal_mask_sdpa), and a TorchScript trace may build it where
     eager skips it (a traced cache position); only the model's class, which a dynamo export records per
     node (``torch_classes``), says so."""
-    classes = {c for p in mask_cone(masks, limit) for c in p.meta.get("torch_classes", ())}
+    classes = {c for p in _mask_cone(masks, limit) for c in p.meta.get("torch_classes", ())}
     kept = sorted(classes & NEVER_SKIP)
     return f"{kept[0]} hands sdpa its causal mask (allow_is_causal_skip=False)" if kept else None
 
@@ -174,11 +172,11 @@ def choose(form: AttentionForm, rg: set[str], memo: dict[int, bool], device: str
     out = pv.outputs[0]
     masks = [*form.terms, *form.bool_masks]
     data_masks = [m for m in masks if depends_on_input(m, memo) or m.name in rg]
-    window = None if data_masks else _kept_window(form, masks, dims or {})
+    windows = [] if data_masks else [w for w in map(sliding_window, masks) if w is not None]
+    window = _kept_window(form, windows, dims or {}) if windows else None
     if window is not None:
         data_masks = masks  # reaches the kernel as a data mask does
-    kept = None if data_masks or window is not None or not masks \
-        or any(sliding_window(m) is not None for m in masks) else _kept_causal(masks)
+    kept = None if data_masks or windows or not masks else _kept_causal(masks)
     if kept is not None:
         data_masks = masks
     grad_terms = [m for m in form.terms if _needs_grad(m, rg)]
