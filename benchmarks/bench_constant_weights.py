@@ -66,8 +66,9 @@ def matches(doc: dict) -> list:
 # the same work timed inside the process, after the imports (``import onnx`` alone is most of a small
 # model's whole-process time, for both commands)
 _IN_PROCESS = {
-    "analyze": "import sys, time; from fusecli.pipeline import analyze; from fusecli.report import to_json; "
-               "t = time.perf_counter(); to_json(analyze(sys.argv[1])); print(time.perf_counter() - t)",
+    "analyze": "import sys, time; from fusecli.pipeline import analyze; "
+               "from fusecli.report.document import to_json; t = time.perf_counter(); "
+               "to_json(analyze(sys.argv[1])); print(time.perf_counter() - t)",
     "load": "import sys, time, onnx; t = time.perf_counter(); onnx.load(sys.argv[1]); "
             "print(time.perf_counter() - t)",
 }

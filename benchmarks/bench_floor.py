@@ -44,7 +44,7 @@ onnx.shape_inference.infer_shapes(m, strict_mode=False, data_prop=True)
 """
 OBJECTS = """
 import gc, onnx
-from fusecli.ir import Node, Tensor
+from fusecli.core.ir import Node, Tensor
 gc.disable()  # as fusecli's gc_paused
 raw = [(n.name, n.op_type, list(n.input), list(n.output)) for n in onnx.load(MODEL).graph.node]
 start = time.perf_counter()
@@ -72,7 +72,7 @@ if BACKWARD:
 """
 ENCODE = """
 import gc, json
-from fusecli.output import json_pieces
+from fusecli.core.output import json_pieces
 gc.disable()
 doc = json.load(open(DOC))
 start = time.perf_counter()

@@ -51,8 +51,8 @@ def render(model: Path, view: str, *args: str) -> tuple[float, int, str]:
 
 def every_layer(text: str, layers: int, model: Path) -> bool:
     """The unfolded DOT draws an op of every layer (names '/h.K/' or dynamo's module paths)."""
+    from fusecli.core.scopes import node_scope
     from fusecli.pipeline import Options, analyze
-    from fusecli.scopes import node_scope
 
     a = analyze(str(model), Options(batch=2))
     seen = set()

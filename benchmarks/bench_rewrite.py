@@ -39,7 +39,7 @@ from onnx import numpy_helper
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from fusecli.errors import FuseError  # noqa: E402
+from fusecli.core.errors import FuseError  # noqa: E402
 from fusecli.rewrite import RewriteOptions, rewrite  # noqa: E402
 from fusecli.rewrite.benchverdict import Spread, compare  # noqa: E402
 from fusecli.rewrite.values import Weights  # noqa: E402

@@ -91,7 +91,7 @@ def pytorch_saved_bytes(model) -> int:
 
 def trial(model_type: str, folder: str) -> list[str]:
     from fusecli.pipeline import Options, analyze
-    from fusecli.report import to_json
+    from fusecli.report.document import to_json
 
     rows = []
     model, attn = build(model_type)

@@ -11,7 +11,7 @@ import sys
 import click
 
 from . import __version__
-from .errors import FuseError, UsageError
+from .core.errors import FuseError, UsageError
 
 # At exit, freeze what is left: interpreter shutdown then skips a collection that would walk every
 # object of a big graph (seconds on 100k nodes) only to free memory the process gives back anyway.
@@ -85,7 +85,7 @@ class _Group(click.Group):
 def _echo_json(doc: dict) -> None:
     """The JSON document on stdout (indented at a terminal), written a piece at a time: a big model's
     document is never one string (nor the copies echo makes of it)."""
-    from .output import write_json
+    from .core.output import write_json
 
     write_json(doc, sys.stdout, 2 if sys.stdout.isatty() else None)
 
@@ -150,7 +150,7 @@ def _check_plot(plot_path: str, model: str) -> None:
     """--plot: a writable image path, and matplotlib installed, before any analysis."""
     import importlib.util
 
-    from .output import check_output
+    from .core.output import check_output
 
     check_output(plot_path, [model], PLOT_FORMATS, "--plot")
     if importlib.util.find_spec("matplotlib") is None:
@@ -160,11 +160,11 @@ def _check_plot(plot_path: str, model: str) -> None:
 def _check_viewer_outputs(model: str, overlay: str | None, annotate: str | None) -> None:
     """--overlay / --annotate: ONNX input, writable outputs that are no file of the input, before any
     analysis."""
+    from .core.output import check_output
     from .load import is_savedmodel
-    from .output import check_output
 
     if overlay:
-        from .overlay import fusion_path
+        from .report.overlay import fusion_path
 
         if is_savedmodel(model):
             raise FuseError(f"--overlay: {model} is a SavedModel; --overlay keys its node data by the "
@@ -172,7 +172,7 @@ def _check_viewer_outputs(model: str, overlay: str | None, annotate: str | None)
         check_output(overlay, [model], ("json",), "--overlay")
         check_output(fusion_path(overlay), [model], ("json",), "--overlay")
     if annotate:
-        from .annotate import check_annotatable
+        from .report.annotate import check_annotatable
 
         check_annotatable(model)
         check_output(annotate, [model], ("onnx",), "--annotate")
@@ -182,11 +182,11 @@ def _write_viewer_outputs(result, model: str, overlay: str | None, annotate: str
     """Write what --overlay and --annotate ask for; a note each on stderr."""
     if overlay:
         from .load.onnx_wire import read_structure
-        from .overlay import write_overlay
+        from .report.overlay import write_overlay
 
         click.echo(write_overlay(result, read_structure(model)[0], overlay), err=True)
     if annotate:
-        from .annotate import write_annotated
+        from .report.annotate import write_annotated
 
         click.echo(write_annotated(result, model, annotate), err=True)
 
@@ -246,7 +246,7 @@ def analyze(model: str, as_json: bool, batch: int | None, dims: tuple[str, ...],
     """Analyze MODEL (an .onnx file or a SavedModel folder)."""
     from .pipeline import Options
     from .pipeline import analyze as run_analysis
-    from .report import to_json
+    from .report.document import to_json
 
     if verbose and quiet:
         raise click.BadParameter("-v and -q exclude each other", param_hint="-q")
@@ -262,8 +262,8 @@ def analyze(model: str, as_json: bool, batch: int | None, dims: tuple[str, ...],
         for w in result.warnings:
             click.echo(f"warning: {w}", err=True)
     if plot_path:
-        from . import progress
-        from .plot import plot_timeline
+        from .core import progress
+        from .report.plot import plot_timeline
 
         title = f"{os.path.basename(os.path.normpath(model))}: live memory at {_dims_text(result)}"
         with progress.stages() as stage:
@@ -274,7 +274,7 @@ def analyze(model: str, as_json: bool, batch: int | None, dims: tuple[str, ...],
     if as_json:
         _echo_json(to_json(result))
         return
-    from .text_report import TextOptions, print_text_report
+    from .report.text import TextOptions, print_text_report
 
     color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
     print_text_report(result, TextOptions(verbose=verbose, quiet=quiet, all_saved=all_saved, color=color))
@@ -318,11 +318,11 @@ def render(model: str, view: str, as_dot: bool, output: str | None, mode: str, f
            dims: tuple[str, ...], signature: str | None,
            wrt: str, patterns: tuple[str, ...], constant_weights: str, autodiff: str | None) -> None:
     """Draw MODEL's before / after / backward view (Graphviz)."""
-    from . import progress
-    from .output import atomic_write, check_output
+    from .core import progress
+    from .core.output import atomic_write, check_output
     from .pipeline import Options
     from .pipeline import analyze as run_analysis
-    from .render import (
+    from .render.views import (
         BIG_GRAPH_NODES,
         FORMATS,
         VIEWS,
@@ -403,7 +403,7 @@ def rewrite_command(model: str, output: str, target: str, mode: str, patterns: t
                     bench: bool,
                     threads: int | None, force: bool, as_json: bool, routing: str | None) -> None:
     """Rewrite MODEL's fusion matches as ONNX Runtime kernels, verify, and write OUT.onnx."""
-    from .output import check_output
+    from .core.output import check_output
     from .rewrite import RewriteOptions
     from .rewrite import rewrite as run_rewrite
     from .rewrite.report import format_summary
@@ -414,7 +414,7 @@ def rewrite_command(model: str, output: str, target: str, mode: str, patterns: t
                              patterns=patterns, verify=not no_verify, verify_scope=verify_scope,
                              bench=bench, threads=threads, signature=signature,
                              keep_weights=False, force=force, routing=routing)
-    from . import progress
+    from .core import progress
 
     with progress.stages():
         result = run_rewrite(model, options, output)
@@ -448,7 +448,7 @@ def diff_command(old: str, new: str, as_json: bool, batch: int | None, dims: tup
                  signature: str | None, fail_on: str, tolerance: str, wrt: str) -> None:
     """Compare two exports of one model (OLD, NEW): fusions, verdicts, memory, ops. Exit 0: no
     regression; 1: a regression of a kind in --fail-on; 2: usage; 3: a model could not be read."""
-    from .diff import DiffOptions, analyze_pair, compare, parse_fail_on, parse_tolerance
+    from .diff.compare import DiffOptions, analyze_pair, compare, parse_fail_on, parse_tolerance
 
     options = DiffOptions(tolerance=parse_tolerance(tolerance), fail_on=parse_fail_on(fail_on))
     parsed = _parse_dims(dims)
@@ -473,7 +473,7 @@ def diff_command(old: str, new: str, as_json: bool, batch: int | None, dims: tup
     if as_json:
         _echo_json(doc)
     else:
-        from .diff_text import report_lines
+        from .diff.text import report_lines
 
         color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
         click.echo("\n".join(report_lines(doc, color=color)))
@@ -482,7 +482,7 @@ def diff_command(old: str, new: str, as_json: bool, batch: int | None, dims: tup
 
 def _parse_budget(ctx, param, value: str) -> int:
     """--budget: '24GiB', '500MB' or plain bytes (a usage error otherwise)."""
-    from .units import parse_bytes
+    from .core.units import parse_bytes
 
     n = parse_bytes(value)
     if n is None:
@@ -517,12 +517,12 @@ def plan_command(model: str, budget: int, batch: int | None, dims: tuple[str, ..
                  plot_path: str | None, emit_path: str | None) -> None:
     """Fit MODEL's training step into --budget: its memory as formulas, the largest batch that fits,
     and what to recompute (checkpoint) when it does not. Exit 1 when it cannot fit."""
-    from . import progress
-    from .output import check_output
+    from .core import progress
+    from .core.output import check_output
     from .pipeline import Options
     from .pipeline import analyze as run_analysis
-    from .plan import PlanOptions, make_plan
-    from .plan_text import curve, plan_json, plan_lines
+    from .plan.planner import PlanOptions, make_plan
+    from .plan.text import curve, plan_json, plan_lines
 
     if plot_path:
         _check_plot(plot_path, model)
@@ -537,12 +537,12 @@ def plan_command(model: str, budget: int, batch: int | None, dims: tuple[str, ..
         click.echo(f"warning: {w}", err=True)
     name = os.path.basename(os.path.normpath(model))
     if plot_path:
-        from .plot import plot_plan_curve
+        from .report.plot import plot_plan_curve
 
         note = plot_plan_curve(curve(plan), budget, plan.chosen, plot_path, f"{name}: step peak vs recompute")
         click.echo(f"wrote {plot_path} ({note})", err=True)
     if emit_path:
-        from .plan_emit import write_pytorch_helper
+        from .plan.emit import write_pytorch_helper
 
         note = write_pytorch_helper(emit_path, plan, name)
         click.echo(f"wrote {emit_path} ({note})", err=True)

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from . import progress
+from .core import progress
+from .core.ir import Graph, Node, gc_paused
+from .core.kinds import data_dependent_origins
 from .fusion import find_fusions, select_patterns
 from .fusion.match import Match
 from .grad.backward import build_backward
 from .grad.profiles import OPS, Profile, choose_profile
-from .ir import Graph, Node, gc_paused
-from .kinds import data_dependent_origins
-from .liveness import Liveness, analyze_liveness
 from .load import load_model, resolve_sizes
 from .load.constant_weights import no_parameter_warning
 from .load.routing import ROUTER_OPS, routers_of
-from .sizes import Sizes, bind, model_variables
+from .memory.liveness import Liveness, analyze_liveness
+from .memory.sizes import Sizes, bind, model_variables
 from .spellings.attention import NearMiss, near_misses
 
 
@@ -170,7 +170,7 @@ def analyze_graph(path: str, graph: Graph, options: Options) -> Analysis:
 def analyze(path: str, options: Options | None = None,
             on_stage: progress.StageCallback | None = None) -> Analysis:
     """Load the model at ``path`` and run every pass. Each stage's name goes to ``on_stage``; without
-    it, to a spinner on stderr when that is a terminal (``fusecli.progress``)."""
+    it, to a spinner on stderr when that is a terminal (``fusecli.core.progress``)."""
     options = options or Options()
     with gc_paused(), progress.stages(on_stage):
         progress.stage("reading")

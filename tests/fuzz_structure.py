@@ -391,9 +391,9 @@ def _vm_bytes() -> int:
 
 
 def _child(path: str, out_path: str) -> dict:
-    from fusecli.errors import FuseError
+    from fusecli.core.errors import FuseError
     from fusecli.pipeline import Options, analyze
-    from fusecli.render import build_dot
+    from fusecli.render.views import build_dot
     from fusecli.rewrite import RewriteOptions, rewrite
 
     stage = "analyze"
@@ -478,7 +478,7 @@ def preload() -> None:
     from onnxruntime.tools import symbolic_shape_infer  # noqa: F401
 
     import fusecli.pipeline  # noqa: F401
-    import fusecli.render  # noqa: F401
+    import fusecli.render.views  # noqa: F401
     import fusecli.rewrite  # noqa: F401
 
 

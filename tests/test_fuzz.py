@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import helper, numpy_helper
 
-from fusecli.errors import FuseError
+from fusecli.core.errors import FuseError
 from fusecli.pipeline import Options, analyze
 from tests.conftest import SAMPLES, make_model, vi
 

@@ -195,7 +195,7 @@ def test_constant_attribute_external_data_in_folder_is_rewritten(tmp_path):
 
 def test_symbolic_shape_rounds_are_bounded(tmp_path):
     """onnxruntime's symbolic inference loop never ended on an UNDEFINED-typed input feeding a MatMul."""
-    from fusecli.ir import Graph
+    from fusecli.core.ir import Graph
     from fusecli.rewrite.shapes import refine_shapes
 
     m = onnx.load(H.undefined_elem_type(str(tmp_path / "c")))
@@ -239,7 +239,7 @@ def test_memory_past_int64_is_exact(tmp_path):
     symbolic model's formulas evaluated at that dim, exactly."""
     import json
 
-    from fusecli.memory import evaluate_formula, memory_formulas
+    from fusecli.memory.formulas import evaluate_formula, memory_formulas
     from fusecli.pipeline import Options, analyze
 
     result = run_cli("analyze", "--json", H.huge_dims(str(tmp_path / "huge")))

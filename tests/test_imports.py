@@ -101,11 +101,55 @@ def test_the_cycle_finder_finds_a_cycle():
 def test_the_pattern_language_and_spellings_sit_below_grad_and_fusion():
     """The data flow: trees and spellings import neither grad/ nor fusion/; grad/ does not import fusion/."""
     edges, _ = _graph()
-    below = [m for m in edges if m == "fusecli.trees" or m.startswith(("fusecli.spellings", "fusecli.grad"))]
+    below = [m for m in edges
+             if m == "fusecli.core.trees" or m.startswith(("fusecli.spellings", "fusecli.grad"))]
     upward = {m: sorted(t for t in edges[m] if t.startswith("fusecli.fusion")
                         or (not m.startswith("fusecli.grad") and t.startswith("fusecli.grad")))
               for m in below}
     assert below and {m: t for m, t in upward.items() if t} == {}
+
+
+# package -> the packages it may import (docs/layout.md): the flow load -> grad -> memory -> fusion, the
+# commands above it; the crossings named there (fusion's families hold their kernels' emitters from rewrite/,
+# diff reads report's JSON pieces and rewrite's emitter table, core/output.py an ONNX file's external data)
+LAYERS = {
+    "core": {"load"},
+    "spellings": {"core"},
+    "load": {"core", "memory"},
+    "grad": {"core", "spellings"},
+    "memory": {"core"},
+    "fusion": {"core", "memory", "spellings", "rewrite"},
+    "pipeline": {"core", "load", "spellings", "grad", "memory", "fusion"},
+    "report": {"fusecli", "core", "load", "spellings", "memory", "fusion", "pipeline"},
+    "render": {"core", "fusion", "pipeline"},
+    "rewrite": {"fusecli", "core", "load", "spellings", "memory", "fusion", "pipeline"},
+    "plan": {"core", "memory", "fusion"},
+    "diff": {"fusecli", "core", "load", "memory", "fusion", "pipeline", "report", "rewrite"},
+}
+
+
+def test_packages_follow_the_layout():
+    """No package imports one the layout puts beside or below it (a command's package never another's,
+    but for the crossings LAYERS names)."""
+    edges, _ = _graph()
+    top = {m.split(".")[1] for m in edges if m.count(".") >= 1}
+    assert set(LAYERS) <= top
+    extra = {}
+    for m, targets in edges.items():
+        package = m.split(".")[1] if m.count(".") >= 1 else m
+        if package not in LAYERS:
+            continue
+        for t in targets:
+            other = t.split(".")[1] if t.count(".") >= 1 else t
+            if other != package and other not in LAYERS[package]:
+                extra.setdefault(m, []).append(t)
+    assert extra == {}
+
+
+def test_the_top_holds_packages_and_the_two_joining_modules():
+    """docs/layout.md: shared modules live in core/, the top of fusecli/ holds packages, pipeline and cli."""
+    loose = sorted(p.name for p in ROOT.glob("*.py"))
+    assert loose == ["__init__.py", "__main__.py", "cli.py", "pipeline.py"]
 
 
 def test_every_module_imports_first():

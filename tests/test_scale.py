@@ -11,7 +11,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from fusecli.pipeline import Options, analyze
-from fusecli.report import to_json
+from fusecli.report.document import to_json
 
 RATIO = 2.2  # 2x nodes; a quadratic pass would give 4x
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from ..errors import FuseError
-from ..ir import Graph
-from ..liveness import Liveness
+from ..core.errors import FuseError
+from ..core.ir import Graph
+from ..memory.liveness import Liveness
 from .match import Match, find_matches
 from .patterns import BY_NAME, CATALOGUE
 from .verdict import Lookups, judge, suppress_dominated

@@ -1,12 +1,12 @@
 """Every occurrence of the catalogue's patterns in a graph: each node tried as a root against the forms
-whose root takes its kind (the trees and the matcher are in fusecli/trees.py)."""
+whose root takes its kind (the trees and the matcher are in fusecli/core/trees.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..ir import Graph, Node, Tensor
-from ..trees import dataflow_order, is_noop, match_at, node_key, root_may_match
+from ..core.ir import Graph, Node, Tensor
+from ..core.trees import dataflow_order, is_noop, match_at, node_key, root_may_match
 
 
 @dataclass

@@ -6,11 +6,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..ir import Tensor
+from ..core.ir import Tensor
+from ..core.trees import Op, Var, op, through_noops
 from ..spellings import gelu, norms
 from ..spellings.acts import gate_acts
 from ..spellings.common import SUM, is_activation, is_param, optional, scalar, swaps_last_two
-from ..trees import Op, Var, op, through_noops
 
 
 @dataclass(frozen=True)

@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from ..dims import dim_value
-from ..ir import Node, Tensor, dtype_size
-from ..liveness import Liveness
-from ..trees import is_noop
+from ..core.dims import dim_value
+from ..core.ir import Node, Tensor, dtype_size
+from ..core.trees import is_noop
+from ..memory.liveness import Liveness
 from .match import Match
 
 CONTRACTIONS = frozenset({"conv", "conv_transpose", "matmul", "gemm", "einsum", "fused_conv", "fused_gemm"})

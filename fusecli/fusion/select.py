@@ -1,6 +1,6 @@
 """One choice of fused matches, shared by `fusecli rewrite` (rewrite/plan.py) and the after pictures
-(render.py, render_training_view.py): greedy and non-overlapping, the largest interior traffic saved first,
-then the larger match, then graph order; each caller says which matches it may use."""
+(render/views.py, render/training_view.py): greedy and non-overlapping, the largest interior traffic
+saved first, then the larger match, then graph order; each caller says which matches it may use."""
 
 from __future__ import annotations
 

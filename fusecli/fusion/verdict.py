@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from ..ir import Graph, Node, Tensor
-from ..kinds import reads_type_only
-from ..liveness import Liveness
-from ..trees import is_noop
-from ..units import format_bytes
+from ..core.ir import Graph, Node, Tensor
+from ..core.kinds import reads_type_only
+from ..core.trees import is_noop
+from ..core.units import format_bytes
+from ..memory.liveness import Liveness
 from .frameworks import framework_notes, not_fusable_notes
 from .match import Match
 from .recompute import Recompute, node_flops, plan

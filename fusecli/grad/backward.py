@@ -11,7 +11,7 @@ from dataclasses import replace
 from functools import cache
 from operator import attrgetter
 
-from ..ir import FLOAT_DTYPES, Graph, Node, Tensor
+from ..core.ir import FLOAT_DTYPES, Graph, Node, Tensor
 from .composites import Region, custom_gradient_regions, find_regions
 from .kept_outputs import KEPT_OUTPUTS, make_kept_outputs
 from .layout import Layouts

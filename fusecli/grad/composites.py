@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..ir import Graph, Node, Tensor
+from ..core.ir import Graph, Node, Tensor
+from ..core.trees import Op, match_at
 from ..spellings import acts, gelu, norms, softmax
 from ..spellings.common import TORCH, select
-from ..trees import Op, match_at
 from . import sdpa
 
 SHAPE_READERS = frozenset({"shape", "size"})  # read only a tensor's shape: no gradient flows through them

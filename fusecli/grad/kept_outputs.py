@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..ir import Graph, Node
+from ..core.ir import Graph, Node
 
 # ONNX TensorProto element types a LayerNormalization's stash_type may name
 _STASH_DTYPES = {1: "float32", 10: "float16", 11: "float64", 16: "bfloat16"}

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from ..ir import Tensor
+from ..core.ir import Tensor
 
 _KEEP = frozenset({"identity", "cast", "dropout"})
 _RESHAPE = frozenset({"reshape", "flatten", "squeeze", "unsqueeze"})

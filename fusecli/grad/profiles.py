@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from ..ir import Graph, Node, Tensor
+from ..core.ir import Graph, Node, Tensor
 from .layout import Layouts
 from .rules import RULES, G, Grad
 

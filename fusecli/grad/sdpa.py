@@ -31,8 +31,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..dims import dim_value
-from ..ir import Node, Tensor
+from ..core.dims import dim_value
+from ..core.ir import Node, Tensor
 from ..spellings.attention import AttentionForm, depends_on_input, read_attention, scalar_value
 
 FLASH_OP = "ScaledDotProductFlashAttentionForCpuBackward0"

@@ -15,7 +15,7 @@ from __future__ import annotations
 import ast
 import re
 
-from ..ir import Graph, Tensor
+from ..core.ir import Graph, Tensor
 
 SIGNATURE = "pkg.torch.export.ExportedProgram.graph_signature"
 KIND = "pkg.torch.export.graph_signature.InputSpec.kind"

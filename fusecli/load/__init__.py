@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
-from ..errors import FuseError
-from ..ir import Graph
+from ..core.errors import FuseError
+from ..core.ir import Graph
 
 
 def is_savedmodel(path: str) -> bool:

@@ -22,9 +22,9 @@ from collections.abc import Mapping, Sequence
 import onnx
 from onnx import helper
 
-from ..dims import dim_value
-from ..ir import Graph, Tensor
-from ..sizes import input_dim_name
+from ..core.dims import dim_value
+from ..core.ir import Graph, Tensor
+from ..memory.sizes import input_dim_name
 from .dim_fit import MAX_FIT_VARIABLES, fit_polynomials, monomial_poly, monomials, over_variables
 from .shape_tools import dims_of, infer_shapes
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..ir import Graph, Node, Tensor
-from ..kinds import is_channel_vector, reads_values, value_inputs
+from ..core.ir import Graph, Node, Tensor
+from ..core.kinds import is_channel_vector, reads_values, value_inputs
 
 # kinds whose output is a view of their first input in PyTorch (a select, slice, view, permute, squeeze,
 # split) or, for a cast to its own type, the input itself. Not Expand: a parameter expanded to the batch

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir import Graph, Node, Tensor
-from ..kinds import is_channel_vector
+from ..core.ir import Graph, Node, Tensor
+from ..core.kinds import is_channel_vector
 
 # onnx_ir lifts Constants of at least 16 elements to initializers (LiftConstantsToInitializersPass);
 # below that a float Constant is a hyper-parameter (eps, 1/sqrt(d), a clip bound), not a weight

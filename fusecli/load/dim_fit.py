@@ -13,8 +13,8 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from ..dims import Poly, dim_poly
-from ..ir import Graph
+from ..core.dims import Poly, dim_poly
+from ..core.ir import Graph
 
 MAX_FIT_VARIABLES = 4  # degree-2 fits in more variables need too many inference runs
 Numbers = Callable[[Mapping[str, int], set], dict]  # (values, tensors needed) -> name -> dims (None: open)

@@ -12,10 +12,10 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx import numpy_helper
 
-from .. import budgets, progress
-from ..errors import FuseError
-from ..ir import FLOAT_DTYPES, Graph, GraphError, Node, Tensor, topological_order
-from ..kinds import ONNX_KINDS, ONNX_MS_KINDS
+from ..core import budgets, progress
+from ..core.errors import FuseError
+from ..core.ir import FLOAT_DTYPES, Graph, GraphError, Node, Tensor, topological_order
+from ..core.kinds import ONNX_KINDS, ONNX_MS_KINDS
 from .common import mark_constant_subgraphs, mark_parameter_views, refine_bias_adds
 from .constant_weights import promote_constant_weights
 from .onnx_wire import WireError, read_structure

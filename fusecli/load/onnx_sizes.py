@@ -28,9 +28,9 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from ..dims import dim_poly, dim_value
-from ..ir import Graph
-from ..kinds import data_dependent_origins
+from ..core.dims import dim_poly, dim_value
+from ..core.ir import Graph
+from ..core.kinds import data_dependent_origins
 from .bound_fit import bind_in_place, cut_model, fit_by_onnx, sub_model
 from .dim_fit import fit_polynomials, over_variables, pending_tensors
 from .onnx_wire import payload_left_out

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import onnx
 from onnx import helper
 
-from ..ir import Graph
+from ..core.ir import Graph
 
 ROUTING = ("balanced",)
 ROUTER_OPS = ("TopK", "ArgMax")

@@ -48,10 +48,10 @@ import sys
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from .. import budgets
-from ..errors import FuseError
-from ..ir import Graph, Node, Tensor, unique_name
-from ..kinds import TF_KINDS
+from ..core import budgets
+from ..core.errors import FuseError
+from ..core.ir import Graph, Node, Tensor, unique_name
+from ..core.kinds import TF_KINDS
 from . import tf_proto
 from .common import mark_constant_subgraphs, refine_bias_adds
 

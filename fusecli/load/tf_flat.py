@@ -17,8 +17,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from ..dims import dim_value
-from ..ir import Graph
+from ..core.dims import dim_value
+from ..core.ir import Graph
 from . import tf_proto
 from .savedmodel import dtype_enum
 

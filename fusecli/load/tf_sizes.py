@@ -18,8 +18,8 @@ import contextlib
 import os
 from collections.abc import Mapping
 
-from ..dims import dim_poly
-from ..ir import Graph
+from ..core.dims import dim_poly
+from ..core.ir import Graph
 from .dim_fit import fit_polynomials, over_variables, pending_tensors
 from .tf_flat import flat_graphdef
 

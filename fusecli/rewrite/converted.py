@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from ..errors import FuseError
+from ..core.errors import FuseError
 
 _GENERATED = "unk__"  # tf2onnx's dim names: unk__<n>, renumbered on every conversion
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import onnx
 from onnx import helper
 
-from ..ir import Graph, kahn_order
+from ..core.ir import Graph, kahn_order
 from .kit import MS, Emission
 from .proto import is_big_constant
 from .sound import predecessors, splice, unsound

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..ir import Node, Tensor
+from ..core.ir import Node, Tensor
+from ..core.trees import is_noop
 from ..spellings.attention import LAYOUT, AttentionForm, read_attention, scalar_value
 from ..spellings.common import ADD
-from ..trees import is_noop
 from .kit import MS, Context, Emission, attr_value, dtype_of, make_node, new_initializer
 from .merged_heads import merged_terms, read_merged, write_shapes
 from .shape_values import int_value

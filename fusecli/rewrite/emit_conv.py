@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import onnx
 
-from ..ir import Node, Tensor
+from ..core.ir import Node, Tensor
 from .fold import channel_vector, fold_batch_norm, fold_bias, fold_scale_shift
 from .kit import (
     MS,

@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..ir import Node, Tensor
+from ..core.ir import Node, Tensor
+from ..core.trees import is_noop
 from ..spellings.attention import LAYOUT, AttentionForm, depends_on_input, read_attention
 from ..spellings.common import ADD
-from ..trees import is_noop
 from .emit_attention import (
     Builder,
     common_refusal,

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..ir import Tensor
+from ..core.ir import Tensor
 from .kit import (
     MS,
     Context,

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..ir import Tensor
+from ..core.ir import Tensor
 from ..spellings.common import ADD
 from .kit import (
     MS,

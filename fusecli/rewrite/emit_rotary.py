@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import onnx
 
-from ..ir import Node, Tensor
-from ..trees import through_noops
+from ..core.ir import Node, Tensor
+from ..core.trees import through_noops
 from .kit import MS, Context, Emission, attr_value, make_node, new_initializer
 from .shape_values import int_value
 

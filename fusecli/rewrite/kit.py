@@ -9,14 +9,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..errors import FuseError
+from ..core.errors import FuseError
 from .fold import channel_vector
 
 if TYPE_CHECKING:
     import onnx
 
+    from ..core.ir import Node, Tensor
     from ..fusion.match import Match
-    from ..ir import Node, Tensor
     from .values import Names, Weights
 
 MS = "com.microsoft"

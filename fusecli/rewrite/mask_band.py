@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from ..errors import FuseError
+from ..core.errors import FuseError
 from .values import Weights
 
 PROBES = (7, 19)  # sizes every mask is probed at

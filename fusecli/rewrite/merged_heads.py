@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..dims import same_dim
-from ..ir import Node, Tensor
+from ..core.dims import same_dim
+from ..core.ir import Node, Tensor
+from ..core.trees import is_noop
 from ..spellings.attention import LAYOUT
-from ..trees import is_noop
 from .kit import Context, attr_value
 
 if TYPE_CHECKING:  # annotations only: fusion's families import these emitters

@@ -19,10 +19,10 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from .. import budgets
-from ..ir import Graph, distinct
-from ..kinds import reads_type_only
-from ..sizes import Sizes
+from ..core import budgets
+from ..core.ir import Graph, distinct
+from ..core.kinds import reads_type_only
+from ..memory.sizes import Sizes
 from .values import Weights
 
 SHAPE_OPS = frozenset({"Shape", "Size"})  # their outputs depend on an input's shape, not its values

@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING
 import onnx
 from onnx import helper
 
-from ..errors import FuseError
-from ..ir import Graph, gc_paused
+from ..core.errors import FuseError
+from ..core.ir import Graph, gc_paused
+from ..core.output import refuse_overwriting_input, scratch_dir
+from ..core.progress import stage
+from ..core.units import format_bytes
 from ..load.onnx import dtype_name, graph_of_model, opset_of
-from ..output import refuse_overwriting_input, scratch_dir
 from ..pipeline import Analysis, Options, analyze, analyze_graph
-from ..progress import stage
-from ..units import format_bytes
 from .benchverdict import slowdown
 from .edit import (
     apply,

@@ -7,8 +7,8 @@ import os
 
 import onnx
 
+from ..core.output import atomic_write, refuse_overwriting_input
 from ..load.onnx import tensors_of
-from ..output import atomic_write, refuse_overwriting_input
 from .proto import copy_with_initializers
 from .values import tensor_array
 

@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from ..ir import Graph
+from ..core.ir import Graph
 from .kit import Emission
 
 SAME_SHAPE = frozenset({"Cast", "Identity", "Neg", "Abs", "Relu", "Sigmoid", "Tanh", "Exp", "Log", "Sqrt",

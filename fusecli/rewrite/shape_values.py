@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir import Tensor
+from ..core.ir import Tensor
 from .values import Weights
 
 MAX_NODES = 32  # producers walked per value

@@ -10,7 +10,7 @@ from __future__ import annotations
 import onnx
 from onnx import helper
 
-from ..ir import Graph
+from ..core.ir import Graph
 from ..load.onnx_sizes import ort_symbolic_shapes
 from .proto import is_big_constant, light_copy
 

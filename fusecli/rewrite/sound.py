@@ -12,7 +12,7 @@ from __future__ import annotations
 import onnx
 from onnx import helper
 
-from ..ir import kahn_order
+from ..core.ir import kahn_order
 from .kit import Emission
 
 

@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 import onnx
 from onnx import external_data_helper
 
-from ..errors import FuseError
+from ..core.errors import FuseError
+from ..core.progress import stage
 from ..load import load_model
 from ..load.onnx import external_location, tensors_of
 from ..load.onnx_wire import read_structure
-from ..progress import stage
-from ..sizes import model_variables
+from ..memory.sizes import model_variables
 from .converted import fix_conversion
 
 SAVEDMODEL_OPSET = 17

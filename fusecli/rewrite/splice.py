@@ -14,9 +14,9 @@ import os
 
 import onnx
 
-from ..errors import FuseError
+from ..core.errors import FuseError
+from ..core.output import atomic_write, refuse_overwriting_input
 from ..load.onnx_wire import CHILDREN, MODEL_CHILDREN, SPARSE, TENSOR, encode_varint, wire_fields
-from ..output import atomic_write, refuse_overwriting_input
 
 Part = bytes | tuple[str, int, int]  # bytes to write, or (file, offset, length) to copy
 _MARK = b"\x0a\x08location"  # StringStringEntryProto key "location": in every external reference

@@ -10,9 +10,9 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ..errors import FuseError
-from ..ir import unique_name
-from ..kinds import value_inputs
+from ..core.errors import FuseError
+from ..core.ir import unique_name
+from ..core.kinds import value_inputs
 
 _NOT_CONSTANT = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
                            "Multinomial", "Bernoulli"})

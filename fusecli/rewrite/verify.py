@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnxruntime as ort
 
-from .. import budgets
-from ..dims import dim_value
-from ..errors import FuseError
+from ..core import budgets
+from ..core.dims import dim_value
+from ..core.errors import FuseError
 from .regions import Case, merged_models, random_feeds
 
 Source = bytes | str  # a serialized model or a path (a path reads external data beside it)

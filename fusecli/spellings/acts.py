@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..trees import Op, Var, op
+from ..core.trees import Op, Var, op
 from .common import ADD, named, scalar, spell
 
 

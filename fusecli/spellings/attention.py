@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..ir import Graph, Node, Tensor
-from ..trees import dataflow_order, is_noop
+from ..core.ir import Graph, Node, Tensor
+from ..core.trees import dataflow_order, is_noop
 from .common import ADD
 
 MATMULS = frozenset({"matmul", "einsum"})

@@ -9,8 +9,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..ir import Tensor
-from ..trees import Op, Var, op
+from ..core.ir import Tensor
+from ..core.trees import Op, Var, op
 
 # who writes a spelling: the PyTorch exporters, Keras, tf2onnx, onnxscript's model zoo, or a user's own math
 WRITERS = frozenset({"torchscript", "dynamo", "keras3", "tf-keras", "tf2onnx", "onnxscript", "hand-written"})

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from ..trees import Op, Var, op
+from ..core.trees import Op, Var, op
 from .common import ADD, TENSORFLOW, Spelling, scalar, select, spell
 
 HALF = Var(check=scalar(0.5))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..trees import Op, Var, op
+from ..core.trees import Op, Var, op
 from .common import ADD, SUM, TENSORFLOW, is_param, scalar, select, spell
 
 

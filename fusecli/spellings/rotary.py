@@ -3,7 +3,7 @@ apply_rotary_pos_emb)."""
 
 from __future__ import annotations
 
-from ..trees import Op, Var, op
+from ..core.trees import Op, Var, op
 from .common import is_activation, select, spell
 
 

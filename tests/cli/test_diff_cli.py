@@ -10,8 +10,8 @@ from click.testing import CliRunner
 
 from fusecli.cli import main
 from fusecli.pipeline import Options, analyze
-from fusecli.report import to_json
-from tests.test_diff import mlp
+from fusecli.report.document import to_json
+from tests.diff.test_compare import mlp
 
 DOC_KEYS = {"fusecli", "old", "new", "summary", "differences", "pairing", "notes"}
 

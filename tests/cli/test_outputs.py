@@ -18,7 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 from fusecli.cli import main
-from fusecli.output import PART_PREFIX, SCRATCH_PREFIX
+from fusecli.core.output import PART_PREFIX, SCRATCH_PREFIX
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -250,7 +250,7 @@ def test_sigterm_during_a_write_leaves_the_old_file_and_no_part(tmp_path, model)
     ready = tmp_path / "ready"
     child = _child("""
         import sys, time
-        import fusecli.output as o
+        import fusecli.core.output as o
         real = o.atomic_write
         from contextlib import contextmanager
         @contextmanager

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from onnx import TensorProto, helper, numpy_helper
 
 from fusecli.cli import main
-from fusecli.memory import evaluate_formula
+from fusecli.memory.formulas import evaluate_formula
 
 LAYERS, WIDTH = 4, 16
 

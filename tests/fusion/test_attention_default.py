@@ -15,7 +15,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from fusecli.pipeline import Options, analyze
-from fusecli.report import to_json
+from fusecli.report.document import to_json
 from tests import hf_models
 from tests.conftest import make_model, vi
 

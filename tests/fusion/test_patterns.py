@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from fusecli.core.trees import match_at, node_key, root_may_match
 from fusecli.fusion.patterns import BY_NAME, CATALOGUE
 from fusecli.grad.rules import rule_for
-from fusecli.trees import match_at, node_key, root_may_match
 from tests.fusion.models import (
     GELU_ERF_NODES,
     LAYER_NORM_NODES,

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from fusecli.cli import main
-from fusecli.errors import FuseError
+from fusecli.core.errors import FuseError
 from fusecli.fusion import select_patterns
 from fusecli.fusion.patterns import CATALOGUE
 from fusecli.load import load_model

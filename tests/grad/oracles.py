@@ -18,11 +18,11 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from fusecli.core.ir import Graph
 from fusecli.grad.backward import build_backward
 from fusecli.grad.profiles import OPS, Profile
-from fusecli.ir import Graph
-from fusecli.liveness import analyze_liveness
 from fusecli.load.onnx import build_graph, infer_shapes
+from fusecli.memory.liveness import analyze_liveness
 
 _FLOAT = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE)
 

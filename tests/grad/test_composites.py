@@ -21,8 +21,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from fusecli.grad.backward import build_backward
 from fusecli.grad.profiles import OPS, get_profile
-from fusecli.liveness import analyze_liveness
 from fusecli.load import load_model
+from fusecli.memory.liveness import analyze_liveness
 from fusecli.pipeline import Options, size_graph
 from tests.conftest import make_model, vi
 

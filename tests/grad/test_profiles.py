@@ -9,11 +9,11 @@ from click.testing import CliRunner
 from onnx import helper
 
 from fusecli.cli import main
+from fusecli.core.ir import Graph
 from fusecli.grad.backward import build_backward
 from fusecli.grad.profiles import OPS, TENSORFLOW, choose_profile, get_profile
-from fusecli.ir import Graph
-from fusecli.liveness import analyze_liveness
 from fusecli.load import load_model
+from fusecli.memory.liveness import analyze_liveness
 from fusecli.pipeline import Options, analyze
 from tests.conftest import make_model, vi
 

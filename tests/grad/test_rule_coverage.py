@@ -14,8 +14,8 @@ import inspect
 import onnx
 import pytest
 
+from fusecli.core.ir import Graph
 from fusecli.grad.profiles import choose_profile
-from fusecli.ir import Graph
 from fusecli.load import load_model
 from tests import hf_models
 from tests.conftest import SAMPLES, ZOO_MODELS

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from fusecli.core.ir import Graph, Node
 from fusecli.grad.backward import build_backward
 from fusecli.grad.profiles import get_profile
-from fusecli.ir import Graph, Node
-from fusecli.liveness import analyze_liveness
+from fusecli.memory.liveness import analyze_liveness
 from tests.conftest import make_model, vi
 
 from .oracles import (

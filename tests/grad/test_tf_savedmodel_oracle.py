@@ -47,8 +47,8 @@ import pytest
 
 from fusecli.grad.backward import build_backward
 from fusecli.grad.profiles import TENSORFLOW, Profile
-from fusecli.liveness import analyze_liveness
 from fusecli.load import load_model
+from fusecli.memory.liveness import analyze_liveness
 from fusecli.pipeline import Options, analyze_graph
 
 tf = pytest.importorskip("tensorflow")

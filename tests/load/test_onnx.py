@@ -7,7 +7,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from fusecli.errors import FuseError
+from fusecli.core.errors import FuseError
 from fusecli.load import load_model
 from tests.conftest import ZOO_MODELS, make_model, vi
 

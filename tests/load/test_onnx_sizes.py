@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from onnx import TensorProto, helper
 
 from fusecli.cli import main
-from fusecli.memory import evaluate_formula, memory_formulas
+from fusecli.memory.formulas import evaluate_formula, memory_formulas
 from fusecli.pipeline import Options, analyze
 from tests import hf_models
 from tests.conftest import make_model, vi

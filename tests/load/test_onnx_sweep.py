@@ -7,7 +7,7 @@ from pathlib import Path
 import onnx
 import pytest
 
-from fusecli.errors import FuseError
+from fusecli.core.errors import FuseError
 from fusecli.pipeline import Options, analyze
 
 DATA = Path(onnx.__file__).parent / "backend" / "test" / "data"

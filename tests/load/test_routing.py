@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from fusecli.load.routing import balanced, find_routers
 from fusecli.pipeline import Options, analyze
-from fusecli.report import to_json
+from fusecli.report.document import to_json
 from tests import hf_models
 from tests.conftest import make_model, vi
 

@@ -17,7 +17,7 @@ import tempfile
 import numpy as np
 import pytest
 
-from fusecli.errors import FuseError
+from fusecli.core.errors import FuseError
 from fusecli.load import load_model
 from fusecli.load.savedmodel import load_savedmodel
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from fusecli.errors import FuseError
+from fusecli.core.errors import FuseError
 from fusecli.pipeline import Options, analyze
 from tests.test_fuzz import time_limit
 

@@ -50,7 +50,7 @@ def _body(r: random.Random) -> tuple[list[dict], str, list]:
 
 
 def _analyze(path, _out):
-    from fusecli.errors import FuseError
+    from fusecli.core.errors import FuseError
     from fusecli.pipeline import Options, analyze
 
     try:

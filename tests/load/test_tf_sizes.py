@@ -21,7 +21,7 @@ from click.testing import CliRunner
 
 from fusecli.cli import main
 from fusecli.load import load_model
-from fusecli.memory import evaluate_formula
+from fusecli.memory.formulas import evaluate_formula
 from fusecli.pipeline import Options, analyze
 
 tf = pytest.importorskip("tensorflow")

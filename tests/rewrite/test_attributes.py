@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from onnx import helper, numpy_helper
 
-from fusecli.errors import FuseError
+from fusecli.core.errors import FuseError
 from fusecli.rewrite import RewriteOptions, rewrite
 from tests.hostile import model, vi
 

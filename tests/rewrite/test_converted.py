@@ -12,7 +12,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from fusecli.errors import FuseError
+from fusecli.core.errors import FuseError
 from fusecli.rewrite.converted import fix_conversion, global_pools_as_means, rename_input_dims, replace_erfc
 from tests.rewrite.helpers import ops
 

@@ -11,7 +11,7 @@ from collections import Counter
 import onnx
 import pytest
 
-from fusecli.errors import FuseError
+from fusecli.core.errors import FuseError
 from fusecli.rewrite import RewriteOptions, rewrite
 
 FUSED_ONNX_DOMAIN = ("SimplifiedLayerNormalization", "LayerNormalization")  # only fusions make them

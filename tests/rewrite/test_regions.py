@@ -9,7 +9,7 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper
 
-from fusecli.errors import FuseError
+from fusecli.core.errors import FuseError
 from fusecli.rewrite import RewriteOptions, rewrite
 from fusecli.rewrite import emit as emit_module
 from fusecli.rewrite import run as run_module

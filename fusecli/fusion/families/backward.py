@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ...trees import Var, op
+from ...core.trees import Var, op
 from ..pattern_kit import (
     Pattern,
 )

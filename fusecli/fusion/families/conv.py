@@ -3,8 +3,8 @@ tf2onnx's per-channel scale, and the BatchNorm + add + activation of ResNet bloc
 
 from __future__ import annotations
 
+from ...core.trees import op
 from ...rewrite import emit_layout
-from ...trees import op
 from ..match import Match
 from ..notes_kit import ORT_CPU_CONV_ACTS, TF_CPU_ACTS, act, float32_out, verdict
 from ..pattern_kit import (

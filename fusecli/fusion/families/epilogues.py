@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from ...core.trees import Var, op
 from ...spellings.common import ADD, SUM
-from ...trees import Var, op
 from ..pattern_kit import (
     Pattern,
     X,

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from ...core.trees import Var, op
 from ...rewrite import emit_acts
 from ...spellings.acts import HARD_SWISH, SILU
-from ...trees import Var, op
 from ..pattern_kit import (
     Pattern,
     is_activation,

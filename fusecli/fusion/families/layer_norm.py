@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from ...core.trees import op
 from ...rewrite import emit_layer_norm
-from ...trees import op
 from ..match import Match
 from ..notes_kit import verdict
 from ..pattern_kit import (

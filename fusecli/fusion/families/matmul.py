@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...core.trees import Var, op
 from ...rewrite import emit_matmul
 from ...rewrite.fold import channel_vector
 from ...rewrite.kit import Context, Emission, make_node, new_initializer, other_input, out_name, param_of
-from ...trees import Var, op
 from ..match import Match
 from ..notes_kit import TF_CPU_ACTS, act, float32_out, verdict
 from ..pattern_kit import (

@@ -1,0 +1,1 @@
+"""``diff``: two exports compared (fusions, verdicts, memory) and the report of what changed."""

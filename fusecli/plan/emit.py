@@ -1,0 +1,75 @@
+"""A plan as a framework applies it: module paths for ``torch.utils.checkpoint`` (a few printed lines,
+or a helper module ``--emit-pytorch`` writes), layer names for Keras' ``tf.recompute_grad``.
+
+Block names are the export's own scopes: a PyTorch export's are module paths relative to the module
+that was exported (``model.layers.3``); a SavedModel's are its Keras layer names.
+"""
+
+from __future__ import annotations
+
+from ..core.output import atomic_write
+
+HELPER = '''"""Activation checkpointing plan written by fusecli plan for {model} ({budget}).
+
+Wraps the planned submodules so that their forward runs under torch.utils.checkpoint (non-reentrant):
+backward re-runs them instead of keeping what they save. Paths are relative to the module that was
+exported; give ``prefix`` when that module sits inside the one you pass (prefix="model.").
+"""
+
+from torch.utils.checkpoint import checkpoint
+
+MODULES = {modules}
+# fusecli's prediction at {dims}: saved activation bytes, and the training step's peak
+PREDICTED_SAVED_BYTES = {saved}
+PREDICTED_PEAK_BYTES = {peak}
+
+
+def apply(model, prefix=""):
+    """Wrap each planned submodule of ``model`` (once); returns the wrapped modules."""
+    wrapped = []
+    for path in MODULES:
+        module = model.get_submodule(prefix + path)
+        if getattr(module, "_fusecli_checkpointed", False):
+            wrapped.append(module)
+            continue
+        forward = module.forward
+
+        def run(*args, _forward=forward, **kwargs):
+            return checkpoint(_forward, *args, use_reentrant=False, **kwargs)
+
+        module.forward = run
+        module._fusecli_checkpointed = True
+        wrapped.append(module)
+    return wrapped
+'''
+
+
+def pytorch_lines(paths: list[str]) -> list[str]:
+    """The few lines a torch.utils.checkpoint user applies the plan with."""
+    return ["from torch.utils.checkpoint import checkpoint",
+            f"for path in {paths!r}:",
+            "    m = model.get_submodule(path)  # paths are relative to the exported module",
+            "    m.forward = (lambda f: lambda *a, **k:",
+            "                 checkpoint(f, *a, use_reentrant=False, **k))(m.forward)"]
+
+
+def keras_lines(names: list[str]) -> list[str]:
+    """tf.recompute_grad around each planned Keras layer's call."""
+    return [f"for name in {names!r}:",
+            "    layer = model.get_layer(name)",
+            "    layer.call = tf.recompute_grad(layer.call)"]
+
+
+def write_pytorch_helper(path: str, plan, model: str) -> str:
+    """Write the helper module; a one-line note of what it wraps."""
+    from ..core.units import format_bytes
+
+    final = plan.planned_peak or plan.peak
+    saved = plan.planned_saved or plan.saved
+    dims = ", ".join(f"{k}={v}" for k, v in plan.dims.items()) or "its fixed sizes"
+    text = HELPER.format(model=model.replace('"', "'"), budget=f"budget {format_bytes(plan.options.budget)}",
+                         modules=repr(plan.checkpoints), dims=dims, saved=saved.bytes, peak=final.bytes)
+    with atomic_write(path) as f:
+        f.write(text.encode())
+    n = len(plan.checkpoints)
+    return f"{n} module{'s' if n != 1 else ''} to checkpoint"

@@ -1,0 +1,323 @@
+"""fusecli plan: a whole training step's memory as formulas, and what to recompute to fit a budget.
+
+The step = liveness's backward peak (weights, gradients as backward makes them, saved and transient
+activations: ``memory.peak_polys`` over the joint schedule) + optimizer state (+ fp32 master weights in
+mixed precision), which live through the whole step. When that exceeds the budget, candidates
+(``plan.candidates``) are taken cheapest FLOPs per freed byte first; one that does not lower the step
+peak is passed over. That sequence does not depend on the budget, and each step in it lowers the peak,
+so the plan for a budget (the shortest prefix that fits) has a peak monotone in the budget.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..core.dims import Poly
+from ..core.errors import FuseError, UsageError
+from ..core.ir import FLOAT_DTYPES, Tensor, dtype_size
+from ..core.units import format_bytes
+from ..memory.formulas import INT64_SAFE, max_text, peak_polys
+from ..memory.liveness import Liveness
+from ..memory.sizes import model_variables, tensor_formula
+from .candidates import (
+    Candidate,
+    Interval,
+    block_candidates,
+    forward_last_use,
+    fusion_candidates,
+    planned_intervals,
+    saved_after,
+)
+
+# name -> (state tensors per parameter, what they are)
+OPTIMIZERS = {"adamw": (2, "AdamW: two moments (m, v)"), "adam": (2, "Adam: two moments (m, v)"),
+              "sgd": (0, "SGD without momentum: none"), "sgd-momentum": (1, "SGD with momentum: one buffer"),
+              "none": (0, "none")}
+DTYPES = ("fp32", "bf16", "mixed")
+MAX_SOLVE = 1 << 40  # the largest dim value the solver tries
+
+
+@dataclass
+class PlanOptions:
+    budget: int  # bytes
+    optimizer: str = "adamw"
+    dtype: str = "fp32"  # fp32 | bf16 | mixed (bf16 weights, gradients and activations; fp32 master + state)
+    solve: str = "batch"  # which dim "largest" solves for: batch | seq
+    recompute: str = "all"  # all (fused kernels and checkpointed blocks) | blocks (checkpointing only)
+
+
+@dataclass
+class Line:
+    """One line of the step's memory: its bytes at the given dims and its formula in the model's dims."""
+
+    name: str
+    bytes: int
+    formula: str
+    note: str = ""
+
+
+@dataclass
+class Step:
+    """One recomputation in the plan's sequence, and the step's memory once it (and those before) apply."""
+
+    candidate: Candidate
+    freed_bytes: int  # how much the saved activations shrink (freed minus kept), at the given dims
+    flops: int | None  # FLOPs this step adds to backward
+    saved_bytes: int  # saved activations after it
+    peak_bytes: int  # step peak after it
+
+
+@dataclass
+class Plan:
+    options: PlanOptions
+    dims: dict[str, int]  # the dims the numbers are at
+    solve_dim: str | None  # the dim 'largest' solves for (None: the model has no such dim)
+    lines: list[Line]  # parameters, gradients, optimizer state, master weights, saved, backward peak
+    floor: int  # weights + gradients + optimizer state (+ master weights): what no recomputation frees
+    peak: Line  # the step peak, nothing recomputed
+    saved: Line  # saved activations, nothing recomputed
+    largest: int | None  # largest solve_dim value that fits with nothing recomputed
+    sequence: list[Step]  # every step the planner would take, cheapest first
+    chosen: int  # how many of them this budget needs
+    planned_peak: Line | None = None  # after the chosen steps (None: nothing chosen)
+    planned_saved: Line | None = None
+    planned_largest: int | None = None
+    framework: str = "ops"  # pytorch | tensorflow | ops: who applies the checkpoints
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        return (self.planned_peak or self.peak).bytes <= self.options.budget
+
+    @property
+    def steps(self) -> list[Step]:
+        return self.sequence[:self.chosen]
+
+    @property
+    def checkpoints(self) -> list[str]:
+        """Module paths (scopes) of the blocks the plan checkpoints."""
+        return [s.candidate.name for s in self.steps if s.candidate.kind == "block"]
+
+    @property
+    def activation_share(self) -> int:
+        """What the budget leaves for saved activations: budget - (step peak - saved activations)."""
+        return self.options.budget - (self.peak.bytes - self.saved.bytes)
+
+
+class StepModel:
+    """The joint schedule's lifetimes as byte polynomials (at the plan's dtype), evaluated on demand."""
+
+    def __init__(self, joint, live: Liveness, sizes, dtype: str, extra: Poly) -> None:
+        self.live, self.sizes, self.dtype, self.extra = live, dict(sizes), dtype, extra
+        self.steps = len(live.schedule)
+        self.resident = Poly()
+        self.formula: dict[str, Poly] = {}
+        self.unknown = 0
+        for t in joint.tensors.values():
+            f = self.bytes_formula(t)
+            if f is None:
+                self.unknown += t.kind in ("parameter", "constant") or t.name in live.lifetimes
+            elif t.kind in ("parameter", "constant"):
+                self.resident = self.resident + f
+            elif t.name in live.lifetimes:
+                self.formula[t.name] = f
+        self.value = {n: f.evaluate(self.sizes) or 0 for n, f in self.formula.items()}
+        # every partial sum is at most twice the sum of all sizes: int64 below that bound, else Python ints
+        self.dtype_ = np.int64 if 2 * sum(self.value.values()) < INT64_SAFE else object
+        self.base = np.zeros(self.steps + 2, dtype=self.dtype_)
+        for n, v in self.value.items():
+            self._add(self.base, live.lifetimes[n], v)
+        self.fwd_last = forward_last_use(live)
+
+    def bytes_formula(self, t: Tensor) -> Poly | None:
+        """A tensor's bytes: float tensors at 2 bytes under bf16 and mixed precision."""
+        dtype = "bfloat16" if self.dtype != "fp32" and t.dtype in FLOAT_DTYPES else t.dtype
+        return tensor_formula(t.shape, dtype)
+
+    @staticmethod
+    def _add(delta, interval: Interval, value) -> None:
+        born, last = interval
+        delta[born + 1] += value
+        delta[last + 2] -= value
+
+    def _changes(self, chosen: list[Candidate]):
+        over, stats = planned_intervals(chosen, self.live, self.fwd_last)
+        return {n: iv for n, iv in over.items() if n in self.formula}, stats
+
+    def peak_bytes(self, chosen: list[Candidate]) -> int:
+        """The step peak at the plan's dims with ``chosen`` applied."""
+        over, stats = self._changes(chosen)
+        delta = self.base.copy()
+        for n, intervals in over.items():
+            self._add(delta, self.live.lifetimes[n], -self.value[n])
+            for iv in intervals:
+                self._add(delta, iv, self.value[n])
+        for iv, f in stats:
+            self._add(delta, iv, f.evaluate(self.sizes) or 0)
+        timeline = np.cumsum(delta)[1:self.steps + 1]
+        top = int(timeline.max()) if self.steps else int(delta[0])
+        return top + (self.resident.evaluate(self.sizes) or 0) + (self.extra.evaluate(self.sizes) or 0)
+
+    def peak_polys(self, chosen: list[Candidate]) -> list[Poly]:
+        """The step peak's formula (``max`` of these) with ``chosen`` applied."""
+        over, stats = self._changes(chosen)
+        changes = []
+        for n, f in self.formula.items():
+            for born, last in over.get(n, [self.live.lifetimes[n]]):
+                changes.append((born, last, f))
+        changes.extend((b, e, f) for (b, e), f in stats)
+        return [p + self.extra for p in peak_polys(self.resident, changes, self.steps)]
+
+    def saved(self, chosen: list[Candidate]) -> Poly:
+        tensors, stats = saved_after(chosen, self.live)
+        total = Poly()
+        for f in [*(self.bytes_formula(t) for t in tensors), *stats]:
+            if f is not None:
+                total = total + f
+        return total
+
+
+def _solve(polys: list[Poly], dims: dict[str, int], names: list[str], budget: int) -> int | None:
+    """The largest value v of the dims ``names`` (set together) with max(polys) <= budget; 0 when even
+    v = 1 does not fit (peaks grow with every input dim: a search over v)."""
+    def peak(v: int) -> int:
+        values = {**dims, **{n: v for n in names}}
+        return max(p.evaluate(values) or 0 for p in polys)
+
+    if not names:
+        return None
+    if peak(1) > budget:
+        return 0
+    lo, hi = 1, 2
+    while hi <= MAX_SOLVE and peak(hi) <= budget:
+        lo, hi = hi, hi * 2
+    if hi > MAX_SOLVE:
+        return MAX_SOLVE
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if peak(mid) <= budget else (lo, mid)
+    return lo
+
+
+def solve_dims(graph, solve: str) -> list[str]:
+    """The dims ``largest`` solves for: the model's batch dims, or its sequence dim ('seq', else its one
+    dim that is not a batch dim); UsageError when it has none."""
+    variables, batch = model_variables(graph)
+    if solve == "batch":
+        return batch
+    if "seq" in variables:
+        return ["seq"]
+    rest = [v for v in variables if v not in batch]
+    if len(rest) != 1:
+        raise UsageError(f"--solve seq: the model has no dim named seq, and {len(rest)} other dims "
+                         f"({', '.join(rest) or 'none'}) to choose from")
+    return rest
+
+
+def _parameter_count(graph, sizes) -> int:
+    return sum((t.nbytes(sizes) or 0) // max(dtype_size(t.dtype), 1)
+               for t in graph.tensors.values() if t.kind == "parameter")
+
+
+def step_lines(n_params: int, options: PlanOptions) -> tuple[list[Line], Poly]:
+    """Parameters, gradients, optimizer state (and master weights): the lines no recomputation frees,
+    and the part of them liveness does not hold (optimizer state, master weights)."""
+    width = 4 if options.dtype == "fp32" else 2  # bytes per weight and per gradient
+    state_width = 2 if options.dtype == "bf16" else 4  # mixed precision keeps fp32 optimizer state
+    moments, what = OPTIMIZERS[options.optimizer]
+    precision = {"fp32": "fp32", "bf16": "bf16", "mixed": "bf16 (mixed precision)"}[options.dtype]
+    weights = width * n_params
+    lines = [Line("parameters", weights, str(weights), f"{n_params:,} x {width} B, {precision}"),
+             Line("gradients", weights, str(weights), f"one per parameter, {precision}")]
+    state = moments * state_width * n_params
+    lines.append(Line("optimizer state", state, str(state),
+                      what + (f", {'fp32' if state_width == 4 else 'bf16'}" if moments else "")))
+    extra = state
+    if options.dtype == "mixed":
+        lines.append(Line("master weights", 4 * n_params, str(4 * n_params),
+                          "fp32 copy the optimizer updates"))
+        extra += 4 * n_params
+    return lines, Poly.const(extra)
+
+
+def make_plan(analysis, options: PlanOptions) -> Plan:
+    """The step's memory, and the recomputation plan for ``options.budget`` (FuseError: below the floor)."""
+    graph, joint, live, sizes = analysis.graph, analysis.joint, analysis.liveness, analysis.sizes
+    if options.dtype not in DTYPES or options.optimizer not in OPTIMIZERS:
+        raise UsageError(f"unknown dtype {options.dtype!r} or optimizer {options.optimizer!r}")
+    lines, extra = step_lines(_parameter_count(graph, sizes), options)
+    floor = sum(line.bytes for line in lines)
+    if options.budget < floor:
+        parts = " + ".join(f"{line.name} {format_bytes(line.bytes)}" for line in lines if line.bytes)
+        raise FuseError(f"budget {format_bytes(options.budget)} is below the parameters' own memory: the "
+                        f"floor is {format_bytes(floor)} ({floor:,} bytes: {parts})")
+    model = StepModel(joint, live, sizes, options.dtype, extra)
+    dims = {n: sizes[n] for n in sizes.variables}
+    names = solve_dims(graph, options.solve)
+    solve_dim = names[0] if names else None
+    saved0 = model.saved([])
+    polys0 = model.peak_polys([])
+    peak0 = model.peak_bytes([])
+    lines.append(Line("saved activations", saved0.evaluate(sizes) or 0, str(saved0),
+                      "what backward keeps from the forward"))
+    backward = [p - extra for p in polys0]
+    lines.append(Line("backward peak", peak0 - (extra.evaluate({}) or 0), max_text(backward),
+                      "liveness: weights, gradients so far, live activations"))
+    notes = [f"{model.unknown} tensors of unknown size are left out"] if model.unknown else []
+    plan = Plan(options, dims, solve_dim, lines, floor,
+                Line("step peak", peak0, max_text(polys0), "backward peak + optimizer state"),
+                Line("saved activations", saved0.evaluate(sizes) or 0, str(saved0)),
+                _solve(polys0, dims, names, options.budget), [], 0,
+                framework=analysis.profile.name if analysis.profile is not None else "ops", notes=notes)
+    plan.sequence = recompute_sequence(analysis, model, options.recompute)
+    if peak0 <= options.budget:
+        return plan
+    plan.chosen = next((i + 1 for i, s in enumerate(plan.sequence) if s.peak_bytes <= options.budget),
+                       len(plan.sequence))
+    chosen = [s.candidate for s in plan.steps]
+    if chosen:
+        polys = model.peak_polys(chosen)
+        saved = model.saved(chosen)
+        plan.planned_peak = Line("step peak", plan.steps[-1].peak_bytes, max_text(polys))
+        plan.planned_saved = Line("saved activations", saved.evaluate(sizes) or 0, str(saved))
+        plan.planned_largest = _solve(polys, dims, names, options.budget)
+    return plan
+
+
+def recompute_sequence(analysis, model: StepModel, which: str = "all") -> list[Step]:
+    """Every recomputation worth taking, in order: cheapest FLOPs per freed byte first (ties: model
+    order), passing over one that does not lower the step peak now, and retrying those after the next
+    one taken. Independent of the budget."""
+    graph, joint, live, sizes = analysis.graph, analysis.joint, analysis.liveness, analysis.sizes
+    cands = block_candidates(graph, joint, live, sizes)
+    if which == "all":
+        cands = fusion_candidates(analysis.matches, joint) + cands
+    saved_now = model.saved([]).evaluate(sizes) or 0
+
+    def net(c: Candidate) -> int:
+        return saved_now - (model.saved([c]).evaluate(sizes) or 0)
+
+    worth = [(c, net(c)) for c in cands]
+    worth = [(c, b) for c, b in worth if b > 0]
+    # costs equal to two significant digits are ties, taken in model order: an earlier block's re-run
+    # comes later in backward, when less is alive
+    worth.sort(key=lambda cb: (float(f"{(cb[0].flops or 0) / cb[1]:.2g}"), cb[0].kind != "fusion",
+                               cb[0].index))
+    chosen: list[Candidate] = []
+    steps: list[Step] = []
+    peak, saved = model.peak_bytes([]), saved_now
+    progress = True
+    while progress:
+        progress = False
+        for c, _ in worth:
+            if any(c is d for d in chosen):
+                continue
+            p = model.peak_bytes([*chosen, c])
+            if p < peak:
+                chosen.append(c)
+                s = model.saved(chosen).evaluate(sizes) or 0
+                steps.append(Step(c, saved - s, c.flops, s, p))
+                peak, saved, progress = p, s, True
+    return steps

@@ -1,0 +1,231 @@
+"""``fusecli plan`` closed on PyTorch: the plan fusecli makes from an ONNX export, applied to the same
+``nn.Module`` with the helper ``--emit-pytorch`` writes, keeps what fusecli says it keeps.
+
+Models: GPT-2, Llama and BERT from small configs (4 layers so that there are blocks to choose, hidden
+64; tests/hf_models.py), transformers' default attention (sdpa), exported by both torch exporters (the
+TorchScript Llama without grouped-query attention, which that exporter cannot convert under sdpa). The
+plan is made at budgets that leave 52% to 90% of the unplanned saved activations (30% cannot fit: the
+plan must say so), with blocks only (``--recompute blocks``: what torch.utils.checkpoint applies).
+The judge is autograd: ``hf_models.saved_storages`` counts distinct non-parameter storages saved for
+backward (saved_tensors_hooks), and the tensors each checkpointed module is called with, which the
+checkpoint holds for its re-run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.util
+
+import pytest
+
+from fusecli.core.errors import FuseError
+from fusecli.memory.formulas import evaluate_formula
+from fusecli.pipeline import Options, analyze
+from fusecli.plan.emit import write_pytorch_helper
+from fusecli.plan.planner import PlanOptions, make_plan
+from tests import hf_models
+
+LAYERS, BATCH, SEQ = 4, 4, 32
+# of the unplanned saved activations, left to them by the budget. With 4 blocks the lowest step peak
+# leaves them 42-51% (the first block's activations are re-made in backward while the gradients are alive):
+# below that the plan must say that it does not fit
+FRACTIONS = (0.52, 0.7, 0.9)
+UNREACHABLE = 0.3
+HUGE = 1 << 50
+# TorchScript cannot convert sdpa with enable_gqa: its Llama has one K/V head per query head
+KV_HEADS = {("llama", "torchscript"): 2}
+
+
+def _cases():
+    for name in ("gpt2", "llama", "bert"):
+        for exporter in ("torchscript", "dynamo"):
+            yield pytest.param(name, exporter, id=f"{name}-{exporter}")
+
+
+def _export(hf_onnx, name: str, exporter: str) -> str:
+    return hf_onnx(name, exporter, attn="default", layers=LAYERS, kv_heads=KV_HEADS.get((name, exporter)))
+
+
+@functools.cache
+def _analysis(path: str, batch: int, seq: int):
+    return analyze(path, Options(batch=batch, dims={"seq": seq}))
+
+
+def _model(name: str, exporter: str):
+    model = hf_models.build(name, attn="default", layers=LAYERS, kv_heads=KV_HEADS.get((name, exporter)))
+    if hasattr(model.inner.config, "use_cache"):
+        # a cache updated again by the re-run would grow twice; the export keeps it, and GPT-2's (K and V
+        # views of c_attn's output) makes its first update's cat copies there, which this run does not:
+        # the plan predicts 1.07x what it measures for GPT-2
+        model.inner.config.use_cache = False
+    return model
+
+
+def _grads(model, args) -> dict:
+    model.zero_grad()
+    out = model(*args)
+    out.float().sum().backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _import(path: str):
+    spec = importlib.util.spec_from_file_location("fusecli_plan_helper", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _budget(base, fraction: float) -> int:
+    """A budget that leaves ``fraction`` of the unplanned saved activations to them."""
+    return base.peak.bytes - int((1 - fraction) * base.saved.bytes)
+
+
+@pytest.mark.parametrize(("name", "exporter"), list(_cases()))
+def test_plan_applied_in_pytorch_keeps_what_it_predicts(hf_onnx, tmp_path, name, exporter):
+    import torch
+
+    a = _analysis(_export(hf_onnx, name, exporter), BATCH, SEQ)
+    assert a.profile.name == "pytorch"
+    base = make_plan(a, PlanOptions(HUGE, "none", recompute="blocks"))
+    args = hf_models.example_inputs(name, BATCH, SEQ)
+    reference = _grads(_model(name, exporter), args)
+    with pytest.raises(FuseError) if _budget(base, UNREACHABLE) < base.floor else contextlib.nullcontext():
+        assert not make_plan(a, PlanOptions(_budget(base, UNREACHABLE), "none", recompute="blocks")).fits
+    for fraction in FRACTIONS:
+        budget = _budget(base, fraction)
+        plan = make_plan(a, PlanOptions(budget, "none", recompute="blocks"))
+        assert plan.fits and plan.checkpoints, (fraction, plan.sequence)
+        helper = tmp_path / f"plan_{fraction}.py"
+        write_pytorch_helper(str(helper), plan, "model.onnx")
+        model = _model(name, exporter)
+        wrapped = _import(str(helper)).apply(model)
+        assert len(wrapped) == len(plan.checkpoints)
+        measured = sum(b for _, _, b in hf_models.saved_storages(model, args, held_by=wrapped))
+        predicted = plan.planned_saved.bytes
+        print(f"planned-vs-measured {name} {exporter} budget={budget} predicted={predicted} "
+              f"measured={measured} ratio={measured / predicted:.3f}")  # shown with -s
+        assert measured / predicted == pytest.approx(1, rel=0.10), (fraction, plan.checkpoints)
+        assert measured <= plan.activation_share, (fraction, measured, plan.activation_share)
+        grads = _grads(model, args)
+        assert grads.keys() == reference.keys()
+        for k, g in reference.items():
+            torch.testing.assert_close(grads[k], g, rtol=1e-5, atol=1e-6, msg=k)
+
+
+@pytest.mark.parametrize(("name", "exporter"), list(_cases()))
+def test_planned_peak_is_monotone_in_the_budget(hf_onnx, name, exporter):
+    a = _analysis(_export(hf_onnx, name, exporter), BATCH, SEQ)
+    base = make_plan(a, PlanOptions(HUGE))
+    peaks = []
+    for i in range(10):  # from no room for activations to all of them
+        budget = _budget(base, i / 9)
+        try:
+            plan = make_plan(a, PlanOptions(budget))
+        except FuseError:  # below the floor
+            continue
+        final = plan.planned_peak or plan.peak
+        assert plan.fits == (final.bytes <= budget)
+        peaks.append(final.bytes)
+    assert len(peaks) >= 5
+    assert peaks == sorted(peaks), peaks  # budgets ascend: a smaller budget never gives a larger peak
+
+
+@pytest.mark.parametrize(("name", "exporter"), list(_cases()))
+def test_largest_batch_fits_by_the_measured_bytes(hf_onnx, tmp_path, name, exporter):
+    a = _analysis(_export(hf_onnx, name, exporter), BATCH, SEQ)
+    base = make_plan(a, PlanOptions(HUGE, "none"))
+
+    def at(formula: str, batch: int) -> int:
+        return evaluate_formula(formula, {"batch": batch, "seq": SEQ})
+
+    # halfway between the peaks at batch 3 and 4: batch 3 fits, 4 does not
+    budget = (at(base.peak.formula, 3) + at(base.peak.formula, 4)) // 2
+    plan = make_plan(a, PlanOptions(budget, "none"))
+    assert plan.largest == 3
+    measured = sum(b for _, _, b in hf_models.saved_storages(_model(name, exporter),
+                                                             hf_models.example_inputs(name, 3, SEQ)))
+    rest = at(plan.peak.formula, 3) - at(plan.saved.formula, 3)  # the peak less its saved activations
+    assert rest + measured <= budget
+    assert at(plan.peak.formula, 4) > budget
+    # with a plan: the largest batch it reports, its checkpoints applied, measured there
+    plan = make_plan(a, PlanOptions(_budget(base, 0.7), "none", recompute="blocks"))
+    largest = plan.planned_largest
+    assert largest >= BATCH
+    helper = tmp_path / "plan.py"
+    write_pytorch_helper(str(helper), plan, "model.onnx")
+    model = _model(name, exporter)
+    wrapped = _import(str(helper)).apply(model)
+    args = hf_models.example_inputs(name, largest, SEQ)
+    measured = sum(b for _, _, b in hf_models.saved_storages(model, args, held_by=wrapped))
+    rest = at(plan.planned_peak.formula, largest) - at(plan.planned_saved.formula, largest)
+    assert rest + measured <= plan.options.budget
+    assert at(plan.planned_peak.formula, largest + 1) > plan.options.budget
+
+
+def test_a_model_that_fits_says_so_and_the_floor_is_an_error(hf_onnx):
+    a = _analysis(_export(hf_onnx, "gpt2", "torchscript"), BATCH, SEQ)
+    plan = make_plan(a, PlanOptions(HUGE))
+    assert plan.fits and plan.chosen == 0 and plan.planned_peak is None
+    bare = make_plan(a, PlanOptions(HUGE, "none"))  # no optimizer state: liveness's own peak and saved
+    assert bare.peak.bytes == a.liveness.peak_bytes and bare.saved.bytes == a.liveness.saved_activation_bytes
+    assert plan.peak.bytes - bare.peak.bytes == 8 * plan.lines[0].bytes // 4  # AdamW: two fp32 moments
+    assert evaluate_formula(plan.peak.formula, plan.dims) == plan.peak.bytes
+    assert plan.largest > BATCH
+    with pytest.raises(FuseError, match="below the parameters' own memory") as e:
+        make_plan(a, PlanOptions(plan.floor - 1))
+    assert f"{plan.floor:,}" in str(e.value)
+    make_plan(a, PlanOptions(plan.floor))  # the floor itself is a budget, if one nothing fits in
+
+
+
+def test_keras_blocks_are_named_as_the_layers_recompute_grad_wraps(tmp_path):
+    """A Keras 3 SavedModel of four residual blocks (each a layer of layers): the plan names them by the
+    names ``model.get_layer`` takes, the first block first."""
+    pytest.importorskip("tensorflow")
+    keras = pytest.importorskip("keras")
+
+    class Block(keras.layers.Layer):
+        def __init__(self, width, **kw):
+            super().__init__(**kw)
+            self.norm = keras.layers.LayerNormalization(name="norm")
+            self.fc1 = keras.layers.Dense(4 * width, activation="gelu", name="fc1")
+            self.fc2 = keras.layers.Dense(width, name="fc2")
+
+        def call(self, x):
+            return x + self.fc2(self.fc1(self.norm(x)))
+
+    inp = keras.Input((16, 32))
+    x = inp
+    for i in range(4):
+        x = Block(32, name=f"block_{i}")(x)
+    model = keras.Model(inp, x)
+    model.export(str(tmp_path / "stack"), verbose=False)
+    a = analyze(str(tmp_path / "stack"), Options(batch=64))
+    assert a.profile.name == "tensorflow"
+    base = make_plan(a, PlanOptions(HUGE, "none"))
+    plan = make_plan(a, PlanOptions(_budget(base, 0.6), "none"))
+    assert plan.fits and plan.checkpoints and plan.checkpoints[0] == "block_0"
+    for name in plan.checkpoints:
+        assert isinstance(model.get_layer(name), Block)
+    from fusecli.plan.text import apply_lines
+
+    assert "tf.recompute_grad" in "\n".join(apply_lines(plan))
+
+
+def test_recomputable_fusions_come_first_priced_by_their_verdict(hf_onnx):
+    """Llama's SwiGLU is training-safe if recomputed (the fused backward re-runs SiLU): cheaper per byte
+    than a block, so the sequence takes it first, freeing what its verdict says."""
+    a = _analysis(_export(hf_onnx, "llama", "dynamo"), BATCH, SEQ)
+    plan = make_plan(a, PlanOptions(HUGE, "none"))
+    kinds = [s.candidate.kind for s in plan.sequence]
+    assert "fusion" in kinds and "block" in kinds
+    assert kinds == sorted(kinds, key=lambda k: k != "fusion")  # every fusion before every block
+    verdicts = {f"{m.pattern.name} at {m.root.name}": m.verdict.recompute for m in a.matches
+                if m.verdict.recompute is not None}
+    for s in plan.sequence:
+        if s.candidate.kind == "fusion":
+            rc = verdicts[s.candidate.name]
+            assert s.freed_bytes == rc.bytes_freed - rc.bytes_kept and s.flops == rc.flops
+    per_byte = [s.flops / s.freed_bytes for s in plan.sequence]
+    assert max(per_byte[:kinds.count("fusion")]) < min(per_byte[kinds.count("fusion"):])
