@@ -504,9 +504,10 @@ def _parse_budget(ctx, param, value: str) -> int:
               "with fp32 master weights and optimizer state.")
 @click.option("--solve", type=click.Choice(["batch", "seq"]), default="batch", show_default=True,
               help="Which dim the largest-that-fits answer solves for.")
-@click.option("--recompute", type=click.Choice(["all", "blocks"]), default="all", show_default=True,
+@click.option("--recompute", type=click.Choice(["all", "blocks"]), default=None,
               help="What the plan may recompute: fused kernels and checkpointed blocks, or blocks only "
-                   "(what a framework's activation checkpointing applies).")
+                   "(what a framework's activation checkpointing applies). Default: all; blocks with "
+                   "--emit-pytorch, whose helper applies checkpoints only.")
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON document on stdout.")
 @click.option("--plot", "plot_path", default=None, metavar="FILE",
               help="Draw the step peak against the FLOPs recomputation adds (.png, .svg or .pdf).")
@@ -528,6 +529,10 @@ def plan_command(model: str, budget: int, batch: int | None, dims: tuple[str, ..
         _check_plot(plot_path, model)
     if emit_path:
         check_output(emit_path, [model], ("py",), "--emit-pytorch")
+        if recompute == "all":
+            raise UsageError("--emit-pytorch writes torch.utils.checkpoint calls, which recompute blocks "
+                             "only: use --recompute blocks (the default with --emit-pytorch)")
+    recompute = recompute or ("blocks" if emit_path else "all")
     options = Options(batch=batch, dims=_parse_dims(dims), signature=signature)
     with progress.stages() as stage:
         result = run_analysis(model, options)

@@ -11,6 +11,7 @@ from .fusion import find_fusions, select_patterns
 from .fusion.match import Match
 from .grad.backward import build_backward
 from .grad.profiles import OPS, Profile, choose_profile
+from .grad.storage import storages, transients
 from .load import load_model, resolve_sizes
 from .load.constant_weights import no_parameter_warning
 from .load.routing import ROUTER_OPS, routers_of
@@ -152,7 +153,8 @@ def analyze_graph(path: str, graph: Graph, options: Options) -> Analysis:
     progress.stage("backward")
     joint = build_backward(graph, wrt_inputs=options.wrt_inputs, profile=profile)
     progress.stage("liveness")
-    liveness = analyze_liveness(joint, sizes, keeps_for_shape=profile.keeps_for_shape)
+    liveness = analyze_liveness(joint, sizes, keeps_for_shape=profile.keeps_for_shape,
+                                storage=storages(joint, profile), transients=transients(joint, profile))
     progress.stage("fusion")
     matches = find_fusions(graph, joint, liveness, sizes, options.patterns)
     misses = []

@@ -12,7 +12,7 @@ from functools import cache
 from operator import attrgetter
 
 from ..core.ir import FLOAT_DTYPES, Graph, Node, Tensor
-from .composites import Region, custom_gradient_regions, find_regions
+from .composites import SHAPE_READERS, Region, custom_gradient_regions, find_regions
 from .kept_outputs import KEPT_OUTPUTS, make_kept_outputs
 from .layout import Layouts
 from .profiles import OPS, Profile
@@ -131,6 +131,44 @@ def regions_of(graph: Graph, profile: Profile, rg: set[str] = frozenset()) -> li
     return regions
 
 
+def kernel_interiors(graph: Graph, regions: list[Region]) -> list[str]:
+    """The tensors eager PyTorch never allocates for its composites' kernels: those the export spells
+    between a region's inputs and its root, read by nothing outside it but for their shapes (sdpa's
+    scores and P under the flash kernel; the math kernel runs op by op and allocates them), and what
+    only feeds an input the eager call never gets (the causal mask passed as is_causal, K and V repeated
+    for enable_gqa), back to the tensors something else reads."""
+    out = []
+    unread: dict[int, set[int]] = {}  # tensor -> the nodes that read it as an input the kernel drops
+    for r in regions:
+        inside = {id(n) for n in r.nodes}
+        for t in r.unread:
+            unread.setdefault(id(t), set()).update(id(c) for c in t.consumers if id(c) in inside)
+        if r.kernel is not None and r.kernel.get("kernel") == "math":
+            continue
+        for n in r.nodes[:-1]:
+            out += [t.name for t in n.outputs if t is not None and t.consumers and
+                    all(id(c) in inside or c.kind in SHAPE_READERS for c in t.consumers)]
+    if unread:
+        out += _never_made(graph, unread)
+    return out
+
+
+def _never_made(graph: Graph, unread: dict[int, set[int]]) -> list[str]:
+    """The forward tensors whose every reader is a kernel that drops them or a node none of whose outputs
+    is made, in one pass in reverse order (a node's readers come after it)."""
+    outputs = {id(t) for t in graph.outputs}
+    dead: set[int] = set()  # nodes none of whose outputs is made
+    out = []
+    for n in reversed(graph.forward_nodes()):
+        made = [t for t in n.outputs if t is not None]
+        if not made or any(id(t) in outputs or not t.consumers for t in made):
+            continue
+        if all(id(c) in dead or id(c) in unread.get(id(t), ()) for t in made for c in t.consumers):
+            dead.add(id(n))
+            out += [t.name for t in made]
+    return out
+
+
 def build_backward(forward: Graph, wrt_inputs: bool = False, profile: Profile = OPS) -> Graph:
     """The joint graph: a copy of ``forward`` followed by the backward ops of ``loss = sum(outputs)``,
     built as ``profile``'s framework builds it (grad.profiles): its rule overrides; its composite
@@ -150,6 +188,7 @@ def build_backward(forward: Graph, wrt_inputs: bool = False, profile: Profile = 
     regions = regions_of(joint, profile, rg)
     joint.meta["composites"] = {r.root.name: r.name for r in regions}
     joint.meta["attention_kernels"] = {r.root.name: r.kernel for r in regions if r.kernel is not None}
+    joint.meta["kernel_interiors"] = kernel_interiors(joint, regions) if profile.composites else []
     region_of = {id(r.root): r for r in regions}
     interior = {id(n) for r in regions for n in r.nodes[:-1]}
     b = _Builder(joint, Layouts(profile.dims) if profile.views else None)

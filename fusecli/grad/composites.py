@@ -61,6 +61,7 @@ class Region:
     passthrough: list[Tensor] = field(default_factory=list)  # custom gradient: IdentityN's copies of inputs
     new: list[tuple[str, str, tuple | None]] = field(default_factory=list)  # saved tensors the export lacks
     kernel: dict | None = None  # sdpa: the kernel PyTorch runs and why
+    unread: list[Tensor] = field(default_factory=list)  # inputs the eager call never gets (sdpa.KernelChoice)
 
     @property
     def root(self) -> Node:
@@ -217,25 +218,25 @@ def _found(composite: Composite, node: Node, rg: set[str], memo: dict, device: s
     if composite.match is not None:
         got = composite.match(node)
         if got is not None:
-            yield got[0], got[1], composite.op, [], None
+            yield got[0], got[1], composite.op, [], None, []
         return
     if composite.find is not None:
         got = composite.find(node, rg, memo, device, dims)
         if got is not None:
             form, choice = got
             op = sdpa.BACKWARD_OPS[choice.kernel]
-            yield form.nodes, choice.reads, op, choice.new, choice.to_json()
+            yield form.nodes, choice.reads, op, choice.new, choice.to_json(), choice.dropped
         return
     for form in composite.forms:
         found = match_at(form, node)
         if found is not None:
             nodes, roles, bound = found
-            yield nodes, composite.reads(roles, bound, node), composite.op, [], None
+            yield nodes, composite.reads(roles, bound, node), composite.op, [], None, []
 
 
 def _region(composite: Composite, node: Node, rg: set[str], memo: dict, device: str,
             dims: Mapping[str, int]) -> Region | None:
-    for nodes, reads, backward_op, new, kernel in _found(composite, node, rg, memo, device, dims):
+    for nodes, reads, backward_op, new, kernel, unread in _found(composite, node, rg, memo, device, dims):
         inside = {id(n) for n in nodes}
         if any(c is None or (id(c) not in inside and c.kind not in SHAPE_READERS) for n in nodes[:-1]
                for t in n.outputs if t is not None for c in t.consumers):
@@ -248,7 +249,7 @@ def _region(composite: Composite, node: Node, rg: set[str], memo: dict, device: 
                     seen.add(id(t))
                     inputs.append(t)
         return Region(composite.name, backward_op, nodes, inputs, [t for t in reads if t is not None],
-                      new=new, kernel=kernel)
+                      new=new, kernel=kernel, unread=unread)
     return None
 
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -49,6 +49,9 @@ class KernelChoice:
     reason: str
     reads: list[Tensor]
     new: list[tuple[str, str, tuple | None]]  # tensors the kernel makes that the export has no name for
+    # tensors the export feeds it that the eager call never receives, so never makes: a mask passed as
+    # is_causal, K and V repeated for grouped-query heads that enter unrepeated (enable_gqa)
+    dropped: list[Tensor] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return {"kernel": self.kernel, "reason": self.reason}
@@ -220,7 +223,8 @@ def choose(form: AttentionForm, rg: set[str], memo: dict[int, bool], device: str
             new.append((f"{pv.name}.{m.name}.float", form.q.dtype, m.shape))
     if data_masks:
         reason += " and the mask"
-    return KernelChoice(kernel, "; ".join([reason, *notes]), reads, new)
+    dropped = [*(masks if masks and not data_masks else ()), *((form.k, form.v) if grouped else ())]
+    return KernelChoice(kernel, "; ".join([reason, *notes]), reads, new, dropped)
 
 
 def sdpa_region(node: Node, rg: set[str], memo: dict[int, bool], device: str = "cpu",

@@ -86,7 +86,10 @@ def peak_formula(live: Liveness, joint: Graph) -> str:
     # live.spans[k] is tensor k's lifetime where live.tensors[k] is joint's k-th tensor (always, unless
     # joint changed after its liveness): no lookup by name, no live.lifetimes dict
     known, spans, n = live.tensors, live.spans, len(live.tensors)
+    storage = live.storage
     for k, t in enumerate(joint.tensors.values()):
+        if storage and t in storage:  # a view or never allocated: its base's bytes, or none
+            continue
         if t.kind in ("parameter", "constant"):
             resident.append(t)
             continue
@@ -106,6 +109,13 @@ def peak_formula(live: Liveness, joint: Graph) -> str:
             borns.append(span[0])
             lasts.append(span[1])
             which.append(k)
+    for t, step in live.transients:  # a backward formula's second buffer, for one step
+        f = tensor_formula(t.shape, t.dtype)
+        if f is not None:
+            borns.append(step)
+            lasts.append(step)
+            which.append(len(polys))
+            polys.append(f)
     total, unknown = grouped_total(resident)
     return max_text(_peak_rows(total, polys, borns, lasts, which, len(live.schedule))) + \
         _unknown_note(missing + unknown)

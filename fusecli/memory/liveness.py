@@ -4,6 +4,10 @@ Schedule = forward topological order, then the backward ops in the order they we
 tensor that a backward op reads is *saved*: it stays alive across the forward/backward boundary.
 Parameters and constants are alive throughout; graph outputs at least until the loss (the boundary);
 parameter gradients until the end (the optimizer reads them).
+
+Bytes are counted per storage where the caller says which tensors share one (``storage``: a view's base,
+or None for a tensor the framework never allocates, grad.storage): a base is alive from its producer to
+the last read of any of its views, and a tensor without a storage of its own adds nothing.
 """
 
 from __future__ import annotations
@@ -37,8 +41,15 @@ class Liveness:
     saved_by_name: dict[str, Saved] = field(default_factory=dict)
     unknown: set[str] = field(default_factory=set)  # tensors of unknown size, left out of every total
     live_at_peak: list[Tensor] = field(default_factory=list)  # what the peak is made of
+    views: int = 0  # tensors counted in their base's storage (``storage``)
+    never_allocated: int = 0  # tensors the framework never allocates (``storage``)
+    # tensor -> the tensor whose storage holds it (None: never allocated); others are their own storage
+    storage: Mapping[Tensor, Tensor | None] = field(default_factory=dict, repr=False, compare=False)
+    # (tensor, step): a second buffer of the tensor's size, alive at that step only (a backward formula's)
+    transients: list[tuple[Tensor, int]] = field(default_factory=list, repr=False, compare=False)
     tensors: list[Tensor] = field(default_factory=list, repr=False, compare=False)  # the joint's, in order
     # each one's first and last step (born -1 before the first step); None: a parameter or constant
+    # (a view's or a never-allocated tensor's is None too: its bytes are its base's, or none)
     spans: list[tuple[int, int] | None] = field(default_factory=list, repr=False, compare=False)
     _reader_ops: dict[str, dict[str | None, set[str]]] = field(default_factory=dict, repr=False,
                                                                compare=False)
@@ -88,13 +99,17 @@ class Liveness:
 
 
 def analyze_liveness(joint: Graph, sizes: Mapping[str, int] | None = None,
-                     keeps_for_shape: Callable[[Tensor, Node], bool] | None = None) -> Liveness:
+                     keeps_for_shape: Callable[[Tensor, Node], bool] | None = None,
+                     storage: Mapping[Tensor, Tensor | None] | None = None,
+                     transients: list[tuple[Tensor, int]] = ()) -> Liveness:
     """Lifetimes and the saved set of ``joint`` at the dims' values ``sizes``, in one pass over its edges.
     A tensor of unknown size is left out of every total (and listed in ``unknown``).
 
     ``keeps_for_shape(t, reader)``: whether the backward op ``reader``'s read of t's shape keeps the
     whole tensor alive (as TensorFlow does where a dim is unknown in its graph); by default a shape
-    read costs nothing.
+    read costs nothing. ``storage``: tensor -> the tensor whose storage holds it (None: never allocated);
+    a tensor not in it is its own storage. ``transients``: (tensor, step), one more buffer of the
+    tensor's size alive at that step only.
     """
     schedule = joint.nodes
     boundary = next((i for i, n in enumerate(schedule) if n.phase == "backward"), len(schedule))
@@ -107,7 +122,9 @@ def analyze_liveness(joint: Graph, sizes: Mapping[str, int] | None = None,
         keep = min(boundary, end) if t.meta.get("grad_of") is None else end
         if last.get(t, -2) < keep:
             last[t] = keep
-    spans = _Spans(joint, schedule, last, sizes)
+    spans = _Spans(joint, schedule, last, sizes, storage or {})
+    for t, step in transients:
+        spans.add_transient(t, step)
     size = spans.size
     saved = [Saved(t, nodes, "value", size(t)) for t, nodes in readers.items()]
     saved += [Saved(t, nodes, "shape", size(t)) for t, nodes in shape_readers.items()
@@ -120,7 +137,9 @@ def analyze_liveness(joint: Graph, sizes: Mapping[str, int] | None = None,
     peak = timeline[peak_step] if timeline else spans.resident + spans.delta[0]
     return Liveness(schedule, boundary, saved, timeline, peak, peak_step, spans.resident,
                     {s.tensor.name: s for s in saved}, spans.unknown, spans.alive_at(peak_step),
-                    spans.tensors, spans.spans)
+                    sum(b is not None for b in storage.values()) if storage else 0,
+                    sum(b is None for b in storage.values()) if storage else 0,
+                    storage or {}, list(transients), spans.tensors, spans.spans)
 
 
 def _saved_name(s: Saved) -> str:
@@ -177,7 +196,7 @@ class _Spans:
     change of live bytes per step."""
 
     def __init__(self, joint: Graph, schedule: list[Node], last: dict[Tensor, int],
-                 sizes: Mapping[str, int] | None) -> None:
+                 sizes: Mapping[str, int] | None, storage: Mapping[Tensor, Tensor | None]) -> None:
         step = {id(n): i for i, n in enumerate(schedule)}
         self.steps = len(schedule)
         self.sizes = sizes
@@ -189,7 +208,11 @@ class _Spans:
         delta = self.delta = [0] * (len(schedule) + 2)
         size_of, spans, unknown = self.size_of, self.spans, self.unknown
         resident = 0
+        shared = _shared_ends(storage, step, last) if storage else {}
         for t in self.tensors:
+            if storage and t in storage:  # a view, or never allocated: its base's bytes, or none
+                spans.append(None)
+                continue
             n = size_of.get((t.shape, t.dtype), size_of)  # self.size, inline: once per tensor
             if n is size_of:  # the dict itself: this (shape, dtype) is not sized yet
                 n = self.size(t)
@@ -202,6 +225,8 @@ class _Spans:
             producer = t.producer
             born = -1 if producer is None else step[id(producer)]
             end = last.get(t, born)
+            if end < shared.get(t, -2):
+                end = shared[t]
             if end < born:
                 end = born
             spans.append((born, end))
@@ -209,6 +234,13 @@ class _Spans:
                 delta[born + 1] += n
                 delta[end + 2] -= n
         self.resident = resident
+
+    def add_transient(self, t: Tensor, step: int) -> None:
+        """One more buffer of ``t``'s size, alive at ``step`` only (unknown size: left out, as t is)."""
+        n = self.size(t)
+        if n:
+            self.delta[step + 1] += n
+            self.delta[step + 2] -= n
 
     def size(self, t: Tensor) -> int | None:
         """``t.nbytes(sizes)``, once per distinct (shape, dtype)."""
@@ -224,9 +256,22 @@ class _Spans:
         return list(accumulate(self.delta[1:self.steps + 1], initial=self.resident + self.delta[0]))[1:]
 
     def alive_at(self, step: int) -> list[Tensor]:
-        """The tensors alive at ``step``, parameters and constants included, in the graph's order."""
+        """The storages alive at ``step``, parameters and constants included, in the graph's order."""
         return [t for t, span in zip(self.tensors, self.spans, strict=True)
-                if span is None or span[0] <= step <= span[1]]
+                if (t.kind in _RESIDENT if span is None else span[0] <= step <= span[1])]
+
+
+def _shared_ends(storage: Mapping[Tensor, Tensor | None], step: dict[int, int],
+                 last: dict[Tensor, int]) -> dict[Tensor, int]:
+    """Each base's last step over its views: a storage is freed when its last view is."""
+    out: dict[Tensor, int] = {}
+    for t, base in storage.items():
+        if base is None:
+            continue
+        end = last.get(t, -1 if t.producer is None else step.get(id(t.producer), -1))
+        if end > out.get(base, -2):
+            out[base] = end
+    return out
 
 
 _RESIDENT = ("parameter", "constant")

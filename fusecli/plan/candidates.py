@@ -139,7 +139,13 @@ def block_candidates(graph: Graph, joint: Graph, live: Liveness,
                     continue
                 seen.add(t.name)
                 if t.producer is None or id(t.producer) not in inside:
-                    kept.append(t)
+                    # what the checkpoint holds is a storage: a view's base once (it may be saved by the
+                    # block before, under the base's name), nothing for a tensor eager never makes
+                    base = live.storage.get(t, t)
+                    if base is None or base.kind != "activation" or (base is not t and base.name in seen):
+                        continue
+                    seen.add(base.name)
+                    kept.append(base)
         flops: int | None = 0
         for n in nodes:
             f = node_flops(n, sizes) if n.outputs and n.outputs[0] is not None else 0
@@ -175,12 +181,17 @@ def fusion_candidates(matches, joint: Graph) -> list[Candidate]:
 
 
 def forward_last_use(live: Liveness) -> dict[str, int]:
-    """Tensor name -> the last forward step that reads it (what a freed tensor lives until)."""
+    """Tensor name -> the last forward step that reads it or a view of it (what a freed storage lives
+    until)."""
     out: dict[str, int] = {}
+    storage = live.storage
     for i, n in enumerate(live.schedule[:live.boundary]):
         for t in n.inputs:
             if t is not None:
                 out[t.name] = i
+                base = storage.get(t) if storage else None
+                if base is not None:
+                    out[base.name] = i
     return out
 
 

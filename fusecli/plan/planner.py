@@ -115,7 +115,10 @@ class StepModel:
         self.resident = Poly()
         self.formula: dict[str, Poly] = {}
         self.unknown = 0
+        storage = live.storage
         for t in joint.tensors.values():
+            if t in storage:  # a view or a tensor never allocated: its base's bytes, or none (liveness)
+                continue
             f = self.bytes_formula(t)
             if f is None:
                 self.unknown += t.kind in ("parameter", "constant") or t.name in live.lifetimes
@@ -129,6 +132,10 @@ class StepModel:
         self.base = np.zeros(self.steps + 2, dtype=self.dtype_)
         for n, v in self.value.items():
             self._add(self.base, live.lifetimes[n], v)
+        self.transients = [(step, f) for t, step in live.transients
+                           if (f := self.bytes_formula(t)) is not None]
+        for step, f in self.transients:
+            self._add(self.base, (step, step), f.evaluate(self.sizes) or 0)
         self.fwd_last = forward_last_use(live)
 
     def bytes_formula(self, t: Tensor) -> Poly | None:
@@ -168,6 +175,7 @@ class StepModel:
             for born, last in over.get(n, [self.live.lifetimes[n]]):
                 changes.append((born, last, f))
         changes.extend((b, e, f) for (b, e), f in stats)
+        changes.extend((step, step, f) for step, f in self.transients)
         return [p + self.extra for p in peak_polys(self.resident, changes, self.steps)]
 
     def saved(self, chosen: list[Candidate]) -> Poly:

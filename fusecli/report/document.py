@@ -38,6 +38,7 @@ def _document(a: Analysis) -> dict:
         "memory": {"saved_bytes": live.saved_bytes,
                    "saved_activation_bytes": live.saved_activation_bytes,
                    "peak_bytes": live.peak_bytes,
+                   "peak": peak_entry(a),
                    "formula": memory_formulas(live, a.joint),
                    "incomplete": live.incomplete(),
                    "unknown_tensors": sum(a.unknown_sizes.values()),
@@ -47,6 +48,41 @@ def _document(a: Analysis) -> dict:
         "unsupported": [{"op": op, "count": c}
                         for op, c in sorted(a.unsupported().items(), key=lambda kv: (-kv[1], kv[0]))],
     }
+
+
+def peak_entry(a: Analysis) -> dict:
+    """Where the peak is and what makes it: its step, the op run there, how storages were counted, and the
+    storages alive then (parameters and constants apart), largest first."""
+    live = a.liveness
+    node = live.peak_node
+    alive = []
+    for t in live.live_at_peak:
+        if t.kind in ("parameter", "constant"):
+            continue
+        n = t.nbytes(a.sizes)
+        p = t.producer
+        alive.append({"name": t.name, "kind": t.kind, "bytes": n, "phase": "input" if p is None else p.phase,
+                      "op": t.kind if p is None else p.op_type})
+    for t, step in live.transients:  # a backward formula's second buffer, alive at its step only
+        if step == live.peak_step:
+            alive.append({"name": t.name, "kind": "transient", "bytes": t.nbytes(a.sizes),
+                          "phase": "backward", "op": t.producer.op_type if t.producer else "transient"})
+    alive.sort(key=lambda e: (-(e["bytes"] or 0), e["name"]))
+    return {"step": live.peak_step, "steps": len(live.schedule),
+            "phase": None if node is None else node.phase, "node": None if node is None else node.name,
+            "op": None if node is None else node.op_type, "resident_bytes": live.resident_bytes,
+            "counted": peak_counting(a), "views": live.views, "never_allocated": live.never_allocated,
+            "alive": alive}
+
+
+def peak_counting(a: Analysis) -> str:
+    """How the peak counts bytes: storages as the framework allocates them, or every tensor it names."""
+    if a.liveness.views or a.liveness.never_allocated:
+        return ("storages as eager PyTorch allocates them: a view shares its base's storage, a composite "
+                "run as one kernel (sdpa under its chosen kernel, linear, GELU, LayerNorm, softmax) "
+                "allocates no interior tensor, and an input the eager call drops (a causal mask passed as "
+                "is_causal, K and V repeated for enable_gqa) is never made")
+    return "every tensor the graph names, from its producer to its last reader"
 
 
 def routing_entry(a: Analysis) -> dict | None:

@@ -325,6 +325,27 @@ def saved_lines(a: Analysis, namer: Namer, width: int, everything: bool, top: in
     return ["", title] + table(cols, rows, width)
 
 
+def peak_lines(a: Analysis, namer: Namer, width: int, top: int) -> list[str]:
+    """What the peak is made of: the storages alive at its step (parameters and constants apart), largest
+    first, and the op that runs there."""
+    live = a.liveness
+    node = live.peak_node
+    if node is None:
+        return []
+    alive = [t for t in live.live_at_peak if t.kind not in ("parameter", "constant")]
+    sizes = {t.name: t.nbytes(a.sizes) for t in alive}
+    alive.sort(key=lambda t: (-(sizes[t.name] or 0), t.name))
+    shown = alive[:top]
+    title = wrap(f"alive at the peak (step {live.peak_step}, {node.phase}: {node.op_type} "
+                 f"{namer(node.name)}; {format_bytes(live.resident_bytes)} of parameters and constants)"
+                 + ("" if len(shown) == len(alive) else f", largest {len(shown)} of {len(alive)}"), width, "")
+    rows = [[format_bytes(sizes[t.name]), t.kind, namer(t.name),
+             "input" if t.producer is None else t.producer.op_type] for t in shown]
+    cols = [Column("bytes", right=True), Column("kind"), Column("tensor", flex=3, names=True),
+            Column("made by", flex=2)]
+    return ["", *title] + table(cols, rows, width)
+
+
 def _scope(name: str) -> str:
     """A node's scope ('…/conv2_block1_1_conv_1' of '…/conv2_block1_1_conv_1/convolution'), or its name."""
     scope = name.rsplit("/", 1)[0]
@@ -475,6 +496,7 @@ def report_lines(a: Analysis, options: TextOptions | None = None) -> list[str]:
     if o.quiet:
         return lines
     lines += saved_lines(a, namer, width, o.verbose or o.all_saved, o.top)
+    lines += peak_lines(a, namer, width, o.top) if o.verbose else []
     lines += matches_lines(a, namer, width, o.verbose, style)
     lines += not_fused_lines(a, namer, width) if a.matches else []
     return lines + near_miss_lines(a, namer, width) + unsupported_lines(a, width)

@@ -28,9 +28,16 @@ def test_json_contract_on_conv_bias_relu(sample):
     assert doc["batch"] == 4 and doc["dims"] == {"N": 4} and doc["resolved_dims"] == {}
     assert doc["routing"] is None  # no --routing: no assumption made
     assert doc["forward"] == {"nodes": 3, "tensors": 6, "constant_weights": 0}
-    assert set(doc["memory"]) == {"saved_bytes", "saved_activation_bytes", "peak_bytes", "formula",
+    assert set(doc["memory"]) == {"saved_bytes", "saved_activation_bytes", "peak_bytes", "peak", "formula",
                                   "incomplete", "unknown_tensors", "saved_bytes_if_recomputed"}
     assert doc["memory"]["incomplete"] == [] and doc["memory"]["unknown_tensors"] == 0
+    peak = doc["memory"]["peak"]
+    assert set(peak) == {"step", "steps", "phase", "node", "op", "resident_bytes", "counted", "views",
+                         "never_allocated", "alive"}
+    # no framework profile: every tensor counts; what is alive at the peak adds up to it
+    assert peak["views"] == peak["never_allocated"] == 0 and peak["counted"].startswith("every tensor")
+    assert peak["resident_bytes"] + sum(e["bytes"] for e in peak["alive"]) == doc["memory"]["peak_bytes"]
+    assert [e["bytes"] for e in peak["alive"]] == sorted((e["bytes"] for e in peak["alive"]), reverse=True)
     y = next(s for s in doc["saved"] if s["name"] == "y")
     assert y["bytes"] == 4 * 8 * 16 * 16 * 4 and y["bytes_formula"] == "8192*N"
     assert doc["unsupported"] == [] and doc["near_misses"] == []

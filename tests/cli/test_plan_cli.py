@@ -117,6 +117,7 @@ def test_a_plan_frees_blocks_until_it_fits(model, unplanned, tmp_path):
     code, doc = plan_json(model, budget, "--emit-pytorch", str(helper_path), "--plot", str(plot))
     assert code == 0 and doc["fits"] and not doc["fits_unplanned"]
     assert doc["plan"] and all(s["kind"] == "block" for s in doc["plan"])
+    assert doc["recompute"] == "blocks"  # the helper applies checkpoints only: the plan is made of them
     assert doc["checkpoint_modules"] == [s["name"] for s in doc["plan"]]
     assert doc["checkpoint_modules"][0] == "layers.0"  # ties go in model order: its re-run comes last
     planned = doc["planned"]
@@ -132,6 +133,17 @@ def test_a_plan_frees_blocks_until_it_fits(model, unplanned, tmp_path):
     assert repr(doc["checkpoint_modules"]) in text and "use_reentrant=False" in text
     r = run(model, "--budget", str(budget), "--batch", "8", "--dim", "seq=32")
     assert "checkpoint(f, *a, use_reentrant=False, **k)" in r.stdout and "layers.0" in r.stdout
+
+
+def test_emit_pytorch_refuses_fused_recomputes_it_cannot_apply(model, unplanned, tmp_path):
+    """--emit-pytorch writes checkpoints: with --recompute all its PREDICTED_SAVED_BYTES and fits would
+    count fused-kernel recomputes it never applies, so that pair is refused in one line, nothing written."""
+    helper = tmp_path / "ckpt.py"
+    r = run(model, "--budget", str(unplanned["step_peak"]["bytes"] // 2), "--batch", "8", "--dim", "seq=32",
+            "--recompute", "all", "--emit-pytorch", str(helper))
+    assert r.exit_code == 2 and "--recompute blocks" in r.output and len(r.output.strip().splitlines()) == 1
+    assert not helper.exists()
+    assert unplanned["recompute"] == "all"  # without --emit-pytorch the default plans fused kernels too
 
 
 def test_largest_batch_is_the_last_that_fits(model, unplanned):

@@ -1,0 +1,118 @@
+"""Which storage each tensor of the joint graph lives in, as the framework allocates it: the peak counts
+storages, not the export's tensors.
+
+An export spells out what PyTorch runs as one kernel, and names every view it takes. Eager PyTorch:
+- a view (reshape that does not copy, transpose, squeeze, expand, split, a same-dtype cast) shares its
+  base's storage, which stays allocated while any of its views is read (``Profile.storage_of``);
+- a composite it runs as one aten op (GELU, LayerNorm, softmax, SiLU; sdpa under the flash or
+  memory-efficient kernel, whose probabilities never exist) allocates its outputs only, never the
+  tensors the export spells between its inputs and its root;
+- ``linear`` with a bias (MatMul + bias Add in the export) is one addmm, or a matmul whose output the
+  bias is added to in place: the MatMul's own output is never a second storage;
+- in backward, the gradient of a view is a view of the incoming gradient (reshape's, transpose's), and
+  autograd accumulates a tensor's partial gradients into the first one's buffer (InputBuffer, in place);
+- some backward formulas hold more buffers of their output's size while they run (``transients``).
+
+``storages(joint, profile)`` maps each tensor with no storage of its own to the tensor whose storage holds
+it (a view's base), or to None (never allocated); a tensor not in the map is its own storage.
+"""
+
+from __future__ import annotations
+
+from ..core.ir import Graph, Tensor
+from .layout import Layouts
+
+# backward ops whose output is a view of their first input (the incoming gradient): d/dx reshape(x) is
+# dy.reshape(x.shape), d/dx x^T is dy^T; a sum of partials accumulates into the first partial's buffer
+_BACKWARD_VIEWS = frozenset({"ReshapeGrad", "ReshapeToInput", "Transpose"})
+_ACCUMULATE = "AddN"
+_BIAS_KINDS = frozenset({"add", "bias_add"})
+# backward op -> the buffers of its output's size its eager formula holds beyond the output while it runs
+# (CPU), each from the formula's own order of evaluation
+TRANSIENT_COPIES = {
+    "PowGradBase": 1,  # pow_backward: grad * (e * x.pow(e - 1)): x.pow(e - 1) and e * it, then the product
+    "ConvBackpropFilter": 1,  # oneDNN's weight gradient, which AccumulateGrad copies into the parameter's
+    # BLOOM's GeLUFunction: 0.5*x, 1 - tanh^2, 0.107*x, *x and tanh itself are alive at once before ff * g
+    "GeLUFunctionBackward": 4,
+}
+_RESIDENT = frozenset({"parameter", "constant"})
+
+
+def storages(joint: Graph, profile) -> dict[Tensor, Tensor | None]:
+    """Tensor -> the tensor whose storage holds it (None: never allocated), for the tensors that have no
+    storage of their own under ``profile``'s framework; empty for a framework without these habits."""
+    if not profile.views:
+        return {}
+    layouts = Layouts(profile.dims)
+    saved = _read_by_backward(joint)
+    outputs = set(joint.outputs)
+    out: dict[Tensor, Tensor | None] = {}
+    for name in joint.meta.get("kernel_interiors", ()):
+        t = joint.tensors.get(name)
+        if t is not None and t not in saved and t not in outputs:
+            out[t] = None
+    for node in joint.nodes:
+        if node.phase == "forward":
+            for t in node.outputs:
+                if t is None or t in out:
+                    continue
+                if t.kind in _RESIDENT:  # a weight's view (an expert's w[e], its transpose): no bytes
+                    x = node.inputs[0] if node.inputs else None
+                    if x is not None and x.kind in _RESIDENT and _weight_view(node, profile.views):
+                        out[t] = out.get(x) or x
+                    continue
+                if t in saved:  # a view backward reads is a copy it keeps
+                    continue
+                base = profile.storage_of(t, layouts)
+                if base is not t:
+                    out[t] = base
+            if node.kind == "matmul" and node.outputs and node.outputs[0] is not None:
+                y = node.outputs[0]
+                if y not in saved and y not in outputs and _bias_added(y):
+                    out[y] = None
+        elif node.op_type in _BACKWARD_VIEWS or node.op_type == _ACCUMULATE:
+            x = node.inputs[0] if node.inputs else None
+            y = node.outputs[0] if len(node.outputs) == 1 else None
+            if x is not None and y is not None and x.dtype == y.dtype and x.kind == "activation":
+                base = out.get(x, x)
+                out[y] = x if base is None else base
+    return out
+
+
+def transients(joint: Graph, profile) -> list[tuple[Tensor, int]]:
+    """(tensor, step): one more buffer of the tensor's size alive at that step of the joint schedule only
+    (``TRANSIENT_COPIES``, listed once per buffer), for a framework with these habits."""
+    if not profile.views:
+        return []
+    return [(n.outputs[0], i) for i, n in enumerate(joint.nodes) if n.op_type in TRANSIENT_COPIES
+            and n.phase == "backward" and n.outputs and n.outputs[0] is not None
+            for _ in range(TRANSIENT_COPIES[n.op_type])]
+
+
+def _weight_view(node, views: frozenset[str]) -> bool:
+    """``node`` views its first input: a view kind, a slice, or a gather of one index (``w[e]``: select)."""
+    if node.kind in views or node.kind == "slice":
+        return True
+    index = node.inputs[1] if node.kind == "gather" and len(node.inputs) == 2 else None
+    return index is not None and index.shape == ()
+
+
+def _bias_added(y: Tensor) -> bool:
+    """``y`` is read once, by an Add of a parameter vector (linear's bias): addmm writes y + b at once."""
+    if len(y.consumers) != 1:
+        return False
+    add = y.consumers[0]
+    if add.kind not in _BIAS_KINDS or len(add.inputs) != 2:
+        return False
+    other = add.inputs[1] if add.inputs[0] is y else add.inputs[0]
+    return other is not None and other.kind in _RESIDENT and other.shape is not None and len(other.shape) == 1
+
+
+def _read_by_backward(joint: Graph) -> set[Tensor]:
+    """The forward tensors a backward op reads: the framework keeps them, whatever the export calls them."""
+    out: set[Tensor] = set()
+    for node in joint.nodes:
+        if node.phase == "backward":
+            out.update(t for t in node.inputs if t is not None and t.producer is not None
+                       and t.producer.phase == "forward")
+    return out
