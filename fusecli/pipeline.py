@@ -11,7 +11,7 @@ from .fusion import find_fusions, select_patterns
 from .fusion.match import Match
 from .grad.backward import build_backward
 from .grad.profiles import OPS, Profile, choose_profile
-from .grad.storage import storages, transients
+from .grad.storage import held_to_boundary, storages, transients
 from .load import load_model, resolve_sizes
 from .load.constant_weights import no_parameter_warning
 from .load.routing import ROUTER_OPS, routers_of
@@ -154,7 +154,8 @@ def analyze_graph(path: str, graph: Graph, options: Options) -> Analysis:
     joint = build_backward(graph, wrt_inputs=options.wrt_inputs, profile=profile)
     progress.stage("liveness")
     liveness = analyze_liveness(joint, sizes, keeps_for_shape=profile.keeps_for_shape,
-                                storage=storages(joint, profile), transients=transients(joint, profile))
+                                storage=storages(joint, profile), transients=transients(joint, profile),
+                                held=held_to_boundary(joint, profile))
     progress.stage("fusion")
     matches = find_fusions(graph, joint, liveness, sizes, options.patterns)
     misses = []

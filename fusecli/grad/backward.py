@@ -134,7 +134,8 @@ def regions_of(graph: Graph, profile: Profile, rg: set[str] = frozenset()) -> li
 def kernel_interiors(graph: Graph, regions: list[Region]) -> list[str]:
     """The tensors eager PyTorch never allocates for its composites' kernels: those the export spells
     between a region's inputs and its root, read by nothing outside it but for their shapes (sdpa's
-    scores and P under the flash kernel; the math kernel runs op by op and allocates them), and what
+    scores and P under the flash kernel; the math kernel, rms_norm and BLOOM's GELU run op by op and
+    allocate them), and what
     only feeds an input the eager call never gets (the causal mask passed as is_causal, K and V repeated
     for enable_gqa), back to the tensors something else reads."""
     out = []
@@ -143,7 +144,7 @@ def kernel_interiors(graph: Graph, regions: list[Region]) -> list[str]:
         inside = {id(n) for n in r.nodes}
         for t in r.unread:
             unread.setdefault(id(t), set()).update(id(c) for c in t.consumers if id(c) in inside)
-        if r.kernel is not None and r.kernel.get("kernel") == "math":
+        if not r.fused or (r.kernel is not None and r.kernel.get("kernel") == "math"):
             continue
         for n in r.nodes[:-1]:
             out += [t.name for t in n.outputs if t is not None and t.consumers and
@@ -189,6 +190,8 @@ def build_backward(forward: Graph, wrt_inputs: bool = False, profile: Profile = 
     joint.meta["composites"] = {r.root.name: r.name for r in regions}
     joint.meta["attention_kernels"] = {r.root.name: r.kernel for r in regions if r.kernel is not None}
     joint.meta["kernel_interiors"] = kernel_interiors(joint, regions) if profile.composites else []
+    # a bool mask's float form the export shares between sdpa calls: eager converts it in each call
+    joint.meta["converted_masks"] = {f.name: b.name for r in regions for f, b in r.converted}
     region_of = {id(r.root): r for r in regions}
     interior = {id(n) for r in regions for n in r.nodes[:-1]}
     b = _Builder(joint, Layouts(profile.dims) if profile.views else None)

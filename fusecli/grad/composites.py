@@ -47,6 +47,7 @@ class Composite:
     find: Callable | None = None  # (root, requires-grad names, memo, device, dims) -> (form, kernel) | None
     roots: frozenset[str] = frozenset()  # root kinds of a ``find`` or ``match`` composite
     match: Callable | None = None  # root -> (nodes, root last; the tensors its formula saves) | None
+    fused: bool = True  # eager runs its forward as one kernel: no tensor inside it is ever allocated
 
 
 @dataclass
@@ -62,6 +63,8 @@ class Region:
     new: list[tuple[str, str, tuple | None]] = field(default_factory=list)  # saved tensors the export lacks
     kernel: dict | None = None  # sdpa: the kernel PyTorch runs and why
     unread: list[Tensor] = field(default_factory=list)  # inputs the eager call never gets (sdpa.KernelChoice)
+    fused: bool = False  # its forward is one kernel in eager (Composite.fused): its interior never exists
+    converted: list[tuple[Tensor, Tensor]] = field(default_factory=list)  # sdpa.KernelChoice.converted
 
     @property
     def root(self) -> Node:
@@ -190,13 +193,13 @@ PYTORCH_COMPOSITES: tuple[Composite, ...] = (
     Composite("gelu_tanh", GELU_TANH_TORCH, "GeluBackward0", _x,
               "gelu_backward(grad, self, 'tanh'): saves x"),
     Composite("gelu_bloom", GELU_BLOOM, "GeLUFunctionBackward", _x,
-              "BLOOM's GeLUFunction.backward(ctx, g) reads the x it saved"),
+              "BLOOM's GeLUFunction.backward(ctx, g) reads the x it saved", fused=False),  # Python, op by op
     Composite("silu", SILU, "SiluBackward0", _x, "silu_backward(grad, self): saves x"),
     Composite("hardswish", HARDSWISH, "HardswishBackward0", _x, "hardswish_backward(grad, self): saves x"),
     Composite("layer_norm", LAYER_NORM_TORCH, "NativeLayerNormBackward0", _layer_norm_reads,
               "native_layer_norm_backward: saves x, weight, bias, mean, rstd"),
     Composite("rms_norm", RMS_NORM, "RmsNormBackward", _rms_norm_reads,
-              "rms_norm on CPU runs as pow, mean, rsqrt, mul: saves x, rstd and x * rstd"),
+              "rms_norm on CPU runs as pow, mean, rsqrt, mul: saves x, rstd and x * rstd", fused=False),
     Composite("softmax", SOFTMAX, "SoftmaxBackward0", _y, "_softmax_backward_data(grad, result): saves y"),
     Composite("log_softmax", LOG_SOFTMAX, "LogSoftmaxBackward0", _y,
               "_log_softmax_backward_data(grad, result): saves y"),
@@ -218,25 +221,26 @@ def _found(composite: Composite, node: Node, rg: set[str], memo: dict, device: s
     if composite.match is not None:
         got = composite.match(node)
         if got is not None:
-            yield got[0], got[1], composite.op, [], None, []
+            yield got[0], got[1], composite.op, [], None, [], []
         return
     if composite.find is not None:
         got = composite.find(node, rg, memo, device, dims)
         if got is not None:
             form, choice = got
             op = sdpa.BACKWARD_OPS[choice.kernel]
-            yield form.nodes, choice.reads, op, choice.new, choice.to_json(), choice.dropped
+            yield form.nodes, choice.reads, op, choice.new, choice.to_json(), choice.dropped, choice.converted
         return
     for form in composite.forms:
         found = match_at(form, node)
         if found is not None:
             nodes, roles, bound = found
-            yield nodes, composite.reads(roles, bound, node), composite.op, [], None, []
+            yield nodes, composite.reads(roles, bound, node), composite.op, [], None, [], []
 
 
 def _region(composite: Composite, node: Node, rg: set[str], memo: dict, device: str,
             dims: Mapping[str, int]) -> Region | None:
-    for nodes, reads, backward_op, new, kernel, unread in _found(composite, node, rg, memo, device, dims):
+    for nodes, reads, backward_op, new, kernel, unread, converted in _found(composite, node, rg, memo, device,
+                                                                           dims):
         inside = {id(n) for n in nodes}
         if any(c is None or (id(c) not in inside and c.kind not in SHAPE_READERS) for n in nodes[:-1]
                for t in n.outputs if t is not None for c in t.consumers):
@@ -249,7 +253,7 @@ def _region(composite: Composite, node: Node, rg: set[str], memo: dict, device: 
                     seen.add(id(t))
                     inputs.append(t)
         return Region(composite.name, backward_op, nodes, inputs, [t for t in reads if t is not None],
-                      new=new, kernel=kernel, unread=unread)
+                      new=new, kernel=kernel, unread=unread, fused=composite.fused, converted=converted)
     return None
 
 

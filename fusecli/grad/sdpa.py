@@ -52,6 +52,9 @@ class KernelChoice:
     # tensors the export feeds it that the eager call never receives, so never makes: a mask passed as
     # is_causal, K and V repeated for grouped-query heads that enter unrepeated (enable_gqa)
     dropped: list[Tensor] = field(default_factory=list)
+    # (the export's float form of a bool mask, the bool): eager hands the kernel the bool, which converts
+    # it inside each call (``new``), so the float form the export shares between calls is never made
+    converted: list[tuple[Tensor, Tensor]] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return {"kernel": self.kernel, "reason": self.reason}
@@ -224,7 +227,8 @@ def choose(form: AttentionForm, rg: set[str], memo: dict[int, bool], device: str
     if data_masks:
         reason += " and the mask"
     dropped = [*(masks if masks and not data_masks else ()), *((form.k, form.v) if grouped else ())]
-    return KernelChoice(kernel, "; ".join([reason, *notes]), reads, new, dropped)
+    converted = [(m, m.producer.inputs[0]) for m in data_masks if converted_bool(m)]
+    return KernelChoice(kernel, "; ".join([reason, *notes]), reads, new, dropped, converted)
 
 
 def sdpa_region(node: Node, rg: set[str], memo: dict[int, bool], device: str = "cpu",

@@ -11,7 +11,9 @@ An export spells out what PyTorch runs as one kernel, and names every view it ta
   bias is added to in place: the MatMul's own output is never a second storage;
 - in backward, the gradient of a view is a view of the incoming gradient (reshape's, transpose's), and
   autograd accumulates a tensor's partial gradients into the first one's buffer (InputBuffer, in place);
-- some backward formulas hold more buffers of their output's size while they run (``transients``).
+- some backward formulas hold more buffers of their output's size while they run (``transients``);
+- a value the model's forward hands to every block (the attention mask, the position embeddings) is a
+  local of the loop over its blocks: it lives until forward returns (``held_to_boundary``).
 
 ``storages(joint, profile)`` maps each tensor with no storage of its own to the tensor whose storage holds
 it (a view's base), or to None (never allocated); a tensor not in the map is its own storage.
@@ -19,7 +21,8 @@ it (a view's base), or to None (never allocated); a tensor not in the map is its
 
 from __future__ import annotations
 
-from ..core.ir import Graph, Tensor
+from ..core.ir import Graph, Node, Tensor
+from ..core.scopes import node_scope
 from .layout import Layouts
 
 # backward ops whose output is a view of their first input (the incoming gradient): d/dx reshape(x) is
@@ -30,11 +33,19 @@ _BIAS_KINDS = frozenset({"add", "bias_add"})
 # backward op -> the buffers of its output's size its eager formula holds beyond the output while it runs
 # (CPU), each from the formula's own order of evaluation
 TRANSIENT_COPIES = {
-    "PowGradBase": 1,  # pow_backward: grad * (e * x.pow(e - 1)): x.pow(e - 1) and e * it, then the product
+    # pow_backward: grad * (e * x.pow(e - 1)): x.pow(e - 1) and e * it live to the end of the expression
+    "PowGradBase": 2,
     "ConvBackpropFilter": 1,  # oneDNN's weight gradient, which AccumulateGrad copies into the parameter's
     # BLOOM's GeLUFunction: 0.5*x, 1 - tanh^2, 0.107*x, *x and tanh itself are alive at once before ff * g
     "GeLUFunctionBackward": 4,
+    # rms_norm's backward op by op (CompositeImplicitAutograd on CPU): at pow's, the gradient through
+    # x * rstd, mean's expanded gradient, x.pow(1) and 2 * it are alive beside the output
+    "RmsNormBackward": 4,
 }
+# the loss's gradient: sum's backward is a stride-0 expand of one value, a view of nothing; a matmul's
+# backward that reads it copies it to a dense buffer for that one step
+_LOSS_GRAD = "OnesLike"
+_COPIES_STRIDE_0 = frozenset({"MatMulGradA", "MatMulGradB"})
 _RESIDENT = frozenset({"parameter", "constant"})
 
 
@@ -51,6 +62,12 @@ def storages(joint: Graph, profile) -> dict[Tensor, Tensor | None]:
         t = joint.tensors.get(name)
         if t is not None and t not in saved and t not in outputs:
             out[t] = None
+    out.update({n.outputs[0]: None for n in joint.nodes if n.op_type == _LOSS_GRAD and n.phase == "backward"
+                and len(n.outputs) == 1 and n.outputs[0] is not None})
+    for name, bool_name in joint.meta.get("converted_masks", {}).items():
+        t = joint.tensors.get(name)
+        if t is not None and t not in saved and t not in outputs:  # the bool mask is what eager holds
+            out[t] = joint.tensors[bool_name]
     for node in joint.nodes:
         if node.phase == "forward":
             for t in node.outputs:
@@ -84,9 +101,39 @@ def transients(joint: Graph, profile) -> list[tuple[Tensor, int]]:
     (``TRANSIENT_COPIES``, listed once per buffer), for a framework with these habits."""
     if not profile.views:
         return []
-    return [(n.outputs[0], i) for i, n in enumerate(joint.nodes) if n.op_type in TRANSIENT_COPIES
-            and n.phase == "backward" and n.outputs and n.outputs[0] is not None
-            for _ in range(TRANSIENT_COPIES[n.op_type])]
+    out = [(n.outputs[0], i) for i, n in enumerate(joint.nodes) if n.op_type in TRANSIENT_COPIES
+           and n.phase == "backward" and n.outputs and n.outputs[0] is not None
+           for _ in range(TRANSIENT_COPIES[n.op_type])]
+    for i, n in enumerate(joint.nodes):
+        if n.op_type in _COPIES_STRIDE_0:
+            out += [(t, i) for t in n.inputs[:1] if t is not None and t.producer is not None
+                    and t.producer.op_type == _LOSS_GRAD]
+    return out
+
+
+def held_to_boundary(joint: Graph, profile) -> list[Tensor]:
+    """The forward activations read inside two or more list-indexed blocks (``layer.0``, ``layer.1``): a
+    value the exported module's forward passes to each block it loops over, so a Python local that holds
+    it until forward returns; for a framework with these habits."""
+    if not profile.views:
+        return []
+    out = []
+    for t in joint.tensors.values():
+        if t.kind != "activation" or t.producer is None or t.producer.phase != "forward":
+            continue
+        blocks = {b for c in t.consumers if c.phase == "forward" and (b := _block(c)) is not None}
+        if len(blocks) > 1:
+            out.append(t)
+    return out
+
+
+def _block(node: Node) -> tuple[str, ...] | None:
+    """The node's scope up to its first list-indexed segment (``encoder.layer.3``), or None outside one."""
+    scope = node_scope(node)
+    for i, seg in enumerate(scope):
+        if "." in seg and seg.rsplit(".", 1)[1].isdigit():
+            return scope[:i + 1]
+    return None
 
 
 def _weight_view(node, views: frozenset[str]) -> bool:

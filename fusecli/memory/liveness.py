@@ -101,7 +101,7 @@ class Liveness:
 def analyze_liveness(joint: Graph, sizes: Mapping[str, int] | None = None,
                      keeps_for_shape: Callable[[Tensor, Node], bool] | None = None,
                      storage: Mapping[Tensor, Tensor | None] | None = None,
-                     transients: list[tuple[Tensor, int]] = ()) -> Liveness:
+                     transients: list[tuple[Tensor, int]] = (), held: list[Tensor] = ()) -> Liveness:
     """Lifetimes and the saved set of ``joint`` at the dims' values ``sizes``, in one pass over its edges.
     A tensor of unknown size is left out of every total (and listed in ``unknown``).
 
@@ -109,7 +109,8 @@ def analyze_liveness(joint: Graph, sizes: Mapping[str, int] | None = None,
     whole tensor alive (as TensorFlow does where a dim is unknown in its graph); by default a shape
     read costs nothing. ``storage``: tensor -> the tensor whose storage holds it (None: never allocated);
     a tensor not in it is its own storage. ``transients``: (tensor, step), one more buffer of the
-    tensor's size alive at that step only.
+    tensor's size alive at that step only. ``held``: forward tensors alive until the end of forward
+    whatever reads them (a value the model's forward holds in a local).
     """
     schedule = joint.nodes
     boundary = next((i for i, n in enumerate(schedule) if n.phase == "backward"), len(schedule))
@@ -117,6 +118,9 @@ def analyze_liveness(joint: Graph, sizes: Mapping[str, int] | None = None,
     # the last step reading each tensor: later steps overwrite earlier ones (keys: tensors, by identity);
     # _backward_reads goes on from the boundary, in its pass over the backward steps' reads
     last = {t: i for i, n in enumerate(schedule[:boundary]) for t in n.inputs}
+    for t in held:
+        if last.get(t, -2) < boundary - 1:
+            last[t] = boundary - 1
     readers, shape_readers = _backward_reads(schedule, boundary, last, keeps_for_shape)
     for t in joint.outputs:  # graph outputs live until the loss, parameter gradients until the end
         keep = min(boundary, end) if t.meta.get("grad_of") is None else end
