@@ -155,7 +155,7 @@ def analyze_graph(path: str, graph: Graph, options: Options) -> Analysis:
     progress.stage("liveness")
     liveness = analyze_liveness(joint, sizes, keeps_for_shape=profile.keeps_for_shape,
                                 storage=storages(joint, profile), transients=transients(joint, profile),
-                                held=held_to_boundary(joint, profile))
+                                held=held_to_boundary(joint, profile), outputs_held=profile.outputs_held)
     progress.stage("fusion")
     matches = find_fusions(graph, joint, liveness, sizes, options.patterns)
     misses = []

@@ -58,7 +58,8 @@ def hf_onnx(tmp_path_factory):
     """``hf_onnx(name, exporter="torchscript", dynamic=True, batch=2, seq=16, attn="eager")``: the path of a
     small `transformers` model's ONNX export (tests/hf_models.py), made once per test session; ``attn``
     "default" is the attention `transformers` picks when the user says nothing (sdpa); ``layers`` the
-    text models' layer count (default 2), ``kv_heads`` Llama's K/V heads (hf_models.build)."""
+    text models' layer count (default 2), ``kv_heads`` Llama's K/V heads, ``cache`` its use_cache
+    (hf_models.build)."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from tests import hf_models
@@ -67,17 +68,19 @@ def hf_onnx(tmp_path_factory):
     made: dict[tuple, str] = {}
 
     def get(name: str, exporter: str = "torchscript", dynamic: bool = True, batch: int = 2,
-            seq: int = 16, attn: str = "eager", layers: int = 2, kv_heads: int | None = None) -> str:
+            seq: int = 16, attn: str = "eager", layers: int = 2, kv_heads: int | None = None,
+            cache: bool = True) -> str:
         key = (name, exporter, dynamic) + (() if dynamic else (batch, seq))
         key += () if attn == "eager" else (attn,)
         key += () if layers == 2 else (f"{layers}layers",)
         key += () if kv_heads is None else (f"{kv_heads}kv",)
+        key += () if cache else ("nocache",)
         if key not in made:
             if exporter == "dynamo":
                 pytest.importorskip("onnxscript")
             path = folder / ("_".join(map(str, key)) + ".onnx")
             made[key] = hf_models.export(name, str(path), exporter, dynamic, batch, seq, attn=attn,
-                                         layers=layers, kv_heads=kv_heads)
+                                         layers=layers, kv_heads=kv_heads, cache=cache)
         return made[key]
 
     return get

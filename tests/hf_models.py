@@ -164,13 +164,15 @@ def perturb_vectors(model) -> None:
                 p.copy_(0.1 * torch.randn_like(p))
 
 
-def build(name: str, seed: int = 0, attn: str = "eager", layers: int = 2, kv_heads: int | None = None):
+def build(name: str, seed: int = 0, attn: str = "eager", layers: int = 2, kv_heads: int | None = None,
+          cache: bool = True):
     """The model in eval() mode with non-trivial random weights, wrapped so that forward() takes the spec's
     inputs positionally and returns plain tensors. ``attn``: "eager" (matmul/softmax attention) or
     "default" (what `transformers` picks when the user says nothing: sdpa where the model supports it);
     ``layers``: the text models' layer count (2 unless a test needs more blocks to choose from);
     ``kv_heads``: Llama-like models' K/V heads (default 1: grouped-query attention; 2: one per query head,
-    which TorchScript can export under sdpa)."""
+    which TorchScript can export under sdpa); ``cache=False``: ``use_cache`` off, as activation
+    checkpointing wants it (a cache updated again by a block's re-run would grow twice)."""
     import torch
     import transformers as tr
 
@@ -180,6 +182,8 @@ def build(name: str, seed: int = 0, attn: str = "eager", layers: int = 2, kv_hea
         config.num_hidden_layers = layers  # GPT-2's n_layer through its attribute_map
     if kv_heads is not None:
         config.num_key_value_heads = kv_heads
+    if not cache and hasattr(config, "use_cache"):
+        config.use_cache = False
     kw = {"attn_implementation": "eager"} if attn == "eager" else {}
     if name in MOE:
         kw["experts_implementation"] = "eager"
@@ -231,12 +235,12 @@ def attention_of(name: str, attn: str = "default") -> str:
 
 def export(name: str, path: str, exporter: str = "torchscript", dynamic: bool = True,
            batch: int = 2, seq: int = 16, opset: int = 17, attn: str = "eager", layers: int = 2,
-           kv_heads: int | None = None) -> str:
+           kv_heads: int | None = None, cache: bool = True) -> str:
     """Write the ONNX export of `name` to `path` and return it. Dynamic dims are named `batch` and
     `seq` (text models) as users name them in `dynamic_axes`."""
     import torch
 
-    model, s = build(name, attn=attn, layers=layers, kv_heads=kv_heads), spec(name)
+    model, s = build(name, attn=attn, layers=layers, kv_heads=kv_heads, cache=cache), spec(name)
     args = example_inputs(name, batch, seq)
     axes = {0: "batch", 1: "seq"} if s.seq_axis else {0: "batch"}
     with warnings.catch_warnings():

@@ -44,6 +44,8 @@ class Profile:
     frozen: Callable[[Graph], set[str]] | None = None  # parameters the framework does not differentiate
     device: str = "cpu"  # where the framework runs: its fused attention kernels differ (grad/sdpa.py)
     dims: Mapping[str, int] = field(default_factory=dict)  # the analysis sizes (a sliding-window mask's fate)
+    # the model's outputs stay alive through backward: ``out = model(x); loss_fn(out).backward()`` holds out
+    outputs_held: bool = False
 
     def rule_for(self, kind: str) -> dict[int | str, Grad] | None:
         """The rule of a kind under this profile, or None when there is none (unsupported)."""
@@ -101,7 +103,8 @@ def _pytorch() -> Profile:
         # reshape/view/permute/squeeze/expand/split return views; .to(its own dtype) returns the tensor itself
         views=frozenset({"reshape", "flatten", "squeeze", "unsqueeze", "transpose", "identity", "cast",
                          "expand", "split"}),
-        frozen=frozen_parameters)  # dynamo: buffers and values folded from them are no parameters
+        frozen=frozen_parameters,  # dynamo: buffers and values folded from them are no parameters
+        outputs_held=True)
 
 
 PROFILES: dict[str, Callable[[], Profile]] = {

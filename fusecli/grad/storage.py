@@ -38,9 +38,9 @@ TRANSIENT_COPIES = {
     "ConvBackpropFilter": 1,  # oneDNN's weight gradient, which AccumulateGrad copies into the parameter's
     # BLOOM's GeLUFunction: 0.5*x, 1 - tanh^2, 0.107*x, *x and tanh itself are alive at once before ff * g
     "GeLUFunctionBackward": 4,
-    # rms_norm's backward op by op (CompositeImplicitAutograd on CPU): at pow's, the gradient through
-    # x * rstd, mean's expanded gradient, x.pow(1) and 2 * it are alive beside the output
-    "RmsNormBackward": 4,
+    # rms_norm's backward op by op (CompositeImplicitAutograd on CPU): at pow's, mean's expanded gradient,
+    # x.pow(1) and 2 * it are alive beside the output (the gradient through x * rstd, which it joins)
+    "RmsNormBackward": 3,
 }
 # the loss's gradient: sum's backward is a stride-0 expand of one value, a view of nothing; a matmul's
 # backward that reads it copies it to a dense buffer for that one step

@@ -2,8 +2,9 @@
 
 Schedule = forward topological order, then the backward ops in the order they were made. A forward
 tensor that a backward op reads is *saved*: it stays alive across the forward/backward boundary.
-Parameters and constants are alive throughout; graph outputs at least until the loss (the boundary);
-parameter gradients until the end (the optimizer reads them).
+Parameters and constants are alive throughout; graph outputs at least until the loss (the boundary), to
+the end where the caller holds them (``outputs_held``); parameter gradients until the end (the optimizer
+reads them).
 
 Bytes are counted per storage where the caller says which tensors share one (``storage``: a view's base,
 or None for a tensor the framework never allocates, grad.storage): a base is alive from its producer to
@@ -101,7 +102,8 @@ class Liveness:
 def analyze_liveness(joint: Graph, sizes: Mapping[str, int] | None = None,
                      keeps_for_shape: Callable[[Tensor, Node], bool] | None = None,
                      storage: Mapping[Tensor, Tensor | None] | None = None,
-                     transients: list[tuple[Tensor, int]] = (), held: list[Tensor] = ()) -> Liveness:
+                     transients: list[tuple[Tensor, int]] = (), held: list[Tensor] = (),
+                     outputs_held: bool = False) -> Liveness:
     """Lifetimes and the saved set of ``joint`` at the dims' values ``sizes``, in one pass over its edges.
     A tensor of unknown size is left out of every total (and listed in ``unknown``).
 
@@ -110,7 +112,8 @@ def analyze_liveness(joint: Graph, sizes: Mapping[str, int] | None = None,
     read costs nothing. ``storage``: tensor -> the tensor whose storage holds it (None: never allocated);
     a tensor not in it is its own storage. ``transients``: (tensor, step), one more buffer of the
     tensor's size alive at that step only. ``held``: forward tensors alive until the end of forward
-    whatever reads them (a value the model's forward holds in a local).
+    whatever reads them (a value the model's forward holds in a local). ``outputs_held``: the graph's
+    outputs live to the end of backward (the caller's variable holds them), not only to the loss.
     """
     schedule = joint.nodes
     boundary = next((i for i, n in enumerate(schedule) if n.phase == "backward"), len(schedule))
@@ -123,7 +126,7 @@ def analyze_liveness(joint: Graph, sizes: Mapping[str, int] | None = None,
             last[t] = boundary - 1
     readers, shape_readers = _backward_reads(schedule, boundary, last, keeps_for_shape)
     for t in joint.outputs:  # graph outputs live until the loss, parameter gradients until the end
-        keep = min(boundary, end) if t.meta.get("grad_of") is None else end
+        keep = min(boundary, end) if t.meta.get("grad_of") is None and not outputs_held else end
         if last.get(t, -2) < keep:
             last[t] = keep
     spans = _Spans(joint, schedule, last, sizes, storage or {})

@@ -49,6 +49,9 @@ class Candidate:
     recipe: str = ""
     scope: tuple[str, ...] = ()  # blocks: the scope's segments
     layer: str = ""  # blocks: the framework's layer name (Keras: for get_layer)
+    # blocks: what the re-run makes again that the step already holds (the block's outputs: checkpoint
+    # discards the copies), alive during the re-run only
+    remade: list[Tensor] = field(default_factory=list)
 
 
 def block_scopes(graph: Graph) -> dict[tuple[str, ...], list[Node]]:
@@ -141,11 +144,15 @@ def block_candidates(graph: Graph, joint: Graph, live: Liveness,
                 if t.producer is None or id(t.producer) not in inside:
                     # what the checkpoint holds is a storage: a view's base once (it may be saved by the
                     # block before, under the base's name), nothing for a tensor eager never makes
-                    base = live.storage.get(t, t)
-                    if base is None or base.kind != "activation" or (base is not t and base.name in seen):
+                    mine = joint.tensors.get(t.name, t)  # the joint graph's copy: liveness's keys
+                    base = live.storage.get(mine, mine)
+                    if base is None or base.kind != "activation" or (base is not mine and base.name in seen):
                         continue
                     seen.add(base.name)
                     kept.append(base)
+        remade = [joint.tensors[t.name] for n in nodes for t in n.outputs
+                  if t is not None and t.kind == "activation" and t.name in joint.tensors
+                  and any(id(c) not in inside for c in t.consumers)]
         flops: int | None = 0
         for n in nodes:
             f = node_flops(n, sizes) if n.outputs and n.outputs[0] is not None else 0
@@ -154,7 +161,7 @@ def block_candidates(graph: Graph, joint: Graph, live: Liveness,
         path = ".".join(scope) if LIST_INDEX.search(scope[-1]) else layer  # Keras: the layer's name
         out.append(Candidate("block", path, index, freed, kept, [], flops, min(starts),
                              "activation checkpointing: re-run the block's forward when its backward begins",
-                             scope, layer))
+                             scope, layer, remade))
     return out
 
 
@@ -217,6 +224,9 @@ def planned_intervals(chosen: list[Candidate], live: Liveness, fwd_last: Mapping
             kept_until[t.name] = max(kept_until.get(t.name, -1), until if until is not None else end)
         born = min((live.lifetimes[t.name][0] for t in c.freed), default=live.boundary - 1)
         stats.extend(((born, end), f) for _, f in c.stats)
+        if c.kind == "block" and c.recompute_at is not None:
+            stats.extend(((c.recompute_at, c.recompute_at), f) for t in c.remade
+                         if (f := tensor_formula(t.shape, t.dtype)) is not None)
     for name, until in kept_until.items():
         if name not in live.lifetimes:
             continue

@@ -81,7 +81,9 @@ def peak_counting(a: Analysis) -> str:
         return ("storages as eager PyTorch allocates them: a view shares its base's storage, a composite "
                 "run as one kernel (sdpa under its chosen kernel, linear, GELU, LayerNorm, softmax) "
                 "allocates no interior tensor, and an input the eager call drops (a causal mask passed as "
-                "is_causal, K and V repeated for enable_gqa) is never made")
+                "is_causal, K and V repeated for enable_gqa) is never made"
+                + ("; the model's outputs are held until backward ends, as out = model(x); "
+                   "loss_fn(out).backward() holds them" if a.profile and a.profile.outputs_held else ""))
     return "every tensor the graph names, from its producer to its last reader"
 
 

@@ -1,19 +1,23 @@
 """``fusecli plan`` closed on PyTorch: the plan fusecli makes from an ONNX export, applied to the same
-``nn.Module`` with the helper ``--emit-pytorch`` writes, keeps what fusecli says it keeps.
+``nn.Module`` with the helper ``--emit-pytorch`` writes, keeps what fusecli says it keeps and peaks where it
+says it peaks.
 
-Models: GPT-2, Llama and BERT from small configs (4 layers so that there are blocks to choose, hidden
-64; tests/hf_models.py), transformers' default attention (sdpa), exported by both torch exporters (the
-TorchScript Llama without grouped-query attention, which that exporter cannot convert under sdpa). The
-plan is made at budgets that leave 52% to 90% of the unplanned saved activations (30% cannot fit: the
-plan must say so), with blocks only (``--recompute blocks``: what torch.utils.checkpoint applies).
-The judge is autograd: ``hf_models.saved_storages`` counts distinct non-parameter storages saved for
-backward (saved_tensors_hooks), and the tensors each checkpointed module is called with, which the
-checkpoint holds for its re-run.
+Models: three decoder families (GPT-2, Llama, OPT) and BERT from small configs (4 layers so that there are
+blocks to choose, hidden 64; tests/hf_models.py), transformers' default attention (sdpa), exported by both
+torch exporters (the TorchScript Llama without grouped-query attention, which that exporter cannot convert
+under sdpa), batch 8, seq 64. Checkpointing wants ``use_cache`` off (a cache updated again by a block's
+re-run grows twice), so the module runs without one, and so is it exported, but where TorchScript cannot
+trace it so (GPT-2 and Llama: ``aten::diff`` in the cache-less mask): those exports keep the cache's
+copies of K and V, which the plan predicts and the run does not make (GPT-2: 1.03-1.07x).
+The plan is made at budgets that leave 30%, 60% and 90% of the unplanned saved activations to them
+(``--recompute blocks``: what torch.utils.checkpoint applies). The judges are autograd's:
+``hf_models.saved_storages`` counts distinct non-parameter storages saved for backward
+(saved_tensors_hooks) and the tensors each checkpointed module is called with, which the checkpoint holds
+for its re-run; ``hf_models.peak_memory`` the live bytes the profiler records over the whole step.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib.util
 
@@ -26,25 +30,26 @@ from fusecli.plan.emit import write_pytorch_helper
 from fusecli.plan.planner import PlanOptions, make_plan
 from tests import hf_models
 
-LAYERS, BATCH, SEQ = 4, 4, 32
-# of the unplanned saved activations, left to them by the budget. With 4 blocks the lowest step peak
-# leaves them 42-51% (the first block's activations are re-made in backward while the gradients are alive):
-# below that the plan must say that it does not fit
-FRACTIONS = (0.52, 0.7, 0.9)
-UNREACHABLE = 0.3
+LAYERS, BATCH, SEQ = 4, 8, 64
+# of the unplanned saved activations, left to them by the budget; at 30% a plan may not fit (a block's
+# re-run in backward is alive beside the gradients): then the measured peak must not fit either
+FRACTIONS = (0.3, 0.6, 0.9)
 HUGE = 1 << 50
+AMBIGUOUS = 0.03  # a measured peak this close to the budget may fall either side of it: fits not judged
 # TorchScript cannot convert sdpa with enable_gqa: its Llama has one K/V head per query head
 KV_HEADS = {("llama", "torchscript"): 2}
+CACHED = {("gpt2", "torchscript"), ("llama", "torchscript")}  # exported with the cache (see above)
 
 
 def _cases():
-    for name in ("gpt2", "llama", "bert"):
+    for name in ("gpt2", "llama", "opt", "bert"):
         for exporter in ("torchscript", "dynamo"):
             yield pytest.param(name, exporter, id=f"{name}-{exporter}")
 
 
 def _export(hf_onnx, name: str, exporter: str) -> str:
-    return hf_onnx(name, exporter, attn="default", layers=LAYERS, kv_heads=KV_HEADS.get((name, exporter)))
+    return hf_onnx(name, exporter, attn="default", layers=LAYERS, kv_heads=KV_HEADS.get((name, exporter)),
+                   cache=(name, exporter) in CACHED)
 
 
 @functools.cache
@@ -53,13 +58,8 @@ def _analysis(path: str, batch: int, seq: int):
 
 
 def _model(name: str, exporter: str):
-    model = hf_models.build(name, attn="default", layers=LAYERS, kv_heads=KV_HEADS.get((name, exporter)))
-    if hasattr(model.inner.config, "use_cache"):
-        # a cache updated again by the re-run would grow twice; the export keeps it, and GPT-2's (K and V
-        # views of c_attn's output) makes its first update's cat copies there, which this run does not:
-        # the plan predicts 1.07x what it measures for GPT-2
-        model.inner.config.use_cache = False
-    return model
+    return hf_models.build(name, attn="default", layers=LAYERS, kv_heads=KV_HEADS.get((name, exporter)),
+                           cache=False)
 
 
 def _grads(model, args) -> dict:
@@ -81,8 +81,16 @@ def _budget(base, fraction: float) -> int:
     return base.peak.bytes - int((1 - fraction) * base.saved.bytes)
 
 
+def _applied(plan, name: str, exporter: str, tmp_path):
+    """The module with the plan's helper applied, and the modules it wrapped."""
+    helper = tmp_path / "plan.py"
+    write_pytorch_helper(str(helper), plan, "model.onnx")
+    model = _model(name, exporter)
+    return model, _import(str(helper)).apply(model)
+
+
 @pytest.mark.parametrize(("name", "exporter"), list(_cases()))
-def test_plan_applied_in_pytorch_keeps_what_it_predicts(hf_onnx, tmp_path, name, exporter):
+def test_plan_applied_in_pytorch_keeps_and_peaks_what_it_predicts(hf_onnx, tmp_path, name, exporter):
     import torch
 
     a = _analysis(_export(hf_onnx, name, exporter), BATCH, SEQ)
@@ -90,27 +98,32 @@ def test_plan_applied_in_pytorch_keeps_what_it_predicts(hf_onnx, tmp_path, name,
     base = make_plan(a, PlanOptions(HUGE, "none", recompute="blocks"))
     args = hf_models.example_inputs(name, BATCH, SEQ)
     reference = _grads(_model(name, exporter), args)
-    with pytest.raises(FuseError) if _budget(base, UNREACHABLE) < base.floor else contextlib.nullcontext():
-        assert not make_plan(a, PlanOptions(_budget(base, UNREACHABLE), "none", recompute="blocks")).fits
+    judged = 0
     for fraction in FRACTIONS:
         budget = _budget(base, fraction)
         plan = make_plan(a, PlanOptions(budget, "none", recompute="blocks"))
-        assert plan.fits and plan.checkpoints, (fraction, plan.sequence)
-        helper = tmp_path / f"plan_{fraction}.py"
-        write_pytorch_helper(str(helper), plan, "model.onnx")
-        model = _model(name, exporter)
-        wrapped = _import(str(helper)).apply(model)
+        assert plan.checkpoints, (fraction, plan.sequence)
+        model, wrapped = _applied(plan, name, exporter, tmp_path)
         assert len(wrapped) == len(plan.checkpoints)
         measured = sum(b for _, _, b in hf_models.saved_storages(model, args, held_by=wrapped))
         predicted = plan.planned_saved.bytes
-        print(f"planned-vs-measured {name} {exporter} budget={budget} predicted={predicted} "
-              f"measured={measured} ratio={measured / predicted:.3f}")  # shown with -s
+        peak = hf_models.peak_memory(model, args)["peak"]
+        planned_peak = plan.planned_peak.bytes
+        print(f"planned-vs-measured {name} {exporter} {fraction:.0%} budget={budget} fits={plan.fits} "
+              f"saved {predicted}/{measured}={measured / predicted:.3f} "
+              f"peak {planned_peak}/{peak}={peak / planned_peak:.3f}")  # shown with -s
         assert measured / predicted == pytest.approx(1, rel=0.10), (fraction, plan.checkpoints)
-        assert measured <= plan.activation_share, (fraction, measured, plan.activation_share)
-        grads = _grads(model, args)
-        assert grads.keys() == reference.keys()
-        for k, g in reference.items():
-            torch.testing.assert_close(grads[k], g, rtol=1e-5, atol=1e-6, msg=k)
+        assert peak / planned_peak == pytest.approx(1, rel=0.10), (fraction, plan.checkpoints)
+        if abs(peak - budget) > AMBIGUOUS * budget:
+            assert plan.fits == (peak <= budget), (fraction, peak, budget, planned_peak)
+            judged += 1
+        if fraction == FRACTIONS[-1]:
+            assert plan.fits
+            grads = _grads(model, args)
+            assert grads.keys() == reference.keys()
+            for k, g in reference.items():
+                torch.testing.assert_close(grads[k], g, rtol=1e-5, atol=1e-6, msg=k)
+    assert judged >= 2
 
 
 @pytest.mark.parametrize(("name", "exporter"), list(_cases()))
@@ -132,35 +145,33 @@ def test_planned_peak_is_monotone_in_the_budget(hf_onnx, name, exporter):
 
 
 @pytest.mark.parametrize(("name", "exporter"), list(_cases()))
-def test_largest_batch_fits_by_the_measured_bytes(hf_onnx, tmp_path, name, exporter):
+def test_largest_batch_fits_by_the_measured_peak(hf_onnx, tmp_path, name, exporter):
     a = _analysis(_export(hf_onnx, name, exporter), BATCH, SEQ)
     base = make_plan(a, PlanOptions(HUGE, "none"))
 
     def at(formula: str, batch: int) -> int:
         return evaluate_formula(formula, {"batch": batch, "seq": SEQ})
 
-    # halfway between the peaks at batch 3 and 4: batch 3 fits, 4 does not
+    def measured(batch: int, plan=None) -> int:
+        model = _model(name, exporter)
+        if plan is not None:
+            model, _ = _applied(plan, name, exporter, tmp_path)
+        return hf_models.peak_memory(model, hf_models.example_inputs(name, batch, SEQ))["peak"]
+
+    # halfway between the peaks at batch 3 and 4: batch 3 fits, 4 does not, by PyTorch's own peaks
     budget = (at(base.peak.formula, 3) + at(base.peak.formula, 4)) // 2
     plan = make_plan(a, PlanOptions(budget, "none"))
     assert plan.largest == 3
-    measured = sum(b for _, _, b in hf_models.saved_storages(_model(name, exporter),
-                                                             hf_models.example_inputs(name, 3, SEQ)))
-    rest = at(plan.peak.formula, 3) - at(plan.saved.formula, 3)  # the peak less its saved activations
-    assert rest + measured <= budget
-    assert at(plan.peak.formula, 4) > budget
-    # with a plan: the largest batch it reports, its checkpoints applied, measured there
+    assert measured(3) <= budget < measured(4)
+    # with a plan: the largest batch it reports, its checkpoints applied, measured there and one above
     plan = make_plan(a, PlanOptions(_budget(base, 0.7), "none", recompute="blocks"))
     largest = plan.planned_largest
     assert largest >= BATCH
-    helper = tmp_path / "plan.py"
-    write_pytorch_helper(str(helper), plan, "model.onnx")
-    model = _model(name, exporter)
-    wrapped = _import(str(helper)).apply(model)
-    args = hf_models.example_inputs(name, largest, SEQ)
-    measured = sum(b for _, _, b in hf_models.saved_storages(model, args, held_by=wrapped))
-    rest = at(plan.planned_peak.formula, largest) - at(plan.planned_saved.formula, largest)
-    assert rest + measured <= plan.options.budget
-    assert at(plan.planned_peak.formula, largest + 1) > plan.options.budget
+    assert at(plan.planned_peak.formula, largest) <= plan.options.budget < \
+        at(plan.planned_peak.formula, largest + 1)
+    assert measured(largest, plan) <= plan.options.budget
+    if (name, exporter) not in CACHED:  # the cached export holds K/V copies this run does not make
+        assert plan.options.budget < measured(largest + 1, plan)
 
 
 def test_a_model_that_fits_says_so_and_the_floor_is_an_error(hf_onnx):
