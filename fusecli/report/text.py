@@ -21,6 +21,7 @@ from ..fusion.match import Match
 from ..fusion.recompute import recompute_all
 from ..memory.formulas import fold_opaque, grouped_total, memory_formulas
 from ..pipeline import Analysis
+from .document import peak_not_counted
 
 MIN_WIDTH, MAX_WIDTH = 60, 200
 _UNIT = re.compile(r"(\d) (?=(?:B|KiB|MiB|GiB)\b)")
@@ -253,6 +254,10 @@ def memory_lines(a: Analysis, width: int) -> list[str]:
                   width, "  "),
             f"  peak: {format_bytes(live.peak_bytes)}"
             + (f" at step {live.peak_step} of {len(live.schedule)} ({peak.phase})" if peak else ""),
+            *(wrap("peak counts storages as eager PyTorch allocates them: views share their base, "
+                   "one-kernel composites and sdpa's kernel allocate no interior (--json memory.peak; -v: "
+                   "what it holds)", width, "    ") if live.views or live.never_allocated else []),
+            *(line for note in peak_not_counted(a) for line in wrap(f"not counted: {note}", width, "    ")),
             *formula_lines(a, width), *recompute_lines(a, width)]
 
 
