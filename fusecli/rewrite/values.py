@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ..core.errors import FuseError
+from ..core.errors import FuseError, error_text, one_line
 from ..core.ir import unique_name
 from ..core.kinds import value_inputs
 
@@ -29,7 +29,7 @@ def tensor_array(t: onnx.TensorProto, base_dir: str = "") -> np.ndarray:
     try:
         return numpy_helper.to_array(t, base_dir)
     except Exception as e:  # onnx raises ValueError, TypeError or its own errors for bad payloads
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = error_text(e)
         types = onnx.TensorProto.DataType
         dtype = types.Name(t.data_type) if t.data_type in types.values() else str(t.data_type)
         raise FuseError(f"initializer {t.name!r} (dims {list(t.dims)}, {dtype}): its data does not fit "
@@ -172,7 +172,7 @@ class Weights:
             return _run_onnxruntime(sub)
         except Exception:
             raise FuseError(f"cannot fold the constant subgraph that makes {name!r}: {type(first).__name__}: "
-                            f"{str(first).splitlines()[0] if str(first) else ''}") from None
+                            f"{one_line(first, 300)}") from None
 
 
 def _run_onnxruntime(model: onnx.ModelProto) -> np.ndarray:
