@@ -9,6 +9,10 @@ class UsageError(FuseError):
     """An option that does not fit the model (a --dim it lacks, --batch and --dim disagreeing): exit 2."""
 
 
+class OverBudget(FuseError):
+    """A size over one of ``core.budgets``' budgets: the whole command is refused, never one match."""
+
+
 def one_line(text: object, limit: int | None = None) -> str:
     """``text`` as one line: every run of whitespace (newlines too) one space; cut at ``limit`` characters
     with '...'. A library's message may hold its own newlines (onnxruntime quotes node names whole)."""

@@ -10,6 +10,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from ..core.budgets import check_elements
 from ..core.errors import FuseError, error_text, one_line
 from ..core.ir import unique_name
 from ..core.kinds import value_inputs
@@ -164,6 +165,7 @@ class Weights:
         graph = onnx.helper.make_graph(nodes, "constant", [], [onnx.ValueInfoProto(name=name)], inits)
         sub = onnx.helper.make_model(graph, opset_imports=list(self.model.opset_import),
                                      ir_version=self.model.ir_version)
+        check_folded_sizes(sub, name)
         try:
             return np.asarray(ReferenceEvaluator(sub).run(None, {})[0])
         except Exception as e:
@@ -173,6 +175,22 @@ class Weights:
         except Exception:
             raise FuseError(f"cannot fold the constant subgraph that makes {name!r}: {type(first).__name__}: "
                             f"{one_line(first, 300)}") from None
+
+
+def check_folded_sizes(sub: onnx.ModelProto, name: str) -> None:
+    """The ARRAY_ELEMENTS budget for every tensor of a constant subgraph whose shape onnx's inference
+    knows (from the shapes the nodes read: ConstantOfShape, Expand, Tile), before any is computed."""
+    from .proto import light_copy
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(light_copy(sub))
+    except Exception:  # onnx raises several C++-mapped types; the evaluation says what is wrong
+        return
+    for v in (*inferred.graph.value_info, *inferred.graph.output):
+        t = v.type.tensor_type if v.type.HasField("tensor_type") else None
+        if t is not None and t.HasField("shape") and all(d.HasField("dim_value") for d in t.shape.dim):
+            dims = [d.dim_value for d in t.shape.dim]
+            check_elements(dims, f"the constant {v.name!r} (folded for {name!r})")
 
 
 def _run_onnxruntime(model: onnx.ModelProto) -> np.ndarray:
