@@ -11,15 +11,25 @@ import sys
 import click
 
 from . import __version__
-from .core.errors import FuseError, UsageError
+from .core.errors import FuseError, UsageError, one_line
 
 # At exit, freeze what is left: interpreter shutdown then skips a collection that would walk every
 # object of a big graph (seconds on 100k nodes) only to free memory the process gives back anyway.
 atexit.register(gc.freeze)
 
 
+def _error(message: str) -> None:
+    """The ``error:`` line on stderr: one line, whatever newlines the message holds."""
+    click.echo(f"error: {one_line(message)}", err=True)
+
+
+def _warn(message: str, label: str = "") -> None:
+    """A ``warning:`` line on stderr, one line as an error is."""
+    click.echo(f"warning: {label}{one_line(message)}", err=True)
+
+
 def _fail(message: str) -> None:
-    click.echo(f"error: {message}", err=True)
+    _error(message)
     sys.exit(1)
 
 
@@ -54,13 +64,13 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except UsageError as e:
-            click.echo(f"error: {' '.join(str(e).split())}", err=True)
+            _error(str(e))
             sys.exit(2)
         except FuseError as e:
-            _fail(" ".join(str(e).split()))
+            _fail(str(e))
         except click.UsageError as e:
             hint = f" (fusecli {e.ctx.command.name} -h for help)" if e.ctx and e.ctx.command.name else ""
-            click.echo(f"error: {' '.join(e.format_message().split())}{hint}", err=True)
+            _error(f"{e.format_message()}{hint}")
             sys.exit(2)
         except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException, SystemExit):
             raise
@@ -75,8 +85,8 @@ class _Group(click.Group):
         except Exception as e:  # a bug of ours must still not print a traceback at the user
             if os.environ.get("FUSECLI_DEBUG"):
                 raise
-            _fail(f"internal error {type(e).__name__}: {' '.join(str(e).split())[:300]} "
-                  "(set FUSECLI_DEBUG=1 for the traceback)")
+            _fail(f"internal error {type(e).__name__}: {one_line(e)[:300]} (set FUSECLI_DEBUG=1 for the "
+                  "traceback)")
         finally:
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
@@ -260,7 +270,7 @@ def analyze(model: str, as_json: bool, batch: int | None, dims: tuple[str, ...],
     result = run_analysis(model, options)
     if as_json:
         for w in result.warnings:
-            click.echo(f"warning: {w}", err=True)
+            _warn(w)
     if plot_path:
         from .core import progress
         from .report.plot import plot_timeline
@@ -279,7 +289,7 @@ def analyze(model: str, as_json: bool, batch: int | None, dims: tuple[str, ...],
     color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
     print_text_report(result, TextOptions(verbose=verbose, quiet=quiet, all_saved=all_saved, color=color))
     for w in result.warnings:  # after the report, where a reader at a terminal sees them last
-        click.echo(f"warning: {w}", err=True)
+        _warn(w)
 
 
 @main.command()
@@ -347,7 +357,7 @@ def render(model: str, view: str, as_dot: bool, output: str | None, mode: str, f
     with progress.stages() as stage:
         result = run_analysis(model, options)
         for w in result.warnings:
-            click.echo(f"warning: {w}", err=True)
+            _warn(w)
         render_options = RenderOptions(view, focus, hops, collapse, mode, fmt, unfold, shape_ops)
         try:
             count = count_nodes(result, render_options)
@@ -419,7 +429,7 @@ def rewrite_command(model: str, output: str, target: str, mode: str, patterns: t
     with progress.stages():
         result = run_rewrite(model, options, output)
     for w in result.warnings:
-        click.echo(f"warning: {w}", err=True)
+        _warn(w)
     if as_json:
         _echo_json(rewrite_json(result))
     else:
@@ -459,17 +469,17 @@ def diff_command(old: str, new: str, as_json: bool, batch: int | None, dims: tup
     except UsageError:
         raise
     except FuseError as e:
-        click.echo(f"error: {' '.join(str(e).split())}", err=True)
+        _error(str(e))
         sys.exit(BAD_INPUT_EXIT)
     except Exception as e:  # not exit 1, which CI would read as a regression
         if os.environ.get("FUSECLI_DEBUG"):
             raise
-        click.echo(f"error: internal error {type(e).__name__}: {' '.join(str(e).split())[:300]} "
-                   "(set FUSECLI_DEBUG=1 for the traceback)", err=True)
+        _error(f"internal error {type(e).__name__}: {one_line(e)[:300]} (set FUSECLI_DEBUG=1 for the "
+               "traceback)")
         sys.exit(BAD_INPUT_EXIT)
     for label, result in (("OLD", a), ("NEW", b)):
         for w in result.warnings:
-            click.echo(f"warning: {label}: {w}", err=True)
+            _warn(w, f"{label}: ")
     if as_json:
         _echo_json(doc)
     else:
@@ -539,7 +549,7 @@ def plan_command(model: str, budget: int, batch: int | None, dims: tuple[str, ..
         stage("planning")
         plan = make_plan(result, PlanOptions(budget, optimizer, dtype, solve, recompute))
     for w in result.warnings:
-        click.echo(f"warning: {w}", err=True)
+        _warn(w)
     name = os.path.basename(os.path.normpath(model))
     if plot_path:
         from .report.plot import plot_plan_curve

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from .errors import FuseError
+from .errors import OverBudget
 
 # name -> (default, what it bounds); FUSECLI_MAX_<NAME> raises it
 DEFAULTS = {
@@ -17,6 +17,8 @@ DEFAULTS = {
     "SAVED_MODEL_BYTES": (2 * 1024**3, "bytes of saved_model.pb"),  # protobuf's own 2 GiB message limit
     "FEED_ELEMENTS": (1 << 28, "elements of one random verification input"),  # 1 GiB of float32
     "SUBGRAPH_DEPTH": (64, "levels of nested ONNX subgraphs (If/Loop/Scan bodies)"),
+    # a scale, bias, mask or folded constant a rewrite makes from a shape the file declares
+    "ARRAY_ELEMENTS": (1 << 28, "elements of one array a rewrite makes from a declared shape"),
 }
 
 
@@ -30,10 +32,18 @@ def limit(name: str) -> int:
 
 
 def check(name: str, value: int, where: str) -> None:
-    """FuseError naming the budget when ``value`` exceeds it (negative values are refused too)."""
+    """OverBudget (a FuseError) naming the budget when ``value`` exceeds it (negative values too)."""
     cap = limit(name)
     if value < 0:
-        raise FuseError(f"{where}: {value} is not a valid count")
+        raise OverBudget(f"{where}: {value} is not a valid count")
     if value > cap:
-        raise FuseError(f"{where}: over fusecli's budget of {cap:,} {DEFAULTS[name][1]} "
+        raise OverBudget(f"{where}: over fusecli's budget of {cap:,} {DEFAULTS[name][1]} "
                         f"(raise it with FUSECLI_MAX_{name}=N)")
+
+
+def check_elements(shape, where: str) -> None:
+    """The ARRAY_ELEMENTS budget for an array of ``shape`` (ints), before it is allocated."""
+    n = 1
+    for d in shape:
+        n = -1 if int(d) < 0 or n < 0 else n * int(d)
+    check("ARRAY_ELEMENTS", n, f"{where} of shape {list(shape)}")

@@ -18,10 +18,10 @@ import re
 import shutil
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TextIO
 
-from .errors import FuseError
+from .errors import FuseError, error_text
 
 PART_PREFIX = ".fusecli-"
 SCRATCH_PREFIX = "fusecli-scratch-"
@@ -76,8 +76,10 @@ def os_error(path: str, e: OSError) -> FuseError:
 
 
 @contextlib.contextmanager
-def atomic_write(path: str, mode: str = "wb"):
-    """Yield a file object; on success it replaces ``path`` whole, on any error nothing is left behind."""
+def atomic_write(path: str, mode: str = "wb", check: Callable[[str, str], None] | None = None):
+    """Yield a file object; on success it replaces ``path`` whole, on any error nothing is left behind.
+    ``check(written, path)``, when given, reads the written part (beside ``path``) before it replaces
+    ``path``; what it raises leaves ``path`` as it was."""
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise FuseError(f"{path}: the folder {folder} does not exist")
@@ -89,6 +91,8 @@ def atomic_write(path: str, mode: str = "wb"):
     try:
         with os.fdopen(fd, mode) as f:
             yield f
+        if check is not None:
+            check(tmp, path)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; outputs get the usual permissions
@@ -99,6 +103,68 @@ def atomic_write(path: str, mode: str = "wb"):
         if isinstance(e, OSError) and not isinstance(e, BrokenPipeError):
             raise os_error(path, e) from None
         raise
+
+
+def check_model_file(written: str, path: str, original: str | None = None) -> None:
+    """Refuse (FuseError, one line) the ONNX model file ``written``, to be ``path``, when onnx's full
+    checker or, where onnxruntime is installed, an onnxruntime session does not take it. Read by path:
+    its external data (past 2 GiB) is found beside it. A complaint the ``original`` model (the input)
+    has as well is the user's file, not fusecli's doing (a graph output of unknown rank, a custom op):
+    it stands. So does the checker's about an op onnx has no schema for at all (onnxruntime's
+    SimplifiedLayerNormalization, which it registers in the ONNX domain): onnxruntime judges that one."""
+    checks = (("the model fails onnx's checker", _checker_failure),
+              ("onnxruntime cannot load the model", _session_failure))
+    for what, failure_of in checks:
+        failure = failure_of(written)
+        if failure is None or (failure_of is _checker_failure and _unknown_op(failure)):
+            continue
+        if original is None or failure_of(original) != failure:
+            raise FuseError(f"{path}: {what} ({failure}); nothing written")
+
+
+def _unknown_op(failure: str) -> bool:
+    """Whether the checker's complaint is an op of the ONNX domain that onnx has no schema for in any
+    version (one onnxruntime registers there); an op onnx has, at another opset, is a real complaint."""
+    import onnx
+
+    m = re.match(r"No Op registered for (\w+) with domain_version", failure)
+    return m is not None and not onnx.defs.has(m.group(1))
+
+
+def _checker_failure(path: str) -> str | None:
+    """onnx's full check of the model file at ``path``: its complaint as one line, or None."""
+    import onnx
+
+    try:
+        onnx.checker.check_model(path, full_check=True)
+    except Exception as e:  # onnx's checker raises C++-mapped types
+        return _without_path(error_text(e), path)
+    return None
+
+
+def _session_failure(path: str) -> str | None:
+    """Why onnxruntime (CPU, optimizations off) cannot load the model file at ``path``, as one line; None
+    when it loads it or is not installed."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return None
+    ort.set_default_logger_severity(4)  # its own log lines stay off the terminal: fusecli says why
+    so = ort.SessionOptions()
+    so.log_severity_level = 4
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.intra_op_num_threads = so.inter_op_num_threads = 1
+    try:
+        ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+    except Exception as e:  # onnxruntime's own error types
+        return _without_path(error_text(e), path)
+    return None
+
+
+def _without_path(text: str, path: str) -> str:
+    """A message about the file at ``path`` with the file called 'the model' (a part file's name means
+    nothing to the user, and two files' complaints compare equal)."""
+    return text.replace(path, "the model").replace(os.path.basename(path), "the model")
 
 
 @contextlib.contextmanager

@@ -49,7 +49,7 @@ import numpy as np
 from google.protobuf.message import DecodeError
 
 from ..core import budgets
-from ..core.errors import FuseError
+from ..core.errors import FuseError, error_text
 from ..core.ir import Graph, Node, Tensor, unique_name
 from ..core.kinds import TF_KINDS
 from . import tf_proto
@@ -179,7 +179,7 @@ def read_saved_model(path: str):
     try:
         sm.ParseFromString(data)
     except (DecodeError, RuntimeWarning, ValueError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = error_text(e)
         raise FuseError(f"{path}: saved_model.pb is not a SavedModel (protobuf parse failed: {first})") \
             from None
     if not sm.meta_graphs:

@@ -12,6 +12,8 @@ from collections.abc import Iterable
 
 import onnx
 
+from ..core.errors import error_text
+
 DATA_PROP_ELEMENTS = int(os.environ.get("FUSECLI_MAX_SHAPE_VALUE_ELEMENTS", 1 << 16))
 
 
@@ -29,7 +31,7 @@ def infer_shapes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str | None]:
         inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=note is None)
         return inferred, note
     except Exception as e:  # onnx raises several C++-mapped types here
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = error_text(e)
         return model, f"shape inference failed, shapes may be missing: {first}"
 
 

@@ -185,6 +185,8 @@ def candidate_steps(rows: np.ndarray, monomials: list, bound: int) -> list[np.nd
 
 def _distinct(rows: np.ndarray) -> np.ndarray:
     """The distinct rows, sorted (np.unique(axis=0)'s answer, without the numpy.ma import it costs)."""
+    if not rows.shape[1]:  # no monomial (every tensor unsized): the rows are all the one empty row
+        return rows[:1]
     if rows.dtype == object or not rows.size:  # Python ints, or nothing to sort by
         return np.array(sorted(set(map(tuple, rows.tolist()))), dtype=rows.dtype).reshape(-1, rows.shape[1])
     rows = rows[np.lexsort(rows.T[::-1])]  # lexicographic: the first column is the primary key

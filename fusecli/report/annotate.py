@@ -4,7 +4,9 @@ Each analysed node gets ``metadata_props`` ``fusecli.saved_bytes`` (bytes backwa
 outputs) and, when in a fusion match, ``fusecli.pattern`` and ``fusecli.verdict`` (comma-separated,
 one per match, in the same order); the model gets totals (``fusecli.saved_bytes``,
 ``fusecli.peak_bytes``, ``fusecli.core.dims``, ``fusecli.matches``). Graph and weights are copied as they
-are; a model with external data is refused (its weights live in other files).
+are, the nodes in topological order where the file lists them otherwise; a model with external data is
+refused (its weights live in other files). The copy is checked (onnx's checker, onnxruntime) before it is
+written.
 """
 
 from __future__ import annotations
@@ -80,13 +82,19 @@ def annotate_model(a: Analysis, model: onnx.ModelProto) -> int:
 
 
 def write_annotated(a: Analysis, model_path: str, out_path: str) -> str:
-    """Write the annotated copy of ``model_path`` to ``out_path`` (whole or not at all); a note."""
+    """Write the annotated copy of ``model_path`` to ``out_path`` (whole or not at all), its nodes in an
+    order ONNX accepts, checked by onnx and onnxruntime before it replaces ``out_path``; a note."""
+    import functools
+
     import onnx
 
-    from ..core.output import atomic_write
+    from ..core.output import atomic_write, check_model_file
+    from ..load.onnx_order import sort_graph
 
     model = onnx.load(model_path, load_external_data=False)
+    sort_graph(model.graph)  # a file listing a node before its inputs' makers is written in order
     count = annotate_model(a, model)
-    with atomic_write(out_path) as f:
+    check = functools.partial(check_model_file, original=model_path)
+    with atomic_write(out_path, check=check) as f:
         f.write(model.SerializeToString())
     return f"wrote {out_path} (fusecli metadata on {count} nodes, for Netron)"

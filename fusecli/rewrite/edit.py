@@ -5,10 +5,11 @@ from __future__ import annotations
 import onnx
 from onnx import helper
 
-from ..core.ir import Graph, kahn_order
+from ..core.ir import Graph
+from ..load.onnx_order import reads, replace, sort_graph, topological
 from .kit import MS, Emission
 from .proto import is_big_constant
-from .sound import predecessors, splice, unsound
+from .sound import splice, unsound
 
 
 def protos_by_ir_name(model: onnx.ModelProto, graph: Graph) -> dict[str, onnx.NodeProto]:
@@ -37,7 +38,7 @@ def apply(model: onnx.ModelProto, emissions: list[Emission], protos: dict[str, o
     g = model.graph
     as_constants = weights_in_constants(model)
     nodes, _ = splice(list(g.node), emissions, protos, as_constants)
-    _replace(g.node, topological(nodes))
+    replace(g.node, topological(nodes))
     listed_inputs = model.ir_version < 4  # IR 3 lists every initializer as a graph input too
     for e in emissions:
         if as_constants:
@@ -53,28 +54,19 @@ def apply(model: onnx.ModelProto, emissions: list[Emission], protos: dict[str, o
 
 def sort_nodes(model: onnx.ModelProto) -> None:
     """The model's nodes in topological order (``topological``), in place."""
-    _replace(model.graph.node, topological(list(model.graph.node)))
+    replace(model.graph.node, topological(list(model.graph.node)))
 
 
-def topological(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
-    """``nodes`` in an order where each comes after the nodes making what it reads (subgraphs' outer
-    reads included), keeping the given order wherever it already is one (Kahn's algorithm, ties by
-    position): a fused node placed where its last replaced node was may be read by a node before it."""
-    order = kahn_order([set(p) for p in predecessors(nodes, reads)])
-    if len(order) < len(nodes):  # a cycle (a bad input): the given order stays, the checks say what is wrong
-        return nodes
-    return [nodes[k] for k in order]
+def sort_input(model: onnx.ModelProto) -> None:
+    """The input model's nodes in topological order, before any edit: every walk below may then take the
+    file's order for the data flow. FuseError (nothing done) for a cycle or an input nothing makes."""
+    sort_graph(model.graph)
 
 
 def sound_emissions(model: onnx.ModelProto, emissions: list[Emission], protos: dict[str, onnx.NodeProto]
                     ) -> tuple[list[Emission], list[tuple[Emission, str]]]:
     """The emissions that leave the graph acyclic and wired, and those left out with why (``sound``)."""
-    return unsound(model, emissions, protos, weights_in_constants(model), reads)
-
-
-def reads(node: onnx.NodeProto) -> tuple[str, ...]:
-    """The names a node reads: its inputs and, for If/Loop/Scan, what its subgraphs read."""
-    return (*node.input, *_subgraph_names(node))
+    return unsound(model, emissions, protos, weights_in_constants(model))
 
 
 def cast_likes_to_casts(model: onnx.ModelProto, elem_type_of, targets: set[str]) -> int:
@@ -98,45 +90,42 @@ def cast_likes_to_casts(model: onnx.ModelProto, elem_type_of, targets: set[str])
     return changed
 
 
-def _subgraph_names(node: onnx.NodeProto) -> set[str]:
-    """Every name read inside a node's subgraphs (If, Loop, Scan): they may come from the outer graph."""
-    names: set[str] = set()
-    for a in node.attribute:
-        graphs = [a.g] if a.type == onnx.AttributeProto.GRAPH else \
-            list(a.graphs) if a.type == onnx.AttributeProto.GRAPHS else []
-        for sub in graphs:
-            for n in sub.node:
-                names.update(i for i in n.input if i)
-                names |= _subgraph_names(n)
-            names.update(o.name for o in sub.output)
-    return names
-
-
 def prune(model: onnx.ModelProto) -> int:
-    """Drop nodes nothing reads (the folded constant subgraphs), then unused initializers; the node count."""
+    """Drop nodes nothing reads (the folded constant subgraphs), then unused initializers; the node count.
+    What is used is found from the graph outputs back through the makers, whatever the nodes' order."""
     g = model.graph
-    used = {o.name for o in g.output}
-    keep: set[int] = set()
     nodes = list(g.node)  # hold the wrappers: ids below stay theirs
-    for n in reversed(nodes):
-        if not any(o for o in n.output) or any(o in used for o in n.output if o):
-            keep.add(id(n))
-            used.update(i for i in n.input if i)
-            used |= _subgraph_names(n)
-    dropped = len(g.node) - len(keep)
+    keep = _needed(nodes, {o.name for o in g.output})
+    dropped = len(nodes) - len(keep)
     if dropped:
-        _replace(g.node, [n for n in nodes if id(n) in keep])
+        replace(g.node, [n for k, n in enumerate(nodes) if k in keep])
+    used = {o.name for o in g.output} | {i for k in keep for i in reads(nodes[k]) if i}
     listed_inputs = model.ir_version < 4
     real_inputs = set() if listed_inputs else {i.name for i in g.input}
     gone = {t.name for t in g.initializer if t.name not in used and t.name not in real_inputs}
     if gone:
-        _replace(g.initializer, [t for t in g.initializer if t.name not in gone])
+        replace(g.initializer, [t for t in g.initializer if t.name not in gone])
         if listed_inputs:
-            _replace(g.input, [i for i in g.input if i.name not in gone])
+            replace(g.input, [i for i in g.input if i.name not in gone])
     made = {o for n in g.node for o in n.output}
     if any(v.name not in made for v in g.value_info):
-        _replace(g.value_info, [v for v in g.value_info if v.name in made])
+        replace(g.value_info, [v for v in g.value_info if v.name in made])
     return dropped
+
+
+def _needed(nodes: list[onnx.NodeProto], outputs: set[str]) -> set[int]:
+    """Indices of the nodes the graph outputs need (and of nodes without outputs, kept as they are)."""
+    maker = {o: k for k, n in enumerate(nodes) for o in n.output if o}
+    todo = [k for k, n in enumerate(nodes) if not any(n.output)]
+    todo += [maker[o] for o in outputs if o in maker]
+    keep: set[int] = set()
+    while todo:
+        k = todo.pop()
+        if k in keep:
+            continue
+        keep.add(k)
+        todo += [maker[i] for i in reads(nodes[k]) if i in maker]
+    return keep
 
 
 def undefined_read(model: onnx.ModelProto) -> str | None:
@@ -152,10 +141,3 @@ def undefined_read(model: onnx.ModelProto) -> str | None:
         defined.update(o for o in n.output if o)
     missing = next((o.name for o in g.output if o.name not in defined), None)
     return None if missing is None else f"graph output {missing!r} is made by no node"
-
-
-def _replace(field, items: list) -> None:
-    """Set a repeated message field to ``items`` (references stay valid under upb; extend copies)."""
-    items = list(items)
-    del field[:]
-    field.extend(items)

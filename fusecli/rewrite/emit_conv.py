@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import onnx
 
+from ..core.budgets import check_elements
 from ..core.ir import Node, Tensor
 from .fold import channel_vector, fold_batch_norm, fold_bias, fold_scale_shift
 from .kit import (
@@ -123,6 +124,7 @@ def conv_family(m: Match, ctx: Context) -> Emission | None:
     attrs = attrs_of(cp)
     if fuse:
         if not b_name and ctx.target == "cuda":  # give the cuDNN path its bias
+            check_elements((c_out,), f"the zero bias made for {conv.name!r}")
             b_name = new_initializer(ctx, f"{conv.name}_zero_bias", np.zeros(c_out, np.float32), inits)
         kw = {"activation": spec[0]}
         if spec[1]:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..core.budgets import check_elements
 from .emit_conv import conv_family
 from .fold import channel_vector, fold_bias, fold_scale_shift
 from .kit import (
@@ -83,6 +84,7 @@ def through_layout(m: Match, ctx: Context) -> Emission | None:
     inner = ctx.names.new(f"{conv.name}_nchw")
     if spec is not None:
         if not b_name and ctx.target == "cuda":
+            check_elements((c_out,), f"the zero bias made for {conv.name!r}")
             b_name = new_initializer(ctx, f"{conv.name}_zero_bias", np.zeros(c_out, np.float32), inits)
         kw = {"activation": spec[0]}
         if spec[1]:

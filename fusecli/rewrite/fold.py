@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..core.budgets import check_elements
+
 
 def channel_vector(param: np.ndarray, out_rank: int, channels: int, axis: int = 1) -> np.ndarray | None:
     """``param`` as a (channels,) vector when it broadcasts over a rank-``out_rank`` tensor along ``axis``."""
@@ -14,6 +16,7 @@ def channel_vector(param: np.ndarray, out_rank: int, channels: int, axis: int = 
     if len(shape) > out_rank:
         return None
     if param.size == 1:
+        check_elements((channels,), "a per-channel copy of a scalar")
         return np.full(channels, param.reshape(-1)[0], dtype=param.dtype)
     padded = (1,) * (out_rank - len(shape)) + shape
     sized = [i for i, d in enumerate(padded) if d != 1]

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..core.budgets import check_elements
 from ..core.errors import FuseError
 from .fold import channel_vector
 
@@ -212,6 +213,7 @@ def affine_param(ctx: Context, t: Tensor | None, x: Tensor, axis: int, fill: flo
     if t is None:
         if fill is None:
             return ""
+        check_elements(norm_shape, f"the normalization scale made for {x.name!r}")
         return new_initializer(ctx, f"{x.name}_ln_scale", np.full(norm_shape, fill, np.float32), inits)
     value = ctx.weights.value(t.name)
     if value is None or value.ndim > len(x.shape):
@@ -226,6 +228,7 @@ def affine_param(ctx: Context, t: Tensor | None, x: Tensor, axis: int, fill: flo
         return None
     if value.shape == norm_shape:
         return t.name
+    check_elements(norm_shape, f"{t.name!r} broadcast to a full normalization parameter")
     return new_initializer(ctx, f"{t.name}_ln", np.ascontiguousarray(full), inits)
 
 

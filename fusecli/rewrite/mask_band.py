@@ -17,7 +17,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from ..core.errors import FuseError
+from ..core.budgets import check_elements
+from ..core.errors import FuseError, OverBudget
 from .values import Weights
 
 PROBES = (7, 19)  # sizes every mask is probed at
@@ -43,6 +44,8 @@ def subgraph(weights: Weights, name: str) -> onnx.ModelProto | str:
                                          or weights.producer[t].op_type != "Constant"):
             try:
                 value = weights.value(t)
+            except OverBudget:
+                raise
             except FuseError as e:  # a constant subgraph that cannot be folded
                 return str(e)
             if value is None:
@@ -88,6 +91,7 @@ def _feeds(model: onnx.ModelProto, p: int) -> dict[str, np.ndarray]:
     for v in model.graph.input:
         dims = [d.dim_value if d.HasField("dim_value") else (1 if axis == 0 else p)
                 for axis, d in enumerate(v.type.tensor_type.shape.dim)]
+        check_elements(dims, f"the mask probe's input {v.name!r}")
         feeds[v.name] = np.zeros(dims, helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type))
     return feeds
 
@@ -150,6 +154,8 @@ def causal_window(weights: Weights, name: str, kind: str, keep_true: bool = True
     for p in probes:
         try:
             value = sess.run(None, _feeds(model, p))[0]
+        except OverBudget:  # a probe over the ARRAY_ELEMENTS budget: refused, not taken for a non-causal mask
+            raise
         except Exception as e:
             return f"onnxruntime cannot run the mask's subgraph ({type(e).__name__})"
         allowed = allowed_keys(np.asarray(value), kind, keep_true, fill)

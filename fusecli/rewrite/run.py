@@ -14,7 +14,7 @@ from onnx import helper
 
 from ..core.errors import FuseError
 from ..core.ir import Graph, gc_paused
-from ..core.output import refuse_overwriting_input, scratch_dir
+from ..core.output import check_model_file, refuse_overwriting_input, scratch_dir
 from ..core.progress import stage
 from ..core.units import format_bytes
 from ..load.onnx import dtype_name, graph_of_model, opset_of
@@ -25,6 +25,7 @@ from .edit import (
     cast_likes_to_casts,
     protos_by_ir_name,
     prune,
+    sort_input,
     sort_nodes,
     sound_emissions,
     undefined_read,
@@ -253,6 +254,7 @@ def rewrite(path: str, options: RewriteOptions | None = None, output: str | None
         if failed and not [a for a in result.applied if a.pattern != "conv_mul"]:
             _failed(first_failure)  # every region failed its check: nothing verified is left to write
         base_dir = os.path.dirname(os.path.abspath(source.onnx_path))
+        checked = functools.partial(check_model_file, original=source.onnx_path)
         if result.refused is None and options.bench:
             from .verify import bench  # onnxruntime, imported only when it runs
 
@@ -270,10 +272,10 @@ def rewrite(path: str, options: RewriteOptions | None = None, output: str | None
                                   "nothing written (--force writes it anyway)")
         if output is not None and result.refused is None and spliced:
             stage("writing")
-            write_spliced(model, output, base_dir, source.protected)
+            write_spliced(model, output, base_dir, source.protected, check=checked)
         elif output is not None and result.refused is None:
             stage("writing")
-            result.data_file = write_model(model, output, source.protected)
+            result.data_file = write_model(model, output, source.protected, check=checked)
         if spliced and options.keep_weights:
             restore_weights(model, source.onnx_path)
     return result
@@ -292,6 +294,7 @@ def _attempt(path: str, output: str | None, source, work: str, first: Analysis, 
     """One rewrite of the input, the matches in ``failed`` left unfused, verified where asked:
     (result, model, rewritten-model source, spliced, the analysis the passes started from)."""
     model, data_files = load_weights(source.onnx_path)
+    sort_input(model)  # every edit below takes the node order for the data flow
     if not source.converted:
         source.protected += [f for f in data_files if f not in source.protected]
     nodes_before, ops_before = len(model.graph.node), op_counts(model)

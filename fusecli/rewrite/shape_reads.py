@@ -25,7 +25,7 @@ def reroute_shape_reads(model: onnx.ModelProto, graph: Graph, emissions: list[Em
                         protos: dict[str, onnx.NodeProto]) -> int:
     """Reroute every Shape / Size that reads a tensor some emission removes (see the module docstring), in
     the model and in its IR ``graph`` (whose readers the region checks consult); returns how many. A
-    permuting Gather goes at the end of the node list: the caller sorts it (``edit.topological``)."""
+    permuting Gather goes at the end of the node list: the caller sorts it (``edit.sort_nodes``)."""
     removed: dict[str, onnx.NodeProto] = {}  # tensor -> the removed node that makes it
     gone: set[int] = set()
     for e in emissions:

@@ -13,6 +13,7 @@ import onnx
 from onnx import helper
 
 from ..core.ir import kahn_order
+from ..load.onnx_order import predecessors, reads
 from .kit import Emission
 
 
@@ -42,16 +43,9 @@ def splice(old: list[onnx.NodeProto], emissions: list[Emission], protos: dict[st
     return nodes, owner
 
 
-def predecessors(nodes: list[onnx.NodeProto], reads) -> list[dict[int, str]]:
-    """For each node, the nodes making what it reads (``reads(node)``: its names), each with one name."""
-    maker = {o: k for k, n in enumerate(nodes) for o in n.output if o}
-    return [{maker[i]: i for i in reads(n) if i in maker and maker[i] != k} for k, n in enumerate(nodes)]
-
-
 def unsound(model: onnx.ModelProto, emissions: list[Emission], protos: dict[str, onnx.NodeProto],
-            as_constants: bool, reads) -> tuple[list[Emission], list[tuple[Emission, str]]]:
-    """(the emissions that go in, [(emission left out, what it would break)]); ``reads(node)``: the
-    names a node reads (its inputs and its subgraphs' outer reads)."""
+            as_constants: bool) -> tuple[list[Emission], list[tuple[Emission, str]]]:
+    """(the emissions that go in, [(emission left out, what it would break)])."""
     kept, broken = list(emissions), []
     old = list(model.graph.node)  # hold the wrappers: ids stay theirs
     while kept:
@@ -59,7 +53,7 @@ def unsound(model: onnx.ModelProto, emissions: list[Emission], protos: dict[str,
         if _in_order(model, nodes, kept, as_constants):
             break  # every read made before it: acyclic and wired (the common case, one linear pass)
         found = _undefined(model, nodes, owner, kept, protos, as_constants) or \
-            _cycle(nodes, owner, reads, [{i for name in e.remove for i in reads(protos[name])} for e in kept])
+            _cycle(nodes, owner, [{i for name in e.remove for i in reads(protos[name])} for e in kept])
         if found is None:
             break
         k, why = found
@@ -107,10 +101,10 @@ def _undefined(model, nodes, owner, emissions, protos, as_constants) -> tuple[in
     return None
 
 
-def _cycle(nodes, owner, reads, region_reads) -> tuple[int, str] | None:
+def _cycle(nodes, owner, region_reads) -> tuple[int, str] | None:
     """The emission on a cycle of the spliced graph (one whose fused node reads there what its region
     never read, when one does), and the cycle said in names; None when the graph is acyclic."""
-    preds = predecessors(nodes, reads)
+    preds = predecessors(nodes)
     placed = kahn_order([set(p) for p in preds])
     if len(placed) == len(nodes):
         return None

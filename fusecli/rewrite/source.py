@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import onnx
 from onnx import external_data_helper
 
-from ..core.errors import FuseError
+from ..core.errors import FuseError, error_text
 from ..core.progress import stage
 from ..load import load_model
 from ..load.onnx import external_location, tensors_of
@@ -144,7 +144,7 @@ def convert_savedmodel(folder: str, signature: str | None = None,
                                            optimizers=_optimizers())
             del graph_def
         except Exception as e:  # tf2onnx raises anything; the user gets one line
-            error = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            error = error_text(e)
         finally:
             gc.collect()  # TensorFlow's loaded SavedModel object goes with the call's frames
     if error is not None:
@@ -168,7 +168,7 @@ def load_weights(path: str) -> tuple[onnx.ModelProto, list[str]]:
     try:
         model, _ = read_structure(path, external=True)
     except Exception as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = error_text(e)
         raise FuseError(f"{path}: cannot read the model's weights: {first}") from None
     own = os.path.abspath(path)
     return model, [f for f in external_files(model, path) if os.path.abspath(f) != own]
@@ -179,7 +179,7 @@ def restore_weights(model: onnx.ModelProto, path: str) -> None:
     try:
         external_data_helper.load_external_data_for_model(model, os.path.dirname(os.path.abspath(path)))
     except Exception as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = error_text(e)
         raise FuseError(f"{path}: cannot read the model's weights: {first}") from None
 
 

@@ -11,6 +11,7 @@ self-contained, as ``onnx.save`` of the fully loaded model would write it.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import onnx
 
@@ -118,14 +119,16 @@ def _write(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-def write_spliced(model: onnx.ModelProto, out: str, base_dir: str, protected: list[str] = ()) -> None:
+def write_spliced(model: onnx.ModelProto, out: str, base_dir: str, protected: list[str] = (),
+                  check: Callable[[str, str], None] | None = None) -> None:
     """Write ``model`` to ``out`` (atomically, never onto a protected file), payloads copied from their
-    files under ``base_dir``; ``model`` itself is left as it is."""
+    files under ``base_dir``; ``model`` itself is left as it is. ``check`` (``atomic_write``'s) reads
+    the written file before it replaces ``out``."""
     refuse_overwriting_input(out, list(protected))
     parts = spliced_parts(model, base_dir)
     fds: dict[str, int] = {}
     try:
-        with atomic_write(out) as f:
+        with atomic_write(out, check=check) as f:
             dst = f.fileno()
             for p in parts:
                 if isinstance(p, bytes):

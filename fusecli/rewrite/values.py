@@ -10,7 +10,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ..core.errors import FuseError
+from ..core.budgets import check_elements
+from ..core.errors import FuseError, error_text, one_line
 from ..core.ir import unique_name
 from ..core.kinds import value_inputs
 
@@ -29,7 +30,7 @@ def tensor_array(t: onnx.TensorProto, base_dir: str = "") -> np.ndarray:
     try:
         return numpy_helper.to_array(t, base_dir)
     except Exception as e:  # onnx raises ValueError, TypeError or its own errors for bad payloads
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = error_text(e)
         types = onnx.TensorProto.DataType
         dtype = types.Name(t.data_type) if t.data_type in types.values() else str(t.data_type)
         raise FuseError(f"initializer {t.name!r} (dims {list(t.dims)}, {dtype}): its data does not fit "
@@ -164,6 +165,7 @@ class Weights:
         graph = onnx.helper.make_graph(nodes, "constant", [], [onnx.ValueInfoProto(name=name)], inits)
         sub = onnx.helper.make_model(graph, opset_imports=list(self.model.opset_import),
                                      ir_version=self.model.ir_version)
+        check_folded_sizes(sub, name)
         try:
             return np.asarray(ReferenceEvaluator(sub).run(None, {})[0])
         except Exception as e:
@@ -172,7 +174,23 @@ class Weights:
             return _run_onnxruntime(sub)
         except Exception:
             raise FuseError(f"cannot fold the constant subgraph that makes {name!r}: {type(first).__name__}: "
-                            f"{str(first).splitlines()[0] if str(first) else ''}") from None
+                            f"{one_line(first, 300)}") from None
+
+
+def check_folded_sizes(sub: onnx.ModelProto, name: str) -> None:
+    """The ARRAY_ELEMENTS budget for every tensor of a constant subgraph whose shape onnx's inference
+    knows (from the shapes the nodes read: ConstantOfShape, Expand, Tile), before any is computed."""
+    from .proto import light_copy
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(light_copy(sub))
+    except Exception:  # onnx raises several C++-mapped types; the evaluation says what is wrong
+        return
+    for v in (*inferred.graph.value_info, *inferred.graph.output):
+        t = v.type.tensor_type if v.type.HasField("tensor_type") else None
+        if t is not None and t.HasField("shape") and all(d.HasField("dim_value") for d in t.shape.dim):
+            dims = [d.dim_value for d in t.shape.dim]
+            check_elements(dims, f"the constant {v.name!r} (folded for {name!r})")
 
 
 def _run_onnxruntime(model: onnx.ModelProto) -> np.ndarray:

@@ -13,7 +13,7 @@ import onnxruntime as ort
 
 from ..core import budgets
 from ..core.dims import dim_value
-from ..core.errors import FuseError
+from ..core.errors import FuseError, error_text
 from .regions import Case, merged_models, random_feeds
 
 Source = bytes | str  # a serialized model or a path (a path reads external data beside it)
@@ -87,7 +87,7 @@ def open_session(src: Source, so: ort.SessionOptions, what: str) -> ort.Inferenc
     try:
         return ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
     except Exception as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = error_text(e)
         raise FuseError(f"onnxruntime cannot load the {what} model: {first}") from None
 
 
@@ -141,7 +141,7 @@ def run(sess: ort.InferenceSession, feeds: dict, what: str) -> dict[str, np.ndar
     try:
         outs = sess.run(None, {k: v for k, v in feeds.items() if k in names}, quiet_run())
     except Exception as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = error_text(e)
         raise RunFailed(what, first) from None
     return {o.name: v for o, v in zip(sess.get_outputs(), outs, strict=True)}
 

@@ -89,3 +89,72 @@ def test_opaque_dims_of_one_value_fold_into_one_term():
     assert notes == ["unk_31: 3 inner dims of 31 here (unk1, ..., unk10; --json: each)"]
     assert fold_opaque({"x": "4*unk1 + 4*unk3"}, opaque) == ({"x": "4*unk1 + 4*unk3"}, [])
     assert fold_opaque({"x": "max(1, 2)"}, opaque) == ({"x": "max(1, 2)"}, [])
+
+
+# --- empty and all-unknown sets: no monomial at all ------------------------------------------------------
+@pytest.mark.parametrize("dtype", [np.int64, object])
+@pytest.mark.parametrize("steps", [0, 1, 3])
+def test_rows_without_a_monomial(dtype, steps):
+    """Every tensor unsized and nothing resident: each step's polynomial is the empty row (zero)."""
+    rows = np.zeros((steps, 0), dtype=dtype)
+    assert _distinct(rows).shape == (min(steps, 1), 0)
+    if steps:
+        assert [r.tolist() for r in candidate_steps(rows, [], 0)] == [[]]
+
+
+def _strict_json(text: str) -> dict:
+    """json.loads refusing NaN and Infinity (not JSON)."""
+    import json
+
+    def refuse(name):
+        raise ValueError(f"{name} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def _malformed(name: str):
+    """Small malformed graphs whose tensors are all unsized, or that keep nothing for backward."""
+    from onnx import TensorProto, helper
+
+    def model(nodes, inputs, outputs):
+        graph = helper.make_graph(nodes, name, inputs, outputs)
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8)
+
+    def t(n, elem=TensorProto.FLOAT, shape=None):
+        return helper.make_tensor_value_info(n, elem, shape)
+
+    mish = [helper.make_node("Mish", ["x"] * 5, ["a", "b", "c"], "mish"),
+            helper.make_node("Gemm", ["a", "b"], ["y"], "gemm")]
+    relus = [helper.make_node("Relu", ["x"], ["a"], "r"), helper.make_node("Sigmoid", ["a"], ["b"], "s"),
+             helper.make_node("Mul", ["a", "b"], ["y"], "m")]
+    return {
+        "mish_bool_unsized": lambda: model(mish, [t("x", TensorProto.BOOL)], [t("y")]),
+        "mish_bool_1x3x4x4": lambda: model(mish, [t("x", TensorProto.BOOL, [1, 3, 4, 4])], [t("y")]),
+        "mish_string_unsized": lambda: model(mish, [t("x", TensorProto.STRING)], [t("y")]),
+        "unsized_chain": lambda: model(relus, [t("x")], [t("y")]),
+        "no_nodes": lambda: model([], [t("x")], [t("x")]),
+    }[name]()
+
+
+@pytest.mark.parametrize("wrt", ["parameters", "inputs"])
+@pytest.mark.parametrize("name", ["mish_bool_unsized", "mish_bool_1x3x4x4", "mish_string_unsized",
+                                  "unsized_chain", "no_nodes"])
+def test_analyze_json_of_graphs_with_nothing_sized(tmp_path, name, wrt):
+    """A Mish given five inputs and three outputs on an unsized bool input, feeding a Gemm, ended in
+    'internal error ValueError: cannot reshape array of size 0 into shape (0)' (the peak formula's rows
+    had no monomial); the text report worked."""
+    import onnx
+    from click.testing import CliRunner
+
+    from fusecli.cli import main
+
+    path = str(tmp_path / f"{name}.onnx")
+    onnx.save(_malformed(name), path)
+    r = CliRunner().invoke(main, ["analyze", path, "--json", "--wrt", wrt])
+    assert r.exit_code == 0, r.output
+    doc = _strict_json(r.stdout)
+    memory = doc["memory"]
+    assert set(memory["formula"]) == {"saved_bytes", "saved_activation_bytes", "peak_bytes"}
+    assert all(isinstance(v, str) and v for v in memory["formula"].values())
+    assert memory["peak_bytes"] >= 0 and memory["saved_bytes"] >= 0
+    assert CliRunner().invoke(main, ["analyze", path, "--wrt", wrt]).exit_code == 0  # the text report too

@@ -69,3 +69,46 @@ def test_annotate_refuses_to_overwrite_the_input(tmp_path, sample):
     r = CliRunner().invoke(main, ["analyze", src, "--annotate", src])
     assert r.exit_code == 1 and "refusing to overwrite the input" in r.stderr
     assert open(src, "rb").read() == before and os.listdir(tmp_path) == ["m.onnx"]
+
+
+def _reversed(sample, tmp_path) -> str:
+    """conv_bn_relu with its nodes listed consumers first (onnxruntime loads it; onnx's checker does not)."""
+    model = onnx.load(sample("conv_bn_relu"))
+    nodes = list(model.graph.node)[::-1]
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    src = str(tmp_path / "reversed.onnx")
+    onnx.save(model, src)
+    return src
+
+
+def test_annotated_copy_of_an_out_of_order_model_is_written_in_order(tmp_path, sample):
+    out = str(tmp_path / "annotated.onnx")
+    r = CliRunner().invoke(main, ["analyze", _reversed(sample, tmp_path), "-q", "--annotate", out])
+    assert r.exit_code == 0, r.output
+    model = onnx.load(out)
+    onnx.checker.check_model(model, full_check=True)
+    assert [n.name for n in model.graph.node] == ["conv", "bn", "relu"]
+    props = {n.name: {p.key for p in n.metadata_props} for n in model.graph.node}
+    assert all("fusecli.saved_bytes" in keys for keys in props.values())
+
+
+def test_annotated_copy_failing_the_check_is_not_written(tmp_path, sample, monkeypatch):
+    """What onnx's checker or onnxruntime refuses never replaces the output (a metadata entry that breaks
+    the node stands in for any bug)."""
+    import fusecli.report.annotate as annotate
+
+    real = annotate.annotate_model
+
+    def breaking(a, model):
+        count = real(a, model)
+        model.graph.node[0].input[0] = "nothing_makes_this"
+        return count
+
+    monkeypatch.setattr(annotate, "annotate_model", breaking)
+    out = tmp_path / "annotated.onnx"
+    out.write_bytes(b"before")
+    r = CliRunner().invoke(main, ["analyze", sample("conv_bn_relu"), "-q", "--annotate", str(out)])
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.exit_code == 1 and len(lines) == 1 and "nothing written" in lines[0], r.stderr
+    assert out.read_bytes() == b"before" and sorted(os.listdir(tmp_path)) == ["annotated.onnx"]

@@ -1,6 +1,6 @@
-"""rewrite's own passes stay within a small multiple of analyze on long chains (20k nodes here;
-docs/performance.md has the 200k-node measurement). CPU time of this process, so that other work on a
-shared machine does not decide the ratio."""
+"""rewrite's own passes (and the check of the written file) stay within a small multiple of analyze on long
+chains (20k nodes here; docs/performance.md has the 200k-node measurement). CPU time of this process, so that
+other work on a shared machine does not decide the ratio."""
 
 from __future__ import annotations
 
@@ -66,5 +66,6 @@ def test_rewrite_of_a_long_chain_within_4x_of_analyze(build, tmp_path):
     print(f"rewrite {tr:.2f} s, analyze {ta:.2f} s: {tr / ta:.2f}x")
     # 4x: analyze's own passes got faster twice (issue 26: 1.28 -> 0.90 -> 0.72 s CPU here at 20k nodes)
     # while rewrite's (a region cut per emission, then a second analysis) gained less: 3.46 -> 2.88 -> 2.5 s;
-    # it was 3x, then 3.5x
-    assert tr <= 4 * ta, f"rewrite {tr:.1f} s, analyze {ta:.1f} s"
+    # it was 3x, then 3.5x, then 4x. 4.5x: the written file is checked before it replaces the output (onnx's
+    # full checker and an onnxruntime session, about 0.5 s CPU at 20k nodes: 3.75x -> 4.1-4.2x here)
+    assert tr <= 4.5 * ta, f"rewrite {tr:.1f} s, analyze {ta:.1f} s"
