@@ -135,9 +135,8 @@ def kernel_interiors(graph: Graph, regions: list[Region]) -> list[str]:
     """The tensors eager PyTorch never allocates for its composites' kernels: those the export spells
     between a region's inputs and its root, read by nothing outside it but for their shapes (sdpa's
     scores and P under the flash kernel; the math kernel, rms_norm and BLOOM's GELU run op by op and
-    allocate them), and what
-    only feeds an input the eager call never gets (the causal mask passed as is_causal, K and V repeated
-    for enable_gqa), back to the tensors something else reads."""
+    allocate them), and what only feeds an input the eager call never gets (the causal mask passed as
+    is_causal, K and V repeated for enable_gqa), back to the tensors something else reads."""
     out = []
     unread: dict[int, set[int]] = {}  # tensor -> the nodes that read it as an input the kernel drops
     for r in regions:

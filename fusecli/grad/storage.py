@@ -101,11 +101,11 @@ def transients(joint: Graph, profile) -> list[tuple[Tensor, int]]:
     (``TRANSIENT_COPIES``, listed once per buffer), for a framework with these habits."""
     if not profile.views:
         return []
-    out = [(n.outputs[0], i) for i, n in enumerate(joint.nodes) if n.op_type in TRANSIENT_COPIES
-           and n.phase == "backward" and n.outputs and n.outputs[0] is not None
-           for _ in range(TRANSIENT_COPIES[n.op_type])]
+    out = []
     for i, n in enumerate(joint.nodes):
-        if n.op_type in _COPIES_STRIDE_0:
+        if n.op_type in TRANSIENT_COPIES and n.phase == "backward" and n.outputs and n.outputs[0] is not None:
+            out += [(n.outputs[0], i)] * TRANSIENT_COPIES[n.op_type]
+        elif n.op_type in _COPIES_STRIDE_0:
             out += [(t, i) for t in n.inputs[:1] if t is not None and t.producer is not None
                     and t.producer.op_type == _LOSS_GRAD]
     return out

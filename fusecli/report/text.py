@@ -21,7 +21,7 @@ from ..fusion.match import Match
 from ..fusion.recompute import recompute_all
 from ..memory.formulas import fold_opaque, grouped_total, memory_formulas
 from ..pipeline import Analysis
-from .peak import peak_not_counted
+from .peak import peak_entry, peak_not_counted
 
 MIN_WIDTH, MAX_WIDTH = 60, 200
 _UNIT = re.compile(r"(\d) (?=(?:B|KiB|MiB|GiB)\b)")
@@ -337,15 +337,12 @@ def peak_lines(a: Analysis, namer: Namer, width: int, top: int) -> list[str]:
     node = live.peak_node
     if node is None:
         return []
-    alive = [t for t in live.live_at_peak if t.kind not in ("parameter", "constant")]
-    sizes = {t.name: t.nbytes(a.sizes) for t in alive}
-    alive.sort(key=lambda t: (-(sizes[t.name] or 0), t.name))
+    alive = [e for e in peak_entry(a)["alive"] if e["kind"] != "transient"]  # largest first
     shown = alive[:top]
     title = wrap(f"alive at the peak (step {live.peak_step}, {node.phase}: {node.op_type} "
                  f"{namer(node.name)}; {format_bytes(live.resident_bytes)} of parameters and constants)"
                  + ("" if len(shown) == len(alive) else f", largest {len(shown)} of {len(alive)}"), width, "")
-    rows = [[format_bytes(sizes[t.name]), t.kind, namer(t.name),
-             "input" if t.producer is None else t.producer.op_type] for t in shown]
+    rows = [[format_bytes(e["bytes"]), e["kind"], namer(e["name"]), e["op"]] for e in shown]
     cols = [Column("bytes", right=True), Column("kind"), Column("tensor", flex=3, names=True),
             Column("made by", flex=2)]
     return ["", *title] + table(cols, rows, width)
