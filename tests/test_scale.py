@@ -1,6 +1,11 @@
-"""The analysis is linear: twice the nodes cost at most 2.2x the CPU time (issue 26; 20k vs 40k nodes here,
+"""The analysis is linear: twice the nodes cost at most 2.5x the CPU time (issue 26; 20k vs 40k nodes here,
 benchmarks/bench_scale.py measures 25k-200k nodes as whole processes). CPU time of this process, the
-smallest of three interleaved runs each, so that other work on a shared machine does not decide the ratio."""
+smallest of four interleaved runs each, so that other work on a shared machine does not decide the ratio.
+
+Why 2.5 and not 2: at these sizes linear code pays for the memory hierarchy. On the 2-core CI machines the
+whole analysis measured 1.96-2.31x over repeated runs, onnx's own shape inference alone 2.6x, and
+``Graph.copy`` (linear by construction) 2.2-3.3x. A quadratic pass gives 4x; one that costs a quarter of
+the time at 20k nodes already gives 2.5x."""
 
 from __future__ import annotations
 
@@ -13,7 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 from fusecli.pipeline import Options, analyze
 from fusecli.report.document import to_json
 
-RATIO = 2.2  # 2x nodes; a quadratic pass would give 4x
+RATIO = 2.5  # 2x nodes; a quadratic pass would give 4x (see the docstring for the margin)
 
 
 def _residual_chain(blocks: int) -> onnx.ModelProto:
@@ -52,13 +57,13 @@ def _cpu_seconds(path: str) -> float:
     return time.process_time() - t0
 
 
-def test_twice_the_nodes_cost_at_most_2_2x_the_time(tmp_path):
+def test_twice_the_nodes_cost_at_most_2_5x_the_time(tmp_path):
     small, large = str(tmp_path / "small.onnx"), str(tmp_path / "large.onnx")
     onnx.save(_residual_chain(20_000 // 7), small)
     onnx.save(_residual_chain(40_000 // 7), large)
     _cpu_seconds(small)  # warm: imports, onnx's shape inference, the passes' first calls
     times: dict[str, list[float]] = {small: [], large: []}
-    for _ in range(3):
+    for _ in range(4):
         for path in (small, large):
             times[path].append(_cpu_seconds(path))
     t_small, t_large = min(times[small]), min(times[large])
