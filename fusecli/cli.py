@@ -207,6 +207,15 @@ def _routing_option(f):
                              "spread them evenly (tokens*k/E each); said in the warnings and the JSON.")(f)
 
 
+def _precision_option(f):
+    return click.option("--precision", type=click.Choice(["fp32", "bf16", "fp16", "amp-bf16", "amp-fp16"]),
+                        default=None,
+                        help="Train at this precision (default: the export's dtypes): bf16/fp16 cast the "
+                             "model (upcasts transformers keeps in float32 applied); amp-* model "
+                             "torch.autocast on --device (its op lists, a bf16 copy of each weight per "
+                             "forward). Said in the report and the JSON.")(f)
+
+
 def _common_options(f):
     """--batch, --dim and --signature, shared by the commands that load and size a model."""
     f = click.option("--signature", default=None, metavar="NAME",
@@ -240,6 +249,7 @@ def main() -> None:
               help="Where PyTorch trains: its scaled_dot_product_attention kernels, and so what they "
                    "keep for backward, differ.")
 @_routing_option
+@_precision_option
 @click.option("-v", "--verbose", is_flag=True, help="List every saved tensor and every match.")
 @click.option("-q", "--quiet", is_flag=True, help="Print the summary only (verdicts per pattern, memory).")
 @click.option("--all", "all_saved", is_flag=True, help="List every saved tensor (default: the largest 10).")
@@ -251,8 +261,8 @@ def main() -> None:
                    "(shown by Netron) and totals as model metadata.")
 def analyze(model: str, as_json: bool, batch: int | None, dims: tuple[str, ...], signature: str | None,
             wrt: str, plot_path: str | None, patterns: tuple[str, ...], constant_weights: str,
-            autodiff: str | None, device: str, routing: str | None, verbose: bool, quiet: bool,
-            all_saved: bool, overlay_path: str | None, annotate_path: str | None) -> None:
+            autodiff: str | None, device: str, routing: str | None, precision: str | None, verbose: bool,
+            quiet: bool, all_saved: bool, overlay_path: str | None, annotate_path: str | None) -> None:
     """Analyze MODEL (an .onnx file or a SavedModel folder)."""
     from .pipeline import Options
     from .pipeline import analyze as run_analysis
@@ -263,7 +273,7 @@ def analyze(model: str, as_json: bool, batch: int | None, dims: tuple[str, ...],
     options = Options(batch=batch, dims=_parse_dims(dims), wrt_inputs=wrt == "inputs",
                       patterns=patterns, signature=signature,
                       constant_weights=constant_weights == "parameters", autodiff=autodiff,
-                      device=device, routing=routing)
+                      device=device, routing=routing, precision=precision)
     if plot_path:
         _check_plot(plot_path, model)
     _check_viewer_outputs(model, overlay_path, annotate_path)
@@ -322,11 +332,13 @@ def analyze(model: str, as_json: bool, batch: int | None, dims: tuple[str, ...],
 @_patterns_option
 @_constant_weights_option
 @_autodiff_option
+@_precision_option
 def render(model: str, view: str, as_dot: bool, output: str | None, mode: str, focus: str | None,
            hops: int,
            collapse: int, unfold: bool, shape_ops: bool, max_nodes: int, batch: int | None,
            dims: tuple[str, ...], signature: str | None,
-           wrt: str, patterns: tuple[str, ...], constant_weights: str, autodiff: str | None) -> None:
+           wrt: str, patterns: tuple[str, ...], constant_weights: str, autodiff: str | None,
+           precision: str | None) -> None:
     """Draw MODEL's before / after / backward view (Graphviz)."""
     from .core import progress
     from .core.output import atomic_write, check_output
@@ -353,7 +365,8 @@ def render(model: str, view: str, as_dot: bool, output: str | None, mode: str, f
         raise click.BadParameter("--dot writes DOT source: give -o FILE.dot or no -o", param_hint="--dot")
     options = Options(batch=batch, dims=_parse_dims(dims), wrt_inputs=wrt == "inputs",
                       signature=signature, patterns=patterns,
-                      constant_weights=constant_weights == "parameters", autodiff=autodiff)
+                      constant_weights=constant_weights == "parameters", autodiff=autodiff,
+                      precision=precision)
     with progress.stages() as stage:
         result = run_analysis(model, options)
         for w in result.warnings:
@@ -454,8 +467,10 @@ BAD_INPUT_EXIT = 3  # diff: 1 means a regression, so a model that cannot be read
 @click.option("--wrt", type=click.Choice(["parameters", "inputs"]), default="parameters",
               show_default=True,
               help="Differentiate w.r.t. the trainable parameters, or the float graph inputs too.")
+@_precision_option
 def diff_command(old: str, new: str, as_json: bool, batch: int | None, dims: tuple[str, ...],
-                 signature: str | None, fail_on: str, tolerance: str, wrt: str) -> None:
+                 signature: str | None, fail_on: str, tolerance: str, wrt: str,
+                 precision: str | None) -> None:
     """Compare two exports of one model (OLD, NEW): fusions, verdicts, memory, ops. Exit 0: no
     regression; 1: a regression of a kind in --fail-on; 2: usage; 3: a model could not be read."""
     from .diff.compare import DiffOptions, analyze_pair, compare, parse_fail_on, parse_tolerance
@@ -464,7 +479,7 @@ def diff_command(old: str, new: str, as_json: bool, batch: int | None, dims: tup
     parsed = _parse_dims(dims)
     try:
         a, b, options.notes, options.dim_rename = analyze_pair(old, new, batch, parsed, signature,
-                                                               wrt == "inputs")
+                                                               wrt == "inputs", precision)
         doc = compare(a, b, options)
     except UsageError:
         raise
@@ -509,9 +524,7 @@ def _parse_budget(ctx, param, value: str) -> int:
 @click.option("--optimizer", type=click.Choice(["adamw", "adam", "sgd", "sgd-momentum", "none"]),
               default="adamw", show_default=True,
               help="Optimizer state: Adam(W) two moments, sgd none (sgd-momentum one buffer).")
-@click.option("--dtype", "dtype", type=click.Choice(["fp32", "bf16", "mixed"]), default="fp32",
-              show_default=True, help="Training precision: mixed = bf16 weights, gradients and activations "
-              "with fp32 master weights and optimizer state.")
+@_precision_option
 @click.option("--solve", type=click.Choice(["batch", "seq"]), default="batch", show_default=True,
               help="Which dim the largest-that-fits answer solves for.")
 @click.option("--recompute", type=click.Choice(["all", "blocks"]), default=None,
@@ -524,7 +537,7 @@ def _parse_budget(ctx, param, value: str) -> int:
 @click.option("--emit-pytorch", "emit_path", default=None, metavar="FILE.py",
               help="Write a helper module whose apply(model) checkpoints the planned submodules.")
 def plan_command(model: str, budget: int, batch: int | None, dims: tuple[str, ...], signature: str | None,
-                 optimizer: str, dtype: str, solve: str, recompute: str, as_json: bool,
+                 optimizer: str, precision: str | None, solve: str, recompute: str, as_json: bool,
                  plot_path: str | None, emit_path: str | None) -> None:
     """Fit MODEL's training step into --budget: its memory as formulas, the largest batch that fits,
     and what to recompute (checkpoint) when it does not. Exit 1 when it cannot fit."""
@@ -543,11 +556,11 @@ def plan_command(model: str, budget: int, batch: int | None, dims: tuple[str, ..
             raise UsageError("--emit-pytorch writes torch.utils.checkpoint calls, which recompute blocks "
                              "only: use --recompute blocks (the default with --emit-pytorch)")
     recompute = recompute or ("blocks" if emit_path else "all")
-    options = Options(batch=batch, dims=_parse_dims(dims), signature=signature)
+    options = Options(batch=batch, dims=_parse_dims(dims), signature=signature, precision=precision)
     with progress.stages() as stage:
         result = run_analysis(model, options)
         stage("planning")
-        plan = make_plan(result, PlanOptions(budget, optimizer, dtype, solve, recompute))
+        plan = make_plan(result, PlanOptions(budget, optimizer, precision, solve, recompute))
     for w in result.warnings:
         _warn(w)
     name = os.path.basename(os.path.normpath(model))

@@ -17,6 +17,7 @@ from .load.constant_weights import no_parameter_warning
 from .load.routing import ROUTER_OPS, routers_of
 from .memory.liveness import Liveness, analyze_liveness
 from .memory.sizes import Sizes, bind, model_variables
+from .precision import Precision, apply_precision
 from .spellings.attention import NearMiss, near_misses
 
 
@@ -33,6 +34,7 @@ class Options:
     autodiff: str | None = None  # ops | tensorflow | pytorch; None: by the framework that made the model
     device: str = "cpu"  # where the framework trains (PyTorch's attention kernels differ on cuda)
     routing: str | None = None  # --routing balanced: MoE routers spread tokens evenly (load.routing)
+    precision: str | None = None  # --precision: fp32 | bf16 | fp16 | amp-bf16 | amp-fp16 (None: as exported)
 
 
 @dataclass
@@ -51,6 +53,7 @@ class Analysis:
     profile: Profile | None = None  # the autodiff profile the backward was built with
     profile_reason: str = ""  # why that profile
     near_misses: list[NearMiss] = field(default_factory=list)  # attention-shaped regions not matched
+    precision: Precision | None = None  # what --precision applied (None: the export's dtypes)
 
     def unsupported(self) -> dict[str, int]:
         """Op types (domain-qualified when not ONNX's) with no gradient rule, and their counts."""
@@ -149,6 +152,9 @@ def analyze_graph(path: str, graph: Graph, options: Options) -> Analysis:
     progress.stage("sizes")
     sizes, warnings, unknown = size_graph(graph, options)
     profile, reason = choose_profile(graph, options.autodiff)
+    precision = None
+    if options.precision is not None:
+        precision = apply_precision(graph, options.precision, options.device)  # said in the report
     profile = replace(profile, device=options.device, dims=dict(sizes))
     progress.stage("backward")
     joint = build_backward(graph, wrt_inputs=options.wrt_inputs, profile=profile)
@@ -167,7 +173,7 @@ def analyze_graph(path: str, graph: Graph, options: Options) -> Analysis:
     if no_params:
         warnings.append(no_params)
     return Analysis(path, graph, options, joint, liveness, matches, warnings, sizes, unknown, profile, reason,
-                    misses)
+                    misses, precision)
 
 
 def analyze(path: str, options: Options | None = None,

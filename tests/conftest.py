@@ -59,7 +59,7 @@ def hf_onnx(tmp_path_factory):
     small `transformers` model's ONNX export (tests/hf_models.py), made once per test session; ``attn``
     "default" is the attention `transformers` picks when the user says nothing (sdpa); ``layers`` the
     text models' layer count (default 2), ``kv_heads`` Llama's K/V heads, ``cache`` its use_cache
-    (hf_models.build)."""
+    (hf_models.build), ``precision`` "bf16" or "amp-bf16" (hf_models.at_precision, autocast_of)."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from tests import hf_models
@@ -69,8 +69,9 @@ def hf_onnx(tmp_path_factory):
 
     def get(name: str, exporter: str = "torchscript", dynamic: bool = True, batch: int = 2,
             seq: int = 16, attn: str = "eager", layers: int = 2, kv_heads: int | None = None,
-            cache: bool = True) -> str:
+            cache: bool = True, precision: str = "fp32") -> str:
         key = (name, exporter, dynamic) + (() if dynamic else (batch, seq))
+        key += () if precision == "fp32" else (precision,)
         key += () if attn == "eager" else (attn,)
         key += () if layers == 2 else (f"{layers}layers",)
         key += () if kv_heads is None else (f"{kv_heads}kv",)
@@ -80,7 +81,7 @@ def hf_onnx(tmp_path_factory):
                 pytest.importorskip("onnxscript")
             path = folder / ("_".join(map(str, key)) + ".onnx")
             made[key] = hf_models.export(name, str(path), exporter, dynamic, batch, seq, attn=attn,
-                                         layers=layers, kv_heads=kv_heads, cache=cache)
+                                         layers=layers, kv_heads=kv_heads, cache=cache, precision=precision)
         return made[key]
 
     return get

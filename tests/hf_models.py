@@ -235,15 +235,16 @@ def attention_of(name: str, attn: str = "default") -> str:
 
 def export(name: str, path: str, exporter: str = "torchscript", dynamic: bool = True,
            batch: int = 2, seq: int = 16, opset: int = 17, attn: str = "eager", layers: int = 2,
-           kv_heads: int | None = None, cache: bool = True) -> str:
+           kv_heads: int | None = None, cache: bool = True, precision: str = "fp32") -> str:
     """Write the ONNX export of `name` to `path` and return it. Dynamic dims are named `batch` and
-    `seq` (text models) as users name them in `dynamic_axes`."""
+    `seq` (text models) as users name them in `dynamic_axes`. ``precision``: "fp32", "bf16" (the model
+    cast, ``at_precision``) or "amp-bf16" (traced under CPU autocast)."""
     import torch
 
     model, s = build(name, attn=attn, layers=layers, kv_heads=kv_heads, cache=cache), spec(name)
-    args = example_inputs(name, batch, seq)
+    model, args = at_precision(model, example_inputs(name, batch, seq), precision)
     axes = {0: "batch", 1: "seq"} if s.seq_axis else {0: "batch"}
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), autocast_of(precision):
         warnings.simplefilter("ignore")
         if exporter == "torchscript":
             torch.onnx.export(model, args, path, dynamo=False, opset_version=opset,
@@ -262,6 +263,32 @@ def export(name: str, path: str, exporter: str = "torchscript", dynamic: bool = 
         else:
             raise ValueError(exporter)
     return path
+
+
+def at_precision(model, args, precision: str):
+    """The model and inputs as a step at ``precision`` gets them: "bf16" casts the model and its float
+    inputs (model.to(torch.bfloat16)); "fp32" and "amp-bf16" leave both as they are."""
+    import torch
+
+    if precision != "bf16":
+        return model, args
+    return model.to(torch.bfloat16), tuple(a.to(torch.bfloat16) if a.is_floating_point() else a for a in args)
+
+
+def autocast_of(precision: str):
+    """The context a step at ``precision`` runs in: CPU autocast for "amp-bf16", else none."""
+    import contextlib
+
+    import torch
+
+    return torch.autocast("cpu", torch.bfloat16) if precision == "amp-bf16" else contextlib.nullcontext()
+
+
+def pytorch_saved_at(name: str, precision: str, batch: int = 2, seq: int = 16, attn: str = "default") -> int:
+    """``pytorch_saved_bytes`` of a step at ``precision`` (at_precision, autocast_of)."""
+    model, args = at_precision(build(name, attn=attn), example_inputs(name, batch, seq), precision)
+    with autocast_of(precision):
+        return sum(b for _, _, b in saved_storages(model, args))
 
 
 def pytorch_saved(name: str, batch: int = 2, seq: int = 16, attn: str = "eager",

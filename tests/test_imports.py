@@ -118,12 +118,13 @@ LAYERS = {
     "load": {"core", "memory"},
     "grad": {"core", "spellings"},
     "memory": {"core"},
+    "precision": {"core", "spellings", "grad"},
     "fusion": {"core", "memory", "spellings", "rewrite"},
-    "pipeline": {"core", "load", "spellings", "grad", "memory", "fusion"},
-    "report": {"fusecli", "core", "load", "spellings", "memory", "fusion", "pipeline"},
+    "pipeline": {"core", "load", "spellings", "grad", "memory", "precision", "fusion"},
+    "report": {"fusecli", "core", "load", "spellings", "memory", "precision", "fusion", "pipeline"},
     "render": {"core", "fusion", "pipeline"},
     "rewrite": {"fusecli", "core", "load", "spellings", "memory", "fusion", "pipeline"},
-    "plan": {"core", "memory", "fusion"},
+    "plan": {"core", "memory", "precision", "fusion"},
     "diff": {"fusecli", "core", "load", "memory", "fusion", "pipeline", "report", "rewrite"},
 }
 

@@ -17,6 +17,7 @@ from .kept_outputs import KEPT_OUTPUTS, make_kept_outputs
 from .layout import Layouts
 from .profiles import OPS, Profile
 from .rules import Grad
+from .storage import made_each_step, per_call_casts
 
 GRAD_PREFIX = "gradients"
 
@@ -33,6 +34,7 @@ def requires_grad(graph: Graph, wrt_inputs: bool = False, profile: Profile = OPS
     frozen = profile.frozen(graph) if profile.frozen is not None else ()
     rg = {t.name for t in graph.tensors.values()
           if t.dtype in FLOAT_DTYPES and ((t.kind == "parameter" and t.name not in frozen)
+                                          or "from_parameter" in t.meta
                                           or ((wrt_inputs or every) and t.kind == "input")
                                           or (every and "variable" in t.meta))}
     rules = _RuleCache(profile)
@@ -180,11 +182,13 @@ def build_backward(forward: Graph, wrt_inputs: bool = False, profile: Profile = 
     """
     joint = forward.copy()
     joint.meta["wrt_inputs"] = wrt_inputs
+    joint.meta["made_each_step"] = made_each_step(joint, profile)
+    joint.meta["per_call_casts"] = per_call_casts(joint, profile)
     joint.meta["autodiff"] = profile.name
     rg = requires_grad(joint, wrt_inputs, profile)
     # what may get a gradient output, listed before the backward tensors (all activations) join them
     leaves = [t for t in joint.tensors.values()
-              if t.kind == "parameter" or (wrt_inputs and t.kind == "input")]
+              if t.kind == "parameter" or "from_parameter" in t.meta or (wrt_inputs and t.kind == "input")]
     regions = regions_of(joint, profile, rg)
     joint.meta["composites"] = {r.root.name: r.name for r in regions}
     joint.meta["attention_kernels"] = {r.root.name: r.kernel for r in regions if r.kernel is not None}

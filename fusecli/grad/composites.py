@@ -183,9 +183,13 @@ def multi_index_match(root: Node):
 
 def _rms_norm_reads(roles, bound, root) -> list[Tensor]:
     """CPU's rms_norm is CompositeImplicitAutograd: pow saves x, rsqrt and mul save rstd, w * normed
-    saves normed."""
+    saves normed (and w, where it is an activation: Gemma's ``1 + w``)."""
     normed = bound.get("normed")  # unbound when it is the root (no weight)
-    return [bound["x"], bound["rstd"]] + ([normed] if normed is not None else [])
+    if normed is None:
+        return [bound["x"], bound["rstd"]]
+    w = root.inputs[1] if root.inputs[0] is normed else root.inputs[0]
+    computed = w is not None and w.kind not in ("parameter", "constant")  # Gemma's 1 + w, made each step
+    return [bound["x"], bound["rstd"], normed] + ([w] if computed else [])
 
 
 PYTORCH_COMPOSITES: tuple[Composite, ...] = (

@@ -98,6 +98,10 @@ def _pytorch() -> Profile:
             "tan": {0: G("TanBackward", "y0")},  # grad * (1 + result^2)
             "asinh": {0: G("AsinhBackward", "x0")},  # grad * rsqrt(self^2 + 1)
             "acosh": {0: G("AcoshBackward", "x0")},  # grad * rsqrt(self^2 - 1)
+            # ConvolutionBackward0 saves input and weight whichever gradients it computes (a weight's
+            # autocast copy is kept even for the first conv, whose input needs none)
+            "conv": {0: G("ConvBackpropInput", "x1", "x0.shape"), 1: G("ConvBackpropFilter", "x0", "x1"),
+                     2: G("BiasAddGrad")},
         },
         composites=PYTORCH_COMPOSITES,
         # reshape/view/permute/squeeze/expand/split return views; .to(its own dtype) returns the tensor itself

@@ -192,10 +192,16 @@ def choose(form: AttentionForm, rg: set[str], memo: dict[int, bool], device: str
         reads = [qk.inputs[0], qk.inputs[1], sm.outputs[0], pv.inputs[1]]
         return KernelChoice("math", f"math kernel: {why_math}; it saves P", reads, [])
     grouped = form.k_kv is not None and form.v_kv is not None and not data_masks
+    cast_copies: list[tuple[str, str, tuple | None]] = []
     k, v = (form.k_kv, form.v_kv) if grouped else (form.k, form.v)
     reads = [form.q, k, v, out]
+    if grouped:  # a K or V the export casts after its repeat: the eager call casts it unrepeated, a new copy
+        for index, (role, before, after) in enumerate((("key", k, form.k), ("value", v, form.v)), 1):
+            if before.dtype != after.dtype:
+                reads[index] = None
+                cast_copies.append((f"{pv.name}.{role}_{after.dtype}", after.dtype, before.shape))
     new = [(f"{pv.name}.logsumexp", "float32",
-            None if form.q.shape is None else tuple(form.q.shape[:-1]))]
+            None if form.q.shape is None else tuple(form.q.shape[:-1])), *cast_copies]
     for role, index, t in (("key", 1, k), ("value", 2, v)):
         if _dropped_cat(pv, index, t):  # the kernel saves the copy, not the tensor the export shows
             reads[index] = None
@@ -220,8 +226,10 @@ def choose(form: AttentionForm, rg: set[str], memo: dict[int, bool], device: str
     if grouped:
         notes.append("K and V enter unrepeated (enable_gqa)")
     for m in data_masks:
-        if m.is_float and not converted_bool(m):
+        if m.is_float and not converted_bool(m) and m.dtype == form.q.dtype:
             reads.append(m)  # the model's own float mask: one storage, however many layers read it
+        elif m.is_float and not converted_bool(m):  # cast to q's dtype (autocast) in each call
+            new.append((f"{pv.name}.{m.name}.{form.q.dtype}", form.q.dtype, m.shape))
         else:  # a bool mask becomes a float one per call, which the kernel saves
             new.append((f"{pv.name}.{m.name}.float", form.q.dtype, m.shape))
     if data_masks:

@@ -21,9 +21,10 @@ it (a view's base), or to None (never allocated); a tensor not in the map is its
 
 from __future__ import annotations
 
-from ..core.ir import Graph, Node, Tensor
+from ..core.ir import Graph, Node, Tensor, unique_name
 from ..core.scopes import node_scope
 from .layout import Layouts
+from .torch_export import made_each_step as folded_each_step
 
 # backward ops whose output is a view of their first input (the incoming gradient): d/dx reshape(x) is
 # dy.reshape(x.shape), d/dx x^T is dy^T; a sum of partials accumulates into the first partial's buffer
@@ -136,8 +137,93 @@ def _block(node: Node) -> tuple[str, ...] | None:
     return None
 
 
+def made_each_step(graph: Graph, profile) -> list[str]:
+    """Eager PyTorch runs every forward op at each step, so a float tensor an op computes from parameters
+    (a weight's bf16 copy under autocast, Gemma's ``1 + w``, a weight-normalised conv weight) is a new
+    storage: an activation, which backward may keep and through which the gradient reaches its
+    parameters. A view of a weight (its transpose, ``w[e]``) stays a weight. Re-kinds those tensors of
+    ``graph`` (the joint's copy of forward, before differentiation) and lets backward differentiate their
+    nodes; returns their names (none for a framework without these habits)."""
+    if not profile.views:
+        return []
+    made: set[int] = set()
+    for name in folded_each_step(graph):  # folded at export time, made at each step: a leaf of its own
+        t = graph.tensors[name]
+        t.kind, t.meta["from_parameter"], t.meta["weight_copy"] = "activation", True, True
+        made.add(id(t))
+    for node in graph.nodes:
+        if not node.meta.get("constant"):
+            continue
+        ins = [t for t in node.inputs if t is not None]
+        if not any(id(t) in made for t in ins) and (_weight_view(node, profile.views)
+                                                     or not any(t.kind == "parameter" for t in ins)):
+            continue
+        outs = [t for t in node.outputs if t is not None and t.kind == "parameter"]
+        if not outs:
+            continue
+        del node.meta["constant"]
+        for t in outs:
+            t.kind = "activation"
+            if node.kind == "cast":
+                t.meta["weight_copy"] = True
+            made.add(id(t))
+    return [t.name for t in graph.tensors.values() if id(t) in made]
+
+
+_LOWER = frozenset({"bfloat16", "float16"})
+_MATMULS = frozenset({"matmul", "gemm"})
+
+
+def per_call_casts(graph: Graph, profile) -> list[str]:
+    """Autocast casts a float32 activation to the lower dtype in every lower-precision op that reads it
+    (only weights are cached), where an export writes one Cast for all of them (the exporter merges the
+    calls' identical casts): one more Cast per further matmul that runs under autocast (its weight is a
+    per-step copy of an fp32 parameter), right after the first. A model cast to bf16 casts once, and its
+    matmuls read bf16 parameters. Returns the new tensors' names."""
+    if not profile.views:
+        return []
+    copies: dict[int, list[Node]] = {}
+    for node in list(graph.nodes):
+        if node.kind != "cast" or node.meta.get("constant") or len(node.inputs) != 1 \
+                or len(node.outputs) != 1:
+            continue
+        x, y = node.inputs[0], node.outputs[0]
+        if x is None or y is None or x.dtype != "float32" or y.dtype not in _LOWER:
+            continue
+        readers = [c for c in dict.fromkeys(y.consumers) if c.kind in _MATMULS and _under_autocast(c, y)]
+        for i, reader in enumerate(readers[1:], 1):
+            t = graph.tensor(unique_name(f"{y.name}.call{i}", graph.tensors), dtype=y.dtype, shape=y.shape,
+                             kind="activation")
+            copy = graph.add_node(Node(graph.unique_node_name(f"{node.name}.call{i}"), node.op_type,
+                                       node.kind, [x], [t], dict(node.attrs), node.domain, "forward",
+                                       {"per_call_of": node.name}))
+            reader.inputs = [t if u is y else u for u in reader.inputs]
+            y.consumers[:] = [c for c in y.consumers if c is not reader]
+            t.consumers.append(reader)
+            copies.setdefault(id(node), []).append(copy)
+    if copies:
+        made = {id(c) for cs in copies.values() for c in cs}
+        graph.nodes = [m for n in graph.nodes if id(n) not in made for m in (n, *copies.get(id(n), ()))]
+    return [c.outputs[0].name for cs in copies.values() for c in cs]
+
+
+def _under_autocast(matmul: Node, x: Tensor) -> bool:
+    """The matmul's other operand is a per-step copy of a parameter (through views): autocast's weight."""
+    for w in matmul.inputs[:2]:
+        while w is not None and w is not x and "weight_copy" not in w.meta and w.producer is not None \
+                and w.producer.kind in ("transpose", "reshape", "identity") and w.producer.inputs:
+            w = w.producer.inputs[0]
+        if w is not None and w is not x and "weight_copy" in w.meta:
+            return True
+    return False
+
+
 def _weight_view(node, views: frozenset[str]) -> bool:
-    """``node`` views its first input: a view kind, a slice, or a gather of one index (``w[e]``: select)."""
+    """``node`` views its first input: a view kind (a cast to another dtype copies), a slice, or a gather
+    of one index (``w[e]``: select)."""
+    if node.kind == "cast":
+        x, y = (node.inputs[0] if node.inputs else None), (node.outputs[0] if node.outputs else None)
+        return x is not None and y is not None and x.dtype == y.dtype
     if node.kind in views or node.kind == "slice":
         return True
     index = node.inputs[1] if node.kind == "gather" and len(node.inputs) == 2 else None

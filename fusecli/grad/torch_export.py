@@ -53,6 +53,43 @@ def frozen_parameters(graph: Graph) -> set[str]:
     return {t.name for t in graph.tensors.values() if t.kind == "parameter" and not trainable(t)}
 
 
+def made_each_step(graph: Graph) -> set[str]:
+    """Names of the initializers of a dynamo export that eager PyTorch computes from a trainable
+    parameter at every step, by an op that is no view: autocast's bf16 copy of a weight (``_to_copy``),
+    Gemma's ``1 + w`` (``add``), which onnxscript's optimizer folded into initializers. Read from the
+    torch.export node names the initializer and what it was folded from carry (``add_589``,
+    ``_to_copy_1``); a weight's transpose, view or slice (``t``, ``view``, ``slice``) stays a weight."""
+    signature = (graph.meta.get("export") or {}).get(SIGNATURE)
+    if not signature:
+        return set()
+    params = {n for name, kind, target in _INPUT.findall(signature) if kind == "PARAMETER"
+              for n in (name, target)}
+    frozen = frozen_parameters(graph)
+    out = set()
+    for t in graph.tensors.values():
+        if t.kind != "parameter" or t.producer is not None or t.name in params or t.name in frozen:
+            continue
+        folded = _sources((t.meta.get("export") or {}).get(FOLDED)) or []
+        computed = any(_computes(s) for s in (t.name, *folded) if s not in params)
+        if computed and any(s in params for s in folded):
+            out.add(t.name)
+    return out
+
+
+_FX_NAME = re.compile(r"^([a-z_][a-z_0-9]*?)(_\d+)?$")
+# torch.export names of aten ops whose result is a view of (or is) their input
+_VIEW_OPS = frozenset({"t", "transpose", "permute", "view", "_unsafe_view", "reshape", "expand", "unsqueeze",
+                       "squeeze", "slice", "select", "alias", "detach", "unbind", "split", "narrow",
+                       "as_strided", "view_as", "expand_as", "flatten", "unflatten", "movedim"})
+_NOT_FX = re.compile(r"^(val|scalar_tensor_default)(_\d+)?$")  # onnxscript's and constants' names
+
+
+def _computes(name: str) -> bool:
+    """``name`` is a torch.export node name of an op that computes a new tensor (not a view)."""
+    m = _FX_NAME.match(name)
+    return m is not None and not _NOT_FX.match(name) and m.group(1) not in _VIEW_OPS
+
+
 def _sources(folded: str | None) -> list[str] | None:
     if folded is None:
         return None

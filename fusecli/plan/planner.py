@@ -21,6 +21,7 @@ from ..core.units import format_bytes
 from ..memory.formulas import INT64_SAFE, max_text, peak_polys
 from ..memory.liveness import Liveness
 from ..memory.sizes import model_variables, tensor_formula
+from ..precision import precision_entry
 from .candidates import (
     Candidate,
     Interval,
@@ -35,7 +36,7 @@ from .candidates import (
 OPTIMIZERS = {"adamw": (2, "AdamW: two moments (m, v)"), "adam": (2, "Adam: two moments (m, v)"),
               "sgd": (0, "SGD without momentum: none"), "sgd-momentum": (1, "SGD with momentum: one buffer"),
               "none": (0, "none")}
-DTYPES = ("fp32", "bf16", "mixed")
+PRECISIONS = ("fp32", "bf16", "fp16", "amp-bf16", "amp-fp16")
 MAX_SOLVE = 1 << 40  # the largest dim value the solver tries
 
 
@@ -43,7 +44,8 @@ MAX_SOLVE = 1 << 40  # the largest dim value the solver tries
 class PlanOptions:
     budget: int  # bytes
     optimizer: str = "adamw"
-    dtype: str = "fp32"  # fp32 | bf16 | mixed (bf16 weights, gradients and activations; fp32 master + state)
+    # --precision, which the analysis applied (precision.transform): None, the export's dtypes
+    precision: str | None = None
     solve: str = "batch"  # which dim "largest" solves for: batch | seq
     recompute: str = "all"  # all (fused kernels and checkpointed blocks) | blocks (checkpointing only)
 
@@ -86,6 +88,7 @@ class Plan:
     planned_largest: int | None = None
     framework: str = "ops"  # pytorch | tensorflow | ops: who applies the checkpoints
     notes: list[str] = field(default_factory=list)
+    precision: dict = field(default_factory=dict)  # precision.precision_entry of the analysis
 
     @property
     def fits(self) -> bool:
@@ -109,8 +112,8 @@ class Plan:
 class StepModel:
     """The joint schedule's lifetimes as byte polynomials (at the plan's dtype), evaluated on demand."""
 
-    def __init__(self, joint, live: Liveness, sizes, dtype: str, extra: Poly) -> None:
-        self.live, self.sizes, self.dtype, self.extra = live, dict(sizes), dtype, extra
+    def __init__(self, joint, live: Liveness, sizes, extra: Poly) -> None:
+        self.live, self.sizes, self.extra = live, dict(sizes), extra
         self.steps = len(live.schedule)
         self.resident = Poly()
         self.formula: dict[str, Poly] = {}
@@ -139,9 +142,8 @@ class StepModel:
         self.fwd_last = forward_last_use(live)
 
     def bytes_formula(self, t: Tensor) -> Poly | None:
-        """A tensor's bytes: float tensors at 2 bytes under bf16 and mixed precision."""
-        dtype = "bfloat16" if self.dtype != "fp32" and t.dtype in FLOAT_DTYPES else t.dtype
-        return tensor_formula(t.shape, dtype)
+        """A tensor's bytes, in the dtype the analysis gave it (--precision applied there)."""
+        return tensor_formula(t.shape, t.dtype)
 
     @staticmethod
     def _add(delta, interval: Interval, value) -> None:
@@ -224,28 +226,35 @@ def solve_dims(graph, solve: str) -> list[str]:
     return rest
 
 
-def _parameter_count(graph, sizes) -> int:
-    return sum((t.nbytes(sizes) or 0) // max(dtype_size(t.dtype), 1)
-               for t in graph.tensors.values() if t.kind == "parameter")
+def _parameter_count(graph, sizes) -> tuple[int, int]:
+    """(parameters, bytes of each as the graph holds them: the export's dtype, or --precision's)."""
+    params = [t for t in graph.tensors.values() if t.kind == "parameter" and t.producer is None]
+    count = sum((t.nbytes(sizes) or 0) // max(dtype_size(t.dtype), 1) for t in params)
+    floats = [dtype_size(t.dtype) for t in params if t.dtype in FLOAT_DTYPES]
+    return count, max(floats, default=4)
 
 
-def step_lines(n_params: int, options: PlanOptions) -> tuple[list[Line], Poly]:
+def step_lines(n_params: int, options: PlanOptions, width: int = 4) -> tuple[list[Line], Poly]:
     """Parameters, gradients, optimizer state (and master weights): the lines no recomputation frees,
-    and the part of them liveness does not hold (optimizer state, master weights)."""
-    width = 4 if options.dtype == "fp32" else 2  # bytes per weight and per gradient
-    state_width = 2 if options.dtype == "bf16" else 4  # mixed precision keeps fp32 optimizer state
+    and the part of them liveness does not hold (optimizer state, master weights). ``width``: bytes per
+    parameter as the analysis holds them. Autocast (amp-*) keeps float32 parameters, gradients and state;
+    a model cast to 16 bits (bf16, fp16, or an export in that dtype) keeps 16-bit weights and
+    gradients, and, as DeepSpeed's and Megatron's bf16 modes do, float32 master weights and state."""
+    p = options.precision
+    if p is not None:
+        width = 4 if p == "fp32" or p.startswith("amp-") else 2
     moments, what = OPTIMIZERS[options.optimizer]
-    precision = {"fp32": "fp32", "bf16": "bf16", "mixed": "bf16 (mixed precision)"}[options.dtype]
+    precision = {4: "fp32", 2: "16-bit"}.get(width, f"{width} B") + \
+        (f" (autocast {p.removeprefix('amp-')} compute)" if p and p.startswith("amp-") else "")
     weights = width * n_params
     lines = [Line("parameters", weights, str(weights), f"{n_params:,} x {width} B, {precision}"),
              Line("gradients", weights, str(weights), f"one per parameter, {precision}")]
-    state = moments * state_width * n_params
-    lines.append(Line("optimizer state", state, str(state),
-                      what + (f", {'fp32' if state_width == 4 else 'bf16'}" if moments else "")))
+    state = moments * 4 * n_params
+    lines.append(Line("optimizer state", state, str(state), what + (", fp32" if moments else "")))
     extra = state
-    if options.dtype == "mixed":
+    if width < 4:
         lines.append(Line("master weights", 4 * n_params, str(4 * n_params),
-                          "fp32 copy the optimizer updates"))
+                          "fp32 copy the optimizer updates (DeepSpeed / Megatron bf16)"))
         extra += 4 * n_params
     return lines, Poly.const(extra)
 
@@ -253,15 +262,21 @@ def step_lines(n_params: int, options: PlanOptions) -> tuple[list[Line], Poly]:
 def make_plan(analysis, options: PlanOptions) -> Plan:
     """The step's memory, and the recomputation plan for ``options.budget`` (FuseError: below the floor)."""
     graph, joint, live, sizes = analysis.graph, analysis.joint, analysis.liveness, analysis.sizes
-    if options.dtype not in DTYPES or options.optimizer not in OPTIMIZERS:
-        raise UsageError(f"unknown dtype {options.dtype!r} or optimizer {options.optimizer!r}")
-    lines, extra = step_lines(_parameter_count(graph, sizes), options)
+    if (options.precision is not None and options.precision not in PRECISIONS) \
+            or options.optimizer not in OPTIMIZERS:
+        raise UsageError(f"unknown precision {options.precision!r} or optimizer {options.optimizer!r}")
+    applied = analysis.precision.name if analysis.precision is not None else None
+    if applied != options.precision:
+        raise UsageError(f"the plan is at precision {options.precision}, the analysis at {applied}: give "
+                         "Options(precision=...) the same value")
+    count, width = _parameter_count(graph, sizes)
+    lines, extra = step_lines(count, options, width)
     floor = sum(line.bytes for line in lines)
     if options.budget < floor:
         parts = " + ".join(f"{line.name} {format_bytes(line.bytes)}" for line in lines if line.bytes)
         raise FuseError(f"budget {format_bytes(options.budget)} is below the parameters' own memory: the "
                         f"floor is {format_bytes(floor)} ({floor:,} bytes: {parts})")
-    model = StepModel(joint, live, sizes, options.dtype, extra)
+    model = StepModel(joint, live, sizes, extra)
     dims = {n: sizes[n] for n in sizes.variables}
     names = solve_dims(graph, options.solve)
     solve_dim = names[0] if names else None
@@ -278,7 +293,8 @@ def make_plan(analysis, options: PlanOptions) -> Plan:
                 Line("step peak", peak0, max_text(polys0), "backward peak + optimizer state"),
                 Line("saved activations", saved0.evaluate(sizes) or 0, str(saved0)),
                 _solve(polys0, dims, names, options.budget), [], 0,
-                framework=analysis.profile.name if analysis.profile is not None else "ops", notes=notes)
+                framework=analysis.profile.name if analysis.profile is not None else "ops", notes=notes,
+                precision=precision_entry(graph, analysis.precision))
     plan.sequence = recompute_sequence(analysis, model, options.recompute)
     if peak0 <= options.budget:
         return plan

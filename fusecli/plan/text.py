@@ -47,7 +47,8 @@ def plan_lines(plan: Plan, model: str) -> list[str]:
     """The report: the step's memory, then either the headroom or the plan and how to apply it."""
     o = plan.options
     dims = ", ".join(f"{k}={v}" for k, v in plan.dims.items()) or "its fixed sizes"
-    out = [f"{model}: training step at {dims}, optimizer {o.optimizer}, {o.dtype}; budget "
+    precision = o.precision or "as exported"
+    out = [f"{model}: training step at {dims}, optimizer {o.optimizer}, precision {precision}; budget "
            f"{format_bytes(o.budget)} ({o.budget:,} bytes)", ""]
     out += [_line(line, plan.dims) for line in plan.lines] + [_line(plan.peak, plan.dims), ""]
     out.append(f"largest with nothing recomputed: {_largest(plan, plan.largest)}")
@@ -96,7 +97,7 @@ def plan_json(plan: Plan) -> dict:
     """The plan as one JSON document."""
     o = plan.options
     return {
-        "budget": o.budget, "optimizer": o.optimizer, "dtype": o.dtype, "dims": plan.dims,
+        "budget": o.budget, "optimizer": o.optimizer, "precision": plan.precision, "dims": plan.dims,
         "solve": plan.solve_dim, "recompute": o.recompute,
         "memory": {line.name.replace(" ", "_"): _line_json(line) for line in plan.lines},
         "floor": plan.floor, "step_peak": _line_json(plan.peak), "largest": plan.largest,

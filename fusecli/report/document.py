@@ -10,6 +10,7 @@ from ..load.routing import routers_of
 from ..memory.formulas import formula_text, memory_formulas
 from ..memory.liveness import Saved
 from ..pipeline import Analysis
+from ..precision import precision_entry
 from ..spellings.attention import AttentionForm, read_attention
 from .peak import peak_entry
 
@@ -33,6 +34,7 @@ def _document(a: Analysis) -> dict:
         "forward": {"nodes": len(g.nodes), "tensors": len(g.tensors),
                     "constant_weights": g.meta.get("constant_weights", 0)},
         "backward": {"nodes": len(a.joint.backward_nodes())},
+        "precision": precision_entry(a.graph, a.precision),
         "autodiff": {"profile": a.profile.name if a.profile else "ops", "reason": a.profile_reason,
                      "composites": len(a.joint.meta.get("composites", ()))},
         "saved": [saved_entry(s) for s in live.saved],

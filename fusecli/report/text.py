@@ -181,6 +181,10 @@ def header_lines(a: Analysis, namer: Namer, width: int) -> list[str]:
              cut_end("tensors: " + ", ".join(f"{kinds[k]} {k}" for k in sorted(kinds)), width)]
     if a.profile is not None:
         lines += wrap(f"autodiff: {a.profile.name} ({a.profile_reason})", width, "  ")
+    if a.precision is not None:
+        p = a.precision
+        lines += wrap(f"precision: {p.name} on {p.device} ({p.casts} casts added): " + "; ".join(p.assumed),
+                      width, "  ")
     if g.meta.get("constant_weights"):
         lines.append(f"weights: {g.meta['constant_weights']} parameters read from Constant nodes")
     for label, tensors in (("input", g.inputs), ("output", g.outputs)):

@@ -216,6 +216,8 @@ def group_query_attention(m: Match, ctx: Context) -> Emission | str:
     if isinstance(key, str) or key[0] is not form.k or key[1] != [0, 1, 3, 2] or pv.inputs[1] is not form.v:
         return "K^T is not the repeated K with its last two axes swapped"
     q, k_kv, v_kv = m.bound["q"], form.k_kv, form.v_kv
+    if k_kv.dtype != q.dtype or v_kv.dtype != q.dtype:
+        return f"K or V is cast to {q.dtype} after its repeat (autocast): GroupQueryAttention takes one dtype"
     qh, kh, vh = heads_of(q), heads_of(k_kv), heads_of(v_kv)
     if qh is None or kh is None or vh is None:
         return "the head count or head size of q, k or v is unknown"

@@ -328,14 +328,20 @@ def _untransposed(kt: Tensor, w: _Walk) -> Tensor:
 
 
 def _repeat(t: Tensor, w: _Walk, role: str) -> Tensor | None:
-    """The tensor before a grouped-query repeat (Reshape(Expand(Unsqueeze(x))) or Tile), else None."""
+    """The tensor before a grouped-query repeat (Reshape(Expand(Unsqueeze(x))) or Tile), else None. A cast
+    after the repeat (sdpa's autocast: enable_gqa's eager call casts K unrepeated) is looked through."""
     p = t.producer
+    cast = None
+    if p is not None and p.kind == "cast" and _arg(p, 0) is not None and p.inputs[0].producer is not None:
+        cast, p = p, p.inputs[0].producer
     if p is None or p.meta.get("constant"):
         return None
     if p.kind == "tile":
         if _arg(p, 0) is None:
             return None
-        w.take(p, role)
+        for n in (p, cast):
+            if n is not None:
+                w.take(n, role if n is p else None)
         return p.inputs[0]
     if p.kind != "reshape" or _arg(p, 0) is None or p.inputs[0].producer is None:
         return None
@@ -345,8 +351,9 @@ def _repeat(t: Tensor, w: _Walk, role: str) -> Tensor | None:
     u = e.inputs[0].producer
     if u.kind != "unsqueeze" or u.meta.get("constant") or _arg(u, 0) is None:
         return None
-    for n in (p, e, u):
-        w.take(n, role if n is e else None)
+    for n in (cast, p, e, u):
+        if n is not None:
+            w.take(n, role if n is e else None)
     return u.inputs[0]
 
 

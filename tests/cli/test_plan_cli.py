@@ -84,9 +84,16 @@ def test_memory_lines_by_optimizer_and_precision(model, unplanned):
     assert params == LAYERS * (2 * 4 * WIDTH * WIDTH + 5 * WIDTH)
     assert m["gradients"]["bytes"] == 4 * params and m["optimizer_state"]["bytes"] == 8 * params  # AdamW
     assert plan_json(model, "1TiB", "--optimizer", "sgd")[1]["memory"]["optimizer_state"]["bytes"] == 0
-    mixed = plan_json(model, "1TiB", "--dtype", "mixed")[1]["memory"]
-    assert mixed["parameters"]["bytes"] == 2 * params and mixed["master_weights"]["bytes"] == 4 * params
-    assert mixed["saved_activations"]["bytes"] * 2 == m["saved_activations"]["bytes"]  # float32 -> bf16
+    bf16 = plan_json(model, "1TiB", "--precision", "bf16")[1]
+    b = bf16["memory"]
+    assert b["parameters"]["bytes"] == 2 * params and b["master_weights"]["bytes"] == 4 * params
+    assert b["optimizer_state"]["bytes"] == 8 * params  # fp32 moments beside the fp32 master weights
+    assert b["saved_activations"]["bytes"] * 2 == m["saved_activations"]["bytes"]  # float32 -> bf16
+    assert bf16["precision"]["precision"] == "bf16" and bf16["precision"]["assumed"]
+    amp = plan_json(model, "1TiB", "--precision", "amp-bf16")[1]["memory"]  # fp32 weights, bf16 compute
+    assert amp["parameters"]["bytes"] == 4 * params and "master_weights" not in amp
+    assert amp["saved_activations"]["bytes"] != m["saved_activations"]["bytes"]
+    assert unplanned["precision"] == {"precision": "as exported", "parameter_dtypes": ["float32"]}
 
 
 @pytest.mark.parametrize("budget", ["abc", "0", "-5GB", "24XB", "1..2GiB", ""])

@@ -1,0 +1,304 @@
+"""A precision applied to a forward graph: each float tensor's dtype as the framework computes it, and
+the casts it makes as Cast nodes (so that backward keeps them where the framework's backward does).
+
+- ``fp32`` / ``bf16`` / ``fp16``: the model cast (``model.to(dtype)``; DeepSpeed and Megatron bf16, FSDP's
+  param_dtype): parameters, float inputs and every op in that dtype, except where transformers' code
+  computes in float32, which an fp32 export cannot show: RMSNorm (x cast up, its statistics and
+  x * rstd in float32, cast down before the weight) and LayerNorm's saved statistics (float32, as
+  PyTorch's CPU kernel and ONNX's stash_type keep them).
+- ``amp-bf16`` / ``amp-fp16``: ``torch.autocast`` on ``--device`` (precision.autocast's lists): float32
+  parameters; a lower-precision op casts its float32 inputs (a weight once per forward, any other
+  tensor at each call), an fp32-list op casts lower-precision inputs up, every other op runs in its
+  inputs' widest dtype (0-d tensors do not promote); ``linear``'s bias add (MatMul + Add in exports) is
+  part of addmm; sdpa gets q, k and v cast and its float mask converted inside the kernel.
+An export already in the lower dtype, or traced under autocast, carries its casts: leave ``--precision``
+out (as exported).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..core.ir import FLOAT_DTYPES, Graph, Node, Tensor, unique_name
+from .autocast import LISTS
+
+PRECISIONS = ("fp32", "bf16", "fp16", "amp-bf16", "amp-fp16")
+_LOWER = {"bf16": "bfloat16", "fp16": "float16"}
+_MATMULS = frozenset({"matmul", "gemm"})
+_BIAS_KINDS = frozenset({"add", "bias_add"})
+
+
+@dataclass
+class Precision:
+    """What ``--precision`` applied, for the report and JSON."""
+
+    name: str  # one of PRECISIONS
+    device: str
+    dtype: str  # the lower (or only) float dtype
+    casts: int = 0  # Cast nodes added
+    assumed: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {"precision": self.name, "device": self.device, "dtype": self.dtype, "casts_added": self.casts,
+                "assumed": self.assumed}
+
+
+def precision_entry(graph: Graph, applied: Precision | None) -> dict:
+    """The JSON entry: what --precision applied, or the parameters' float dtypes as exported."""
+    if applied is not None:
+        return applied.to_json()
+    dtypes = sorted({t.dtype for t in graph.tensors.values() if t.kind == "parameter" and t.is_float})
+    return {"precision": "as exported", "parameter_dtypes": dtypes}
+
+
+def apply_precision(graph: Graph, name: str, device: str = "cpu") -> Precision:
+    """Rewrite ``graph`` (a forward graph, in place) to run at precision ``name`` on ``device``."""
+    if name not in PRECISIONS:
+        raise ValueError(f"unknown precision {name!r}")
+    amp = name.startswith("amp-")
+    low = "float32" if name == "fp32" else _LOWER[name.removeprefix("amp-")]
+    p = Precision(name, device, low)
+    rewrite = _Rewrite(graph)
+    if amp:
+        _autocast(graph, rewrite, low, device, p)
+    else:
+        _model_cast(graph, rewrite, low, p)
+    p.casts = rewrite.finish()
+    return p
+
+
+class _Rewrite:
+    """New Cast nodes, each placed right before the first node that reads it (eager casts on the call)."""
+
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+        self.position = {id(n): i for i, n in enumerate(graph.nodes)}
+        self.before: dict[int, list[Node]] = {}
+        self.count = 0
+
+    def cast(self, x: Tensor, dtype: str, readers: list[Node]) -> Tensor:
+        """A new tensor, ``x`` cast to ``dtype``, that ``readers`` read instead of ``x``."""
+        g = self.graph
+        base = f"{x.name}.{dtype}"
+        y = g.tensor(unique_name(base, g.tensors), dtype=dtype, shape=x.shape, kind="activation")
+        node = g.add_node(Node(g.unique_node_name(f"precision/{base}"), "Cast", "cast", [x], [y],
+                               {"to": _ONNX_DTYPES[dtype]}, meta={"precision_cast": True}))
+        for r in readers:
+            r.inputs = [y if u is x else u for u in r.inputs]
+        x.consumers[:] = [c for c in x.consumers if all(c is not r for r in readers)]
+        y.consumers.extend(readers)
+        first = min(readers, key=lambda r: self.position.get(id(r), len(self.position)))
+        self.before.setdefault(id(first), []).append(node)
+        self.count += 1
+        return y
+
+    def finish(self) -> int:
+        added = {id(n) for ns in self.before.values() for n in ns}
+        if added:
+            nodes = [n for n in self.graph.nodes if id(n) not in added]
+            self.graph.nodes = [m for n in nodes for m in (*self.before.get(id(n), ()), n)]
+        return self.count
+
+
+_ONNX_DTYPES = {"float32": 1, "float16": 10, "bfloat16": 16}
+
+
+def _floats(ts) -> list[Tensor]:
+    return [t for t in ts if t is not None and t.dtype in FLOAT_DTYPES]
+
+
+def _promotes(t: Tensor) -> bool:
+    """0-d tensors (a scale, an epsilon) do not decide a result's dtype (PyTorch's type promotion)."""
+    return not (t.shape is not None and len(t.shape) == 0 and t.kind in ("parameter", "constant"))
+
+
+def _widest(ins: list[Tensor]) -> str | None:
+    deciding = [t for t in ins if _promotes(t)] or ins
+    if not deciding:
+        return None
+    return "float32" if any(t.dtype == "float32" for t in deciding) else deciding[0].dtype
+
+
+def _set_outputs(node: Node, dtype: str | None) -> None:
+    if dtype is None:
+        return
+    for t in node.outputs:
+        if t is not None and t.dtype in FLOAT_DTYPES:
+            t.dtype = dtype
+
+
+def _layer_norm_stats(node: Node) -> None:
+    """LayerNorm's mean and inverse std stay float32 (stash_type; PyTorch's CPU kernel)."""
+    for t in node.outputs[1:]:
+        if t is not None and t.dtype in FLOAT_DTYPES:
+            t.dtype = "float32"
+
+
+def _sdpa_forms(graph: Graph):
+    from ..spellings.attention import AttentionForm, read_attention
+
+    out = []
+    for node in graph.nodes:
+        if node.kind in _MATMULS and not node.meta.get("constant"):
+            form = read_attention(node)
+            if isinstance(form, AttentionForm) and form.sdpa:
+                out.append(form)
+    return out
+
+
+def _autocast(graph: Graph, rw: _Rewrite, low: str, device: str, p: Precision) -> None:
+    lower, fp32 = LISTS[device]
+    forms = _sdpa_forms(graph)
+    interior = {id(n): f for f in forms for n in f.nodes}
+    for f in forms:  # the kernel is on the lower-precision list: q, k and v are cast as it is called
+        inside = {id(n) for n in f.nodes}
+        for t in (f.q, f.k_kv or f.k, f.v_kv or f.v):  # grouped K and V: as sdpa gets them (enable_gqa)
+            if t.dtype == "float32":
+                readers = [c for c in dict.fromkeys(t.consumers) if id(c) in inside]
+                rw.cast(t, low, readers)
+    weight_copies: dict[int, Tensor] = {}
+    linear_adds: set[int] = set()
+
+    def cast_in(node: Node, dtype: str) -> None:
+        for x in dict.fromkeys(_floats(node.inputs)):
+            if x.dtype == dtype or not _promotes(x):
+                continue
+            if x.kind in ("parameter", "constant") and dtype == low:  # the autocast cache: one per forward
+                y = weight_copies.get(id(x))
+                if y is None:
+                    y = weight_copies[id(x)] = rw.cast(x, dtype, [node])
+                else:
+                    node.inputs = [y if u is x else u for u in node.inputs]
+                    x.consumers[:] = [c for c in x.consumers if c is not node]
+                    y.consumers.append(node)
+            else:
+                rw.cast(x, dtype, [node])
+
+    for node in list(graph.nodes):
+        if node.meta.get("constant") or node.meta.get("precision_cast"):
+            continue
+        if id(node) in interior:  # one lower-precision kernel; its interior is never allocated
+            _set_outputs(node, low)
+            continue
+        if node.kind in lower or id(node) in linear_adds:
+            cast_in(node, low)
+            _set_outputs(node, low)
+            y = node.outputs[0] if node.kind in _MATMULS and node.outputs else None
+            add = _bias_add(y) if y is not None else None
+            if add is not None:
+                linear_adds.add(id(add))
+        elif node.kind in fp32:
+            cast_in(node, "float32")
+            _set_outputs(node, "float32")
+        elif node.kind == "cast":
+            continue
+        else:
+            _set_outputs(node, _widest(_floats(_value_inputs(node))))
+            if node.kind == "layer_norm":
+                _layer_norm_stats(node)
+    p.assumed.append(f"torch.autocast({device!r}, {low}): parameters float32; a copy of each weight a "
+                     "lower-precision op reads, once per forward; other casts at each call")
+
+
+def _value_inputs(node: Node) -> list[Tensor | None]:
+    """The inputs whose dtype is the output's: a Gather's or LayerNorm's data, a Where's two values."""
+    if node.kind in ("gather", "layer_norm", "reshape", "expand", "slice", "pad", "tile", "split",
+                     "transpose", "squeeze", "unsqueeze", "flatten", "identity", "dropout", "gather_elements",
+                     "gather_nd", "resize", "scatter_nd", "scatter_elements"):
+        return node.inputs[:1]
+    if node.kind == "where":
+        return node.inputs[1:]
+    return node.inputs
+
+
+def _bias_add(y: Tensor) -> Node | None:
+    """The Add of a parameter vector that is linear's bias (addmm), reading ``y`` only."""
+    if len(y.consumers) != 1:
+        return None
+    add = y.consumers[0]
+    if add.kind not in _BIAS_KINDS or len(add.inputs) != 2:
+        return None
+    other = add.inputs[1] if add.inputs[0] is y else add.inputs[0]
+    ok = other is not None and other.kind in ("parameter", "constant") and other.shape is not None \
+        and len(other.shape) == 1
+    return add if ok else None
+
+
+def _model_cast(graph: Graph, rw: _Rewrite, low: str, p: Precision) -> None:
+    for t in graph.tensors.values():  # model.to(dtype) and inputs in that dtype
+        if t.dtype in FLOAT_DTYPES and t.producer is None and t.kind in ("parameter", "constant", "input"):
+            t.dtype = low
+    if low == "float32":
+        for node in graph.nodes:
+            _set_outputs(node, "float32")
+        return
+    norms = _rms_norms(graph)
+    inside = {id(n) for norm in norms for n in norm.nodes}
+    for norm in norms:  # x.to(float32) ... (weight *) hidden.to(input_dtype)
+        rw.cast(norm.x, "float32", [c for c in dict.fromkeys(norm.x.consumers) if id(c) in inside])
+        if norm.weight_param is not None and norm.weight_param_reader is not None:  # Gemma: 1 + w.float()
+            rw.cast(norm.weight_param, "float32", [norm.weight_param_reader])
+        elif norm.weight_param is not None:  # the same, folded by the exporter into one initializer
+            norm.weight_param.dtype = "float32"
+        readers = [c for c in dict.fromkeys(norm.out.consumers) if id(c) not in inside]
+        if readers:
+            rw.cast(norm.out, low, readers)
+    for node in list(graph.nodes):
+        if node.meta.get("precision_cast"):
+            continue
+        if id(node) in inside:
+            _set_outputs(node, "float32")
+        elif node.kind == "cast":
+            src = node.inputs[0] if node.inputs else None
+            if src is not None:  # an int or bool made float is made in the model's dtype
+                _set_outputs(node, low)
+        else:
+            _set_outputs(node, _widest(_floats(_value_inputs(node))) or low)
+            if node.kind == "layer_norm":
+                _layer_norm_stats(node)
+    if norms:
+        gemma = sum(n.weight_param is not None for n in norms)
+        p.assumed.append(f"{len(norms)} RMSNorm(s) compute in float32 as transformers' RMSNorm does "
+                         "(x cast up; cast down before the weight" +
+                         (f", or after it where the weight is 1 + w: {gemma})" if gemma else ")"))
+    p.assumed.append(f"model.to({low}): parameters, float inputs and ops in {low}; the export's own casts "
+                     f"to float32 are taken as casts to {low}")
+
+
+@dataclass
+class _Norm:
+    x: Tensor
+    nodes: list[Node]  # what runs in float32
+    out: Tensor  # cast down to the model's dtype for what reads it
+    weight_param: Tensor | None = None  # a weight computed from a parameter (Gemma's 1 + w), cast up
+    weight_param_reader: Node | None = None
+
+
+def _rms_norms(graph: Graph) -> list[_Norm]:
+    """Each RMSNorm (PyTorch's rms_norm composite): transformers computes x * rstd in float32 and casts
+    it down before the weight (Llama, Qwen, Mistral); where the weight is computed from a parameter
+    (Gemma's ``1 + w``) the weight's product is in float32 too, cast down after it."""
+    from ..grad.composites import PYTORCH_COMPOSITES, find_regions
+    from ..grad.torch_export import made_each_step
+
+    folded = made_each_step(graph)
+    rms = tuple(c for c in PYTORCH_COMPOSITES if c.name == "rms_norm")
+    out = []
+    for r in find_regions(graph, rms):
+        root = r.nodes[-1]
+        x, normed = r.reads[0], (r.reads[2] if len(r.reads) > 2 else root.outputs[0])
+        if normed is root.outputs[0]:  # no weight
+            out.append(_Norm(x, list(r.nodes), normed))
+            continue
+        w = root.inputs[1] if root.inputs[0] is normed else root.inputs[0]
+        if w is not None and w.name in folded:
+            out.append(_Norm(x, list(r.nodes), root.outputs[0], w))
+            continue
+        p = w.producer if w is not None else None
+        param = None if p is None else next((t for t in p.inputs if t is not None and t.kind == "parameter"
+                                             and t.producer is None), None)
+        if param is not None:
+            out.append(_Norm(x, [*r.nodes, p], root.outputs[0], param, p))
+        else:
+            out.append(_Norm(x, [n for n in r.nodes if n is not root], normed))
+    return out
