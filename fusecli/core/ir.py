@@ -289,7 +289,9 @@ class Graph:
                 if c not in seen_nodes or not (t in inputs if len(inputs) <= _SHORT
                                                else _lists(inputs, t, input_ids, id(c))):
                     raise GraphError(f"{t.name!r} lists consumer {c.name!r} that does not read it")
-            if producer is None and t.kind == "activation":
+            # an activation has a producer, but one eager makes from a parameter at every step that the
+            # exporter folded into an initializer (grad.storage.made_each_step)
+            if producer is None and t.kind == "activation" and "from_parameter" not in t.meta:
                 raise GraphError(f"activation {t.name!r} has no producer")
         for t in self.outputs:
             if tensors.get(t.name) is not t:
