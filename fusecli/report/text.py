@@ -21,6 +21,7 @@ from ..fusion.match import Match
 from ..fusion.recompute import recompute_all
 from ..memory.formulas import fold_opaque, grouped_total, memory_formulas
 from ..pipeline import Analysis
+from ..precision import precision_entry
 from .peak import peak_entry, peak_not_counted
 
 MIN_WIDTH, MAX_WIDTH = 60, 200
@@ -185,6 +186,10 @@ def header_lines(a: Analysis, namer: Namer, width: int) -> list[str]:
         p = a.precision
         lines += wrap(f"precision: {p.name} on {p.device} ({p.casts} casts added): " + "; ".join(p.assumed),
                       width, "  ")
+    else:
+        dtypes = precision_entry(g, None)["parameter_dtypes"]
+        lines += wrap(f"precision: as exported ({', '.join(dtypes) or 'no float'} parameters; --precision "
+                      "amp-bf16, bf16, ... for a mixed-precision step)", width, "  ")
     if g.meta.get("constant_weights"):
         lines.append(f"weights: {g.meta['constant_weights']} parameters read from Constant nodes")
     for label, tensors in (("input", g.inputs), ("output", g.outputs)):
