@@ -82,7 +82,7 @@ def canonical(nodes: list[onnx.NodeProto], outputs: list[str]) -> list[int]:
     (its inputs, then its subgraphs' reads by name), as a program computes them; then the nodes no output
     needs, by their first output's name. The list's order never breaks a tie; on a cycle, an order of
     the nodes that is not topological (what reads it refuses it)."""
-    maker = _makers(nodes)
+    maker, clash = _makers_by_graph(nodes)
     preds = [[maker[i] for i in _reads_in_order(n) if i in maker] for n in nodes]
     entered = [False] * len(nodes)
     order: list[int] = []
@@ -109,9 +109,24 @@ def canonical(nodes: list[onnx.NodeProto], outputs: list[str]) -> list[int]:
         if name in maker:
             visit(maker[name])
     if len(order) < len(nodes):
-        for k in sorted((k for k in range(len(nodes)) if not entered[k]), key=lambda k: _key(nodes[k])):
+        left = [k for k in range(len(nodes)) if not entered[k]]
+        for k in sorted(left, key=lambda k: _key(nodes[k], clash)):
             visit(k)
     return order
+
+
+def _makers_by_graph(nodes: list[onnx.NodeProto]) -> tuple[dict[str, int], bool]:
+    """``_makers``, and whether a name is made twice (a graph refused later); then the maker of such a
+    name is the one whose whole node sorts last, whatever the list's order."""
+    maker = _makers(nodes)
+    if sum(1 for n in nodes for o in n.output if o) == len(maker):
+        return maker, False
+    maker = {}
+    for k in sorted(range(len(nodes)), key=lambda k: _key(nodes[k], True)):
+        for o in nodes[k].output:
+            if o:
+                maker[o] = k
+    return maker, True
 
 
 def _reads_in_order(node: onnx.NodeProto) -> tuple[str, ...]:
@@ -121,11 +136,13 @@ def _reads_in_order(node: onnx.NodeProto) -> tuple[str, ...]:
     return (*node.input, *sorted(subgraph_reads(node)))
 
 
-def _key(node: onnx.NodeProto) -> tuple[str, bytes]:
-    """What places a node no graph output needs: its first output's name (each name is made once), else
-    the whole node."""
+def _key(node: onnx.NodeProto, whole: bool = False) -> tuple[str, bytes]:
+    """What places a node no graph output needs: its first output's name (each name is made once, unless
+    ``whole``), then the whole node."""
     first = next((o for o in node.output if o), None)
-    return (first, b"") if first is not None else ("", node.SerializeToString(deterministic=True))
+    if first is not None and not whole:
+        return first, b""
+    return first or "", node.SerializeToString(deterministic=True)
 
 
 def canonicalize(graph: onnx.GraphProto) -> bool:

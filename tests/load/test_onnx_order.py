@@ -142,3 +142,19 @@ def test_the_canonical_order_of_a_deep_chain_needs_no_recursion():
     n = 5000
     nodes = [helper.make_node("Relu", [f"t{k}"], [f"t{k + 1}"], f"n{k}") for k in range(n)]
     assert canonical(nodes[::-1], [f"t{n}"]) == list(range(n - 1, -1, -1))
+
+
+def test_a_name_made_twice_is_refused_alike_in_every_listing(save_model):
+    """Two nodes making 'a' (a graph refused): which one the error names is decided by the nodes, not by
+    the listing."""
+    from fusecli.pipeline import Options, analyze
+
+    nodes = [helper.make_node("Relu", ["x"], ["a"], "first"), helper.make_node("Neg", ["x"], ["a"], "second"),
+             helper.make_node("Exp", ["a"], ["y"], "exp")]
+    messages = set()
+    for seed in range(6):
+        path = save_model(shuffled(make_model(nodes, [vi("x", 2)], [vi("y", 2)]), seed), f"m{seed}.onnx")
+        with pytest.raises(FuseError) as e:
+            analyze(path, Options())
+        messages.add(str(e.value))
+    assert messages == {"tensor 'a' is defined more than once (again by node 'first')"}
