@@ -78,16 +78,30 @@ def topological(nodes: list[onnx.NodeProto], read: Reads | None = None) -> list[
 
 def canonical(nodes: list[onnx.NodeProto], outputs: list[str]) -> list[int]:
     """Indices of ``nodes`` in an order decided by the graph, not by the list: depth first from the graph
-    ``outputs`` in their order, each node after the makers of what it reads in the order it reads them
-    (its inputs, then its subgraphs' reads by name), as a program computes them; then the nodes no output
-    needs, by their first output's name. The list's order never breaks a tie; on a cycle, an order of
-    the nodes that is not topological (what reads it refuses it)."""
+    ``outputs`` in their order, each node after the makers of what it reads, the deepest maker first (the
+    longest chain of makers behind it: a program computes a long branch, attention, before it computes
+    the short one, the MLP, that it adds to it), equal depths in the order the node reads them (its
+    inputs, then its subgraphs' reads by name); then the nodes no output needs, by their first output's
+    name. The list's order never breaks a tie; on a cycle, an order of the nodes that is not topological
+    (what reads it refuses it)."""
     maker, clash = _makers_by_graph(nodes)
     preds = [[maker[i] for i in _reads_in_order(n) if i in maker] for n in nodes]
-    entered = [False] * len(nodes)
+    roots = [maker[name] for name in outputs if name in maker]
+    first = _post_order(preds, roots, lambda left: sorted(left, key=lambda k: _key(nodes[k], clash)))
+    depth = [0] * len(nodes)
+    for k in first[0]:
+        depth[k] = 1 + max((depth[p] for p in preds[k] if p != k), default=0)
+    deepest_first = [ps if len(ps) < 2 else sorted(ps, key=lambda p: -depth[p]) for ps in preds]
+    return _post_order(deepest_first, roots, lambda left: first[1])[0]
+
+
+def _post_order(preds: list[list[int]], roots: list[int], then) -> tuple[list[int], list[int]]:
+    """Indices in post-order, depth first from ``roots`` over ``preds`` (with a stack: graphs are deeper
+    than the recursion limit), then from ``then(the indices not reached)``; and those second roots."""
+    entered = [False] * len(preds)
     order: list[int] = []
 
-    def visit(root: int) -> None:  # post-order, with a stack: graphs are deeper than the recursion limit
+    def visit(root: int) -> None:
         if entered[root]:
             return
         entered[root] = True
@@ -105,14 +119,12 @@ def canonical(nodes: list[onnx.NodeProto], outputs: list[str]) -> list[int]:
                 stack.pop()
                 order.append(k)
 
-    for name in outputs:
-        if name in maker:
-            visit(maker[name])
-    if len(order) < len(nodes):
-        left = [k for k in range(len(nodes)) if not entered[k]]
-        for k in sorted(left, key=lambda k: _key(nodes[k], clash)):
-            visit(k)
-    return order
+    for k in roots:
+        visit(k)
+    left = then([k for k in range(len(preds)) if not entered[k]]) if len(order) < len(preds) else []
+    for k in left:
+        visit(k)
+    return order, left
 
 
 def _makers_by_graph(nodes: list[onnx.NodeProto]) -> tuple[dict[str, int], bool]:

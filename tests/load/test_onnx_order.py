@@ -126,6 +126,20 @@ def test_the_canonical_order_computes_each_input_in_the_order_it_is_read():
     assert not canonicalize(model.graph)  # the canonical order of a canonical listing is itself
 
 
+def test_the_canonical_order_computes_the_deeper_branch_first():
+    """A parallel residual, ``mlp(x) + attention(x)`` (GPT-NeoX, Falcon): the program computes attention,
+    the longer branch, first; depth first in the order Add reads them would compute the MLP first and
+    move the peak (GPT-NeoX's TorchScript export: +8%)."""
+    node = helper.make_node
+    nodes = [node("Relu", ["x"], ["q"], "attn1"), node("Exp", ["q"], ["s"], "attn2"),
+             node("Neg", ["s"], ["attn"], "attn3"), node("Tanh", ["x"], ["mlp"], "mlp"),
+             node("Add", ["mlp", "attn"], ["y"], "add")]
+    model = make_model(nodes, [vi("x", 2)], [vi("y", 2)])
+    assert not canonicalize(model.graph)
+    assert _names(shuffled(model, 3)) != _names(model)
+    assert _canonical_names(shuffled(model, 3)) == ["attn1", "attn2", "attn3", "mlp", "add"]
+
+
 def test_nodes_no_output_needs_come_last_by_their_first_outputs_name():
     nodes = [helper.make_node("Relu", ["x"], ["zz"], "dead_z"), helper.make_node("Neg", ["x"], ["y"], "live"),
              helper.make_node("Exp", ["zz"], ["aa"], "dead_a"),
