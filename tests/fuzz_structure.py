@@ -13,12 +13,23 @@ that hits its memory cap (MemoryError or killed) a ``memory`` finding.
 
     python -m tests.fuzz_structure --seconds 1200 [--seed 0]   # a long local run; prints a summary
 
-tests/test_fuzz_structure.py runs it for a bounded time in CI (FUSECLI_FUZZ_SECONDS, default 100).
+``--order`` checks properties of node order instead (``order_case``): a case is a base model as it is,
+with one edit, with every tensor unsized, with nodes no output needs, or a model whose backward keeps
+nothing; the child analyzes it listed in topological order and shuffled, and the two ``analyze --json``
+documents must be identical (a FuseError must be the same on both), and rewrite's output of the shuffled
+copy must load in onnxruntime wherever the shuffled input loads. A broken property is a ``property``
+finding.
+
+    python -m tests.fuzz_structure --order --seconds 1200 [--seed 0]
+
+tests/test_fuzz_structure.py runs both for a bounded time in CI (FUSECLI_FUZZ_SECONDS, default 100, and
+FUSECLI_FUZZ_ORDER_SECONDS, default 30).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import os
@@ -34,7 +45,10 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from tests.shuffle import document, first_difference, shuffled
+
 TIME_LIMIT = 10  # seconds per case
+ORDER_TIME_LIMIT = 30  # seconds per --order case: two analyses, a rewrite and onnxruntime sessions
 MEMORY_CAP = 1 << 30  # bytes of address space a case may add to what the runner holds at the fork
 
 OPS = ["Relu", "Conv", "Add", "Mul", "Sub", "Div", "MatMul", "Gemm", "BatchNormalization", "Clip", "Sigmoid",
@@ -378,6 +392,108 @@ def make_case(seed: int, bases: list[onnx.ModelProto]) -> tuple[onnx.ModelProto,
     return m, edits
 
 
+# --- node order: a case listed in order and shuffled ------------------------------------------------
+ORDER_KINDS = ("as built", "one edit", "unsized", "dead nodes", "nothing saved")
+
+
+def nothing_saved_model(r: random.Random) -> onnx.ModelProto:
+    """A random DAG of ops whose backward reads no tensor (Add, Sub, Neg, Identity and bias Adds of
+    parameters), several outputs: its backward keeps nothing."""
+    n = helper.make_node
+    names, nodes, inits = ["x"], [], []
+    for i in range(r.randint(1, 10)):
+        op = r.choice(["Add", "Sub", "Neg", "Identity", "bias"])
+        a = r.choice(names)
+        if op == "bias":
+            inits.append(numpy_helper.from_array(np.full(4, 0.5, np.float32), f"b{i}"))
+            nodes.append(n("Add", [a, f"b{i}"], [f"t{i}"], "" if r.random() < 0.3 else f"n{i}"))
+        elif op in ("Add", "Sub"):
+            nodes.append(n(op, [a, r.choice(names)], [f"t{i}"], "" if r.random() < 0.3 else f"n{i}"))
+        else:
+            nodes.append(n(op, [a], [f"t{i}"], "" if r.random() < 0.3 else f"n{i}"))
+        names.append(f"t{i}")
+    read = {x for nd in nodes for x in nd.input}
+    outs = [t for t in names[1:] if t not in read or r.random() < 0.2] or [names[-1]]
+    return _model(nodes, [_vi("x", "N", 4)], [_vi(t) for t in outs], inits)
+
+
+def order_case(seed: int, bases: list[onnx.ModelProto]) -> tuple[onnx.ModelProto, list[str]]:
+    """The seed's model for the node-order properties, listed in topological order where it has one."""
+    from fusecli.core.errors import FuseError
+    from fusecli.load.onnx_order import sort_graph
+
+    r = random.Random(seed)
+    kind = r.choice(ORDER_KINDS)
+    if kind == "nothing saved":
+        m, edits = nothing_saved_model(r), [kind]
+    else:
+        m = onnx.ModelProto()
+        m.CopyFrom(r.choice(bases))
+        edits = [kind]
+    if kind == "one edit":
+        edits.append(mutate_structure(m, r) if m.graph.name == "block" else mutate(m, r))
+    elif kind == "unsized":  # no graph input, output or value has a shape: every activation is unsized
+        for v in (*m.graph.input, *m.graph.output, *m.graph.value_info):
+            if v.type.HasField("tensor_type"):
+                v.type.tensor_type.ClearField("shape")
+    elif kind == "dead nodes":  # nodes no graph output needs, reading what the graph makes
+        made = _names(m)
+        for i in range(r.randint(1, 3)):
+            op = r.choice(["Relu", "Neg", "Identity", "Add"])
+            ins = [r.choice(made) for _ in range(2 if op == "Add" else 1)]
+            m.graph.node.append(helper.make_node(op, ins, [f"dead{i}"], r.choice(["", f"dead{i}"])))
+            made.append(f"dead{i}")
+    try:
+        sort_graph(m.graph)
+    except FuseError:
+        pass  # a cycle or an undefined input: listed as it is (both listings must be refused alike)
+    return m, edits
+
+
+def order_child(path: str, out_path: str, shuffled_path: str, nothing_saved: bool = False) -> dict:
+    """The properties: the shuffled copy's analysis is the listed one's (or both are refused alike), and
+    keeps nothing where ``nothing_saved``; rewrite's output of the shuffled copy loads where that copy
+    loads."""
+    from fusecli.core.errors import FuseError
+    from fusecli.pipeline import Options, analyze
+    from fusecli.rewrite import RewriteOptions, rewrite
+
+    docs = []
+    for p in (path, shuffled_path):
+        try:
+            docs.append(document(analyze(p, Options(batch=2))))
+        except FuseError as e:
+            docs.append({"error": " ".join(str(e).replace(p, "<model>").split())})
+    difference = first_difference(*docs)
+    if difference is not None:
+        return {"result": "property", "stage": "analyze", "message": f"shuffled differs: {difference}"}
+    if "error" in docs[0]:
+        return {"result": "error", "stage": "analyze", "message": docs[0]["error"][:300]}
+    saved = len(docs[0]["saved"])
+    if nothing_saved and (saved or docs[0]["memory"]["saved_bytes"]):
+        return {"result": "property", "stage": "analyze", "message": f"{saved} tensors saved, none expected"}
+    try:
+        rewrite(shuffled_path, RewriteOptions(batch=2), output=out_path)
+    except FuseError as e:
+        return {"result": "error", "stage": "rewrite", "message": " ".join(str(e).split())[:300]}
+    if os.path.exists(out_path) and _ort_loads(shuffled_path) is None:
+        failure = _ort_loads(out_path)
+        if failure is not None:
+            return {"result": "property", "stage": "rewrite", "message": f"output does not load: {failure}"}
+    return {"result": "ok", "saved": saved}
+
+
+def _ort_loads(path: str) -> str | None:
+    """Why onnxruntime does not load the model, or None when it does."""
+    import onnxruntime as ort
+
+    try:
+        ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    except Exception as e:
+        return " ".join(str(e).split())[:200]
+    return None
+
+
 # --- one case in a forked child ---------------------------------------------------------------------
 def _vm_bytes() -> int:
     try:
@@ -483,9 +599,10 @@ def preload() -> None:
 
 
 def fuzz(seconds: float, seed: int = 0, max_cases: int | None = None, log=None,
-         seeds: list[int] | None = None, n_bases: int | None = None) -> dict:
+         seeds: list[int] | None = None, n_bases: int | None = None, order: bool = False) -> dict:
     """Cases ``seed, seed+1, ...`` (or exactly ``seeds``) until ``seconds`` pass, drawn from the first
-    ``n_bases`` base models (default all); a summary with every finding."""
+    ``n_bases`` base models (default all); a summary with every finding. ``order``: the node-order
+    properties' cases (``order_case``), the model shuffled by the case's seed."""
     preload()
     bases = base_models()[:n_bases]
     counts: dict[str, int] = {}
@@ -495,18 +612,30 @@ def fuzz(seconds: float, seed: int = 0, max_cases: int | None = None, log=None,
     if max_cases is not None:
         todo = itertools.islice(todo, max_cases)
     done = 0
+    kinds: dict[str, int] = {}
     with tempfile.TemporaryDirectory(prefix="fusecli-fuzz-") as work:
         path, out = os.path.join(work, "model.onnx"), os.path.join(work, "out.onnx")
+        copy = os.path.join(work, "shuffled.onnx")
         for case in todo:
             if time.perf_counter() - start >= seconds:
                 break
             done += 1
-            m, edits = make_case(case, bases)
+            m, edits = (order_case if order else make_case)(case, bases)
             with open(path, "wb") as f:
                 f.write(m.SerializeToString())
             if os.path.exists(out):
                 os.unlink(out)
-            result = run_case(path, out)
+            if order:
+                kinds[edits[0]] = kinds.get(edits[0], 0) + 1
+                with open(copy, "wb") as f:
+                    f.write(shuffled(m, case).SerializeToString())
+                work = functools.partial(order_child, shuffled_path=copy,
+                                         nothing_saved=edits[0] == "nothing saved")
+                result = run_case(path, out, ORDER_TIME_LIMIT, work=work)
+                if result.get("saved") == 0:  # every model whose analysis kept no tensor
+                    kinds["nothing saved (measured)"] = kinds.get("nothing saved (measured)", 0) + 1
+            else:
+                result = run_case(path, out)
             counts[result["result"]] = counts.get(result["result"], 0) + 1
             slowest = max(slowest, result["seconds"])
             peak = max(peak, result.get("peak_mib", 0))
@@ -516,8 +645,9 @@ def fuzz(seconds: float, seed: int = 0, max_cases: int | None = None, log=None,
                 findings.append({"seed": case, "bases": len(bases), "edits": edits, **result})
                 if log:
                     print(json.dumps(findings[-1]), file=log, flush=True)
-    return {"cases": done, "seconds": round(time.perf_counter() - start, 1), "counts": counts,
-            "slowest_case_s": slowest, "peak_mib": peak, "findings": findings}
+    summary = {"cases": done, "seconds": round(time.perf_counter() - start, 1), "counts": counts,
+               "slowest_case_s": slowest, "peak_mib": peak, "findings": findings}
+    return {**summary, "kinds": kinds} if order else summary
 
 
 def main() -> None:
@@ -528,9 +658,11 @@ def main() -> None:
     parser.add_argument("--seeds", default=None, help="comma-separated seeds to replay (one case each)")
     parser.add_argument("--bases", type=int, default=None, help="draw from the first N base models only "
                         "(a finding's 'bases': replays it as it was found)")
+    parser.add_argument("--order", action="store_true", help="the node-order properties' cases instead")
     args = parser.parse_args()
     seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else None
-    summary = fuzz(args.seconds, args.seed, args.cases, log=sys.stderr, seeds=seeds, n_bases=args.bases)
+    summary = fuzz(args.seconds, args.seed, args.cases, log=sys.stderr, seeds=seeds, n_bases=args.bases,
+                   order=args.order)
     print(json.dumps(summary))
 
 

@@ -1,7 +1,8 @@
 """The structure-aware fuzzer (tests/fuzz_structure.py) in CI: a bounded run, and every past finding.
 
 FUSECLI_FUZZ_SECONDS sets the run's length (default 100 s); FUSECLI_FUZZ_SEED its first seed (default 0,
-so CI is repeatable; set another to explore, and a failure names its seed to replay).
+so CI is repeatable; set another to explore, and a failure names its seed to replay). The node-order
+properties (``--order``) run FUSECLI_FUZZ_ORDER_SECONDS (default 30 s) from the same first seed.
 """
 
 from __future__ import annotations
@@ -63,6 +64,36 @@ def test_fuzzer_finds_no_internal_error_hang_or_memory_hit():
     print(json.dumps({k: v for k, v in summary.items() if k != "findings"}))
     assert summary["cases"] > 0
     assert not summary["findings"], json.dumps(summary["findings"][:5], indent=1)
+
+
+def test_node_order_properties_hold():
+    seconds = float(os.environ.get("FUSECLI_FUZZ_ORDER_SECONDS", "30"))
+    seed = int(os.environ.get("FUSECLI_FUZZ_SEED", "0"))
+    summary = _run(["--order", "--seconds", str(seconds), "--seed", str(seed)], timeout=seconds + 180)
+    print(json.dumps({k: v for k, v in summary.items() if k != "findings"}))
+    assert summary["cases"] > 0
+    assert not summary["findings"], json.dumps(summary["findings"][:5], indent=1)
+
+
+def test_the_order_property_catches_a_pass_reading_the_files_order(tmp_path, monkeypatch):
+    """The harness itself: with the loader reading the file's order (no canonical order), Add + Tanh
+    listed Tanh first loses its sizes (shape inference walks the file's order), and a Llama block
+    shuffled schedules its backward differently."""
+    import onnx
+
+    from fusecli.load import onnx as load_onnx
+    from tests.shuffle import shuffled
+
+    bases = F.base_models()
+    path, copy, out = (str(tmp_path / name) for name in ("m.onnx", "s.onnx", "o.onnx"))
+    for model, what in ((bases[4], "unknown"), (bases[9], "peak_bytes")):
+        onnx.save(model, path)
+        onnx.save(shuffled(model, 1), copy)
+        with monkeypatch.context() as patch:
+            patch.setattr(load_onnx, "canonicalize", lambda graph: False)
+            result = F.order_child(path, out, copy)
+        assert result["result"] == "property" and what in result["message"], result
+        assert F.order_child(path, out, copy)["result"] == "ok"
 
 
 def _sleeps(path, out):

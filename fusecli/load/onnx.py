@@ -18,6 +18,7 @@ from ..core.ir import FLOAT_DTYPES, Graph, GraphError, Node, Tensor, topological
 from ..core.kinds import ONNX_KINDS, ONNX_MS_KINDS
 from .common import mark_constant_subgraphs, mark_parameter_views, refine_bias_adds
 from .constant_weights import promote_constant_weights
+from .onnx_order import canonicalize
 from .onnx_wire import WireError, read_structure
 from .shape_tools import dims_of, infer_shapes
 from .torch_meta import torch_node_meta
@@ -203,8 +204,11 @@ def load_onnx(path: str, constant_weights: bool = True) -> Graph:
 
 
 def graph_of_model(model: onnx.ModelProto, name: str, constant_weights: bool = True) -> Graph:
-    """Shape inference, then the IR graph of an in-memory model (its weights may be left out)."""
+    """Shape inference, then the IR graph of an in-memory model (its weights may be left out); its nodes
+    are first put in the canonical order, in place (``onnx_order.canonical``): every pass reads that
+    order, never the file's."""
     opset = opset_of(model)
+    canonicalize(model.graph)
     progress.stage("shape inference")
     model, warning = infer_shapes(model)
     progress.stage("building the graph")

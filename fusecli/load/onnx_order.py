@@ -4,6 +4,9 @@ ONNX Runtime loads a graph whose nodes are listed out of order; onnx's checker a
 file's order do not. What edits a ModelProto (rewrite, prune, annotate) sorts it first: a stable
 topological sort (Kahn's algorithm, ties by position), so a file already in order stays as it is. A cycle,
 or a node input nothing makes, is refused in one line.
+
+What analyzes one reads its nodes in the canonical order instead (``canonical``): a topological order
+decided by the graph alone, so that two files listing the same nodes in different orders are read alike.
 """
 
 from __future__ import annotations
@@ -71,6 +74,97 @@ def topological(nodes: list[onnx.NodeProto], read: Reads | None = None) -> list[
         stuck = next(n for k, n in enumerate(nodes) if k not in placed)
         raise FuseError(f"the graph has a cycle (through node {stuck.name or stuck.op_type!r}); refused")
     return [nodes[k] for k in order]
+
+
+def canonical(nodes: list[onnx.NodeProto], outputs: list[str]) -> list[int]:
+    """Indices of ``nodes`` in an order decided by the graph, not by the list: depth first from the graph
+    ``outputs`` in their order, each node after the makers of what it reads, the deepest maker first (the
+    longest chain of makers behind it: a program computes a long branch, attention, before it computes
+    the short one, the MLP, that it adds to it), equal depths in the order the node reads them (its
+    inputs, then its subgraphs' reads by name); then the nodes no output needs, by their first output's
+    name. The list's order never breaks a tie; on a cycle, an order of the nodes that is not topological
+    (what reads it refuses it)."""
+    maker, clash = _makers_by_graph(nodes)
+    preds = [[maker[i] for i in _reads_in_order(n) if i in maker] for n in nodes]
+    roots = [maker[name] for name in outputs if name in maker]
+    first = _post_order(preds, roots, lambda left: sorted(left, key=lambda k: _key(nodes[k], clash)))
+    depth = [0] * len(nodes)
+    for k in first[0]:
+        depth[k] = 1 + max((depth[p] for p in preds[k] if p != k), default=0)
+    deepest_first = [ps if len(ps) < 2 else sorted(ps, key=lambda p: -depth[p]) for ps in preds]
+    return _post_order(deepest_first, roots, lambda left: first[1])[0]
+
+
+def _post_order(preds: list[list[int]], roots: list[int], then) -> tuple[list[int], list[int]]:
+    """Indices in post-order, depth first from ``roots`` over ``preds`` (with a stack: graphs are deeper
+    than the recursion limit), then from ``then(the indices not reached)``; and those second roots."""
+    entered = [False] * len(preds)
+    order: list[int] = []
+
+    def visit(root: int) -> None:
+        if entered[root]:
+            return
+        entered[root] = True
+        stack = [(root, 0)]
+        while stack:
+            k, i = stack[-1]
+            ps = preds[k]
+            while i < len(ps) and entered[ps[i]]:
+                i += 1
+            if i < len(ps):
+                stack[-1] = (k, i + 1)
+                entered[ps[i]] = True
+                stack.append((ps[i], 0))
+            else:
+                stack.pop()
+                order.append(k)
+
+    for k in roots:
+        visit(k)
+    left = then([k for k in range(len(preds)) if not entered[k]]) if len(order) < len(preds) else []
+    for k in left:
+        visit(k)
+    return order, left
+
+
+def _makers_by_graph(nodes: list[onnx.NodeProto]) -> tuple[dict[str, int], bool]:
+    """``_makers``, and whether a name is made twice (a graph refused later); then the maker of such a
+    name is the one whose whole node sorts last, whatever the list's order."""
+    maker = _makers(nodes)
+    if sum(1 for n in nodes for o in n.output if o) == len(maker):
+        return maker, False
+    maker = {}
+    for k in sorted(range(len(nodes)), key=lambda k: _key(nodes[k], True)):
+        for o in nodes[k].output:
+            if o:
+                maker[o] = k
+    return maker, True
+
+
+def _reads_in_order(node: onnx.NodeProto) -> tuple[str, ...]:
+    """``reads``, its subgraphs' part sorted by name (a set's order changes from run to run)."""
+    if not node.attribute or not any(a.type in _SUBGRAPH for a in node.attribute):
+        return tuple(node.input)
+    return (*node.input, *sorted(subgraph_reads(node)))
+
+
+def _key(node: onnx.NodeProto, whole: bool = False) -> tuple[str, bytes]:
+    """What places a node no graph output needs: its first output's name (each name is made once, unless
+    ``whole``), then the whole node."""
+    first = next((o for o in node.output if o), None)
+    if first is not None and not whole:
+        return first, b""
+    return first or "", node.SerializeToString(deterministic=True)
+
+
+def canonicalize(graph: onnx.GraphProto) -> bool:
+    """Put the graph's nodes in the canonical order (``canonical``), in place; whether the order changed."""
+    nodes = list(graph.node)  # hold the wrappers: the sorted list keeps them
+    order = canonical(nodes, [o.name for o in graph.output])
+    if order == list(range(len(nodes))):
+        return False
+    replace(graph.node, [nodes[k] for k in order])
+    return True
 
 
 def undefined_input(graph: onnx.GraphProto, read: Reads | None = None) -> str | None:
