@@ -4,10 +4,11 @@ softmax(q k^T s + bias) v with q, k, v as (B, N, S, H) heads: MultiHeadAttention
 (B, S, N H), so each goes through Transpose(0, 2, 1, 3) + Reshape(0, 0, N H) (pairs ONNX Runtime's
 transpose optimizer cancels against the export's own head split), and the output is split back the
 same way. The additive bias (B|1, N|1, S, L) is the export's mask (Add), a causal Where turned into an
-additive one, and T5's position bias, broadcast over the query axis. Grouped-query K/V enter after
-their repeat (the repeat nodes stay) where GroupQueryAttention (emit_gqa) does not fit; a Dropout is the
-identity in inference. Heads-merged attention (BLOOM: q, K^T, v and the scores as (B N, ., .), split to
-(B, N, S, L) before the softmax) is read through its merges (merged_heads).
+additive one, and T5's position bias, broadcast to (., ., S, L) (a scalar bias too: the kernel checks
+both lengths). Grouped-query K/V enter after their repeat (the repeat nodes stay) where
+GroupQueryAttention (emit_gqa) does not fit; a Dropout is the identity in inference. Heads-merged
+attention (BLOOM: q, K^T, v and the scores as (B N, ., .), split to (B, N, S, L) before the softmax) is
+read through its merges (merged_heads).
 """
 
 from __future__ import annotations
@@ -175,7 +176,7 @@ class Builder:
         return self.node("Reshape", [moved, self.const("packed_shape", np.array([0, 0, hidden], np.int64))])
 
 
-def _bias(m: Match, ctx: Context, b: Builder, q3: str) -> str | None:
+def _bias(m: Match, ctx: Context, b: Builder, q3: str, k3: str) -> str | None:
     """The additive attention bias as a (B|1, N|1, S, L) tensor name, '' when there is none."""
     terms = []
     pb = m.roles.get("position_bias")
@@ -190,7 +191,7 @@ def _bias(m: Match, ctx: Context, b: Builder, q3: str) -> str | None:
             if term is None:
                 return None
             terms.append(term)
-    return bias_of(ctx, b, terms, q3)
+    return bias_of(ctx, b, terms, q3, k3)
 
 
 def where_term(m: Match, ctx: Context, b: Builder, where: Node, cond: str) -> str | None:
@@ -205,19 +206,26 @@ def where_term(m: Match, ctx: Context, b: Builder, where: Node, cond: str) -> st
     return b.node("Where", [cond, zero, fv] if fill is c else [cond, fv, zero])
 
 
-def bias_of(ctx: Context, b: Builder, terms: list[str], q3: str) -> str:
-    """The sum of ``terms`` broadcast over the query axis (MultiHeadAttention wants S there); '' for none."""
+def bias_of(ctx: Context, b: Builder, terms: list[str], q3: str, k3: str) -> str:
+    """The sum of ``terms`` broadcast to (., ., S, L) (MultiHeadAttention wants the query and key lengths
+    there: a scalar or size-1 bias is expanded on both); '' for none."""
     if not terms:
         return ""
     bias = terms[0]
     for t in terms[1:]:
         bias = b.node("Add", [bias, t])
-    seq = (b.node("Shape", [q3], start=1, end=2) if ctx.opset >= 15 else
-           b.node("Slice", [b.node("Shape", [q3]), b.const("one", np.array([1], np.int64)),
-                            b.const("two", np.array([2], np.int64))]))
-    ones = b.const("ones", np.array([1, 1], np.int64))
-    shape = b.node("Concat", [ones, seq, b.const("one_tail", np.array([1], np.int64))], axis=0)
+    # (1, 1, S, L): Expand broadcasts, so a (B|1, N|1, S|1, L|1) bias keeps its own B and N
+    shape = b.node("Concat", [b.const("ones", np.array([1, 1], np.int64)), length_of(ctx, b, q3),
+                              length_of(ctx, b, k3)], axis=0)
     return b.node("Expand", [bias, shape])
+
+
+def length_of(ctx: Context, b: Builder, packed: str) -> str:
+    """The sequence length (axis 1) of a packed (B, S, N H) tensor, as a 1-D int64."""
+    if ctx.opset >= 15:
+        return b.node("Shape", [packed], start=1, end=2)
+    return b.node("Slice", [b.node("Shape", [packed]), b.const("one", np.array([1], np.int64)),
+                            b.const("two", np.array([2], np.int64))])
 
 
 def common_refusal(m: Match, ctx: Context) -> str | None:
@@ -311,10 +319,10 @@ def multi_head_attention(m: Match, ctx: Context) -> Emission | str:
     k3 = b.packed(k_in, kperm, heads * size)
     v3 = b.packed(v_in, [0, 2, 1, 3], heads * vh[1])
     if merged is None:
-        bias = _bias(m, ctx, b, q3)
+        bias = _bias(m, ctx, b, q3, k3)
     else:
         terms = merged_terms(m, ctx, b, merged, lambda node, cond: where_term(m, ctx, b, node, cond))
-        bias = None if terms is None else bias_of(ctx, b, terms, q3)
+        bias = None if terms is None else bias_of(ctx, b, terms, q3, k3)
     if bias is None:
         return ("a bool mask whose fill value is not one constant" if merged is None else
                 "a score term whose layout is not (B N, ., .), or a bool mask whose fill is not one constant")
@@ -400,7 +408,7 @@ def _einsum_attention(m: Match, ctx: Context) -> Emission | str:
     k3 = b_.packed(k, [k_sub.index(c) for c in (bat, s_, heads, h)], n * size, keep_transpose=True)
     v_names = [v_role[c] for c in v_sub]
     v3 = b_.packed(v, [v_names.index(c) for c in (bat, s_, heads, hv)], n * vsize, keep_transpose=True)
-    bias = _bias(m, ctx, b_, q3)
+    bias = _bias(m, ctx, b_, q3, k3)
     if bias is None:
         return "a bool mask whose fill value is not one constant"
     o3 = b_.node("MultiHeadAttention", [q3, k3, v3, "", "", bias], domain=MS, num_heads=n, scale=scale)

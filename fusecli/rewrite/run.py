@@ -363,6 +363,8 @@ def _verify(original: str, rewritten: Callable[[], bytes | str], model: onnx.Mod
                 raise
             uncut.append(str(e))
         result.uncut = uncut
+        if result.failed_at:  # left unfused and made again without them: that model is the one to run
+            return result
         if scope == "regions":
             result.model_skipped = "--verify regions"
         else:  # auto
