@@ -7,8 +7,8 @@ same way. The additive bias (B|1, N|1, S, L) is the export's mask (Add), a causa
 additive one, and T5's position bias, broadcast to (., ., S, L) (a scalar bias too: the kernel checks
 both lengths). Grouped-query K/V enter after their repeat (the repeat nodes stay) where
 GroupQueryAttention (emit_gqa) does not fit; a Dropout is the identity in inference. Heads-merged
-attention (BLOOM: q, K^T, v and the scores as (B N, ., .), split to (B, N, S, L) before the softmax) is
-read through its merges (merged_heads).
+attention (BLOOM: q, K^T, v and the scores as (B N, ., .), split to (B, N, S, L) before the softmax;
+Whisper, older GPT-2: the softmax over (B N, S, L) itself) is read through its merges (merged_heads).
 """
 
 from __future__ import annotations
@@ -239,8 +239,13 @@ def common_refusal(m: Match, ctx: Context) -> str | None:
         return "the scores or the output are no MatMul (a batched GEMM, or one Einsum and one MatMul)"
     if ctx.opset < 13:
         return f"opset {ctx.opset} < 13"
-    if attr_value(ctx.protos[softmax.name], "axis", -1) % 4 != 3:
-        return "the softmax is not over the keys alone"
+    shape = qk.outputs[0].shape
+    rank = 4 if shape is None else len(shape)
+    axis = attr_value(ctx.protos[softmax.name], "axis", -1)
+    if rank not in (3, 4):
+        return f"rank-{rank} scores: the kernels take (B, N, S, L) or heads-merged (B N, S, L)"
+    if axis % rank != rank - 1:  # (B, N, S, L) or heads-merged (B N, S, L): the keys are the last axis
+        return f"the softmax is over axis {axis} of rank-{rank} scores, not the keys (axis {rank - 1})"
     d = r.get("dropout")
     if d is not None and len(ctx.protos[d.name].input) > 2 and ctx.protos[d.name].input[2]:
         return "a Dropout with a training_mode input (not provably the identity)"

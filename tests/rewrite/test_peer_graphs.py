@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from fusecli.rewrite import RewriteOptions, emit_attention, rewrite
@@ -71,6 +72,36 @@ def scalar_bias_attention() -> onnx.ModelProto:
     return g.model(_x(), g.op("MatMul", "out", o, g.weight("out_w", HIDDEN, HIDDEN)))
 
 
+def merged_heads_attention(axis: int = 2, scale_on_q: bool = True) -> onnx.ModelProto:
+    """Whisper's and older GPT-2's heads-merged attention: q, k, v split into heads and merged to (B N, S, H)
+    (Reshape, Transpose(0, 2, 1, 3), Reshape), K^T = Transpose(k, (0, 2, 1)), scores (B N, S, L) with the
+    softmax over axis ``axis``, P @ V split back to (B, N, S, H); q scaled before its split (Whisper) or
+    the scores after q k^T."""
+    g = G()
+    seq = g.op("Shape", "seq", "x", start=1, end=2)
+    size = g.const("head_size", np.array([HEAD], np.int64))
+    merged = g.op("Concat", "merged_shape", g.const("minus_one", np.array([-1], np.int64)), seq, size, axis=0)
+    split = g.op("Concat", "split_shape", g.const("b_n", np.array([-1, HEADS], np.int64)), seq, size, axis=0)
+
+    def heads(p: str, scale: float | None = None) -> str:
+        y = g.op("Add", f"{p}_add", g.op("MatMul", f"{p}_mm", "x", g.weight(f"{p}_w", HIDDEN, HIDDEN)),
+                 g.weight(f"{p}_b", HIDDEN))
+        if scale is not None:
+            y = g.op("Mul", f"{p}_scaled", y, g.const(f"{p}_scale", np.array(scale, np.float32)))
+        y = g.op("Reshape", f"{p}_split", y, g.const(f"{p}_shape", np.array([0, -1, HEADS, HEAD], np.int64)))
+        return g.op("Reshape", f"{p}_merge", g.op("Transpose", f"{p}_t", y, perm=[0, 2, 1, 3]), merged)
+
+    scale = HEAD ** -0.5
+    q, k, v = heads("q", scale if scale_on_q else None), heads("k"), heads("v")
+    s = g.op("MatMul", "qk", q, g.op("Transpose", "kt", k, perm=[0, 2, 1]))
+    if not scale_on_q:
+        s = g.op("Mul", "scale", s, g.const("scores_scale", np.array(scale, np.float32)))
+    o = g.op("Reshape", "out_split", g.op("MatMul", "pv", g.op("Softmax", "softmax", s, axis=axis), v), split)
+    o = g.op("Reshape", "merge", g.op("Transpose", "merge_t", o, perm=[0, 2, 1, 3]),
+             g.const("merged_out", np.array([0, 0, HIDDEN], np.int64)))
+    return g.model(_x(), g.op("MatMul", "out", o, g.weight("out_w", HIDDEN, HIDDEN)))
+
+
 def _rewrite(save_model, model, **kw):
     path = save_model(model)
     r = rewrite(path, RewriteOptions(batch=2, dims=DIMS, **kw))
@@ -100,3 +131,20 @@ def test_a_kernel_onnxruntime_cannot_run_is_left_unfused_with_the_reason(save_mo
     assert r.verification.ok
     assert_same_outputs(path, r.model, dims=DIMS)
 
+
+# -- 2. heads-merged 3-D attention (Whisper, older GPT-2) ------------------------------------------------
+@pytest.mark.parametrize(("axis", "scale_on_q"), [(2, True), (-1, True), (2, False)])
+def test_heads_merged_3d_attention_becomes_multi_head_attention(save_model, axis, scale_on_q):
+    path, r = _rewrite(save_model, merged_heads_attention(axis, scale_on_q))
+    assert r.ops_after.get(MS + "MultiHeadAttention") == 1 and "Softmax" not in r.ops_after, r.warnings
+    assert not [w for w in r.warnings if "attention" in w], r.warnings
+    v = r.verification
+    assert v.ok and v.worst("disabled", regions=True) < 1e-6 and v.worst("disabled") < 1e-6
+    assert_same_outputs(path, r.model, dims=DIMS)
+
+
+def test_softmax_over_another_axis_of_3d_scores_is_said_as_such(save_model):
+    path, r = _rewrite(save_model, merged_heads_attention(axis=1))
+    assert MS + "MultiHeadAttention" not in r.ops_after
+    said = [w for w in r.warnings if "attention at pv" in w]
+    assert said and "the softmax is over axis 1 of rank-3 scores, not the keys (axis 2)" in said[0], said
