@@ -100,9 +100,11 @@ def _mha_form(m: Match, layouts: bool = False) -> AttentionForm | str:
 
 
 def terms_refusal(form: AttentionForm, merged: bool) -> str | None:
-    """Why the score terms are more than the bias takes, else None: a mask and a position bias, or one bool
-    mask alone; heads-merged scores (read term by term) also one bool mask with up to two terms where the
-    mask's fill absorbs them (-inf or float32's lowest: s + c == c, so the additive mask is the Where)."""
+    """Why the score terms are more than the bias takes, else None: a mask and a position bias, one bool
+    mask alone, or one bool mask with up to two terms where the mask's fill absorbs the scores (-inf or
+    float32's lowest: s + c == c, so where(m, s, c) + t == s + where(m, 0, c) + t, GPT-2's causal Where
+    with its padding mask). A fill that does not absorb (GPT-2's older -10000) differs where a row's every
+    key is masked: the Where puts c in place of the score, an additive bias keeps s + c."""
     terms, wheres = len(form.terms), len(form.bool_masks)
     if (wheres == 0 and terms <= 2) or (wheres == 1 and terms == 0):
         return None
@@ -112,10 +114,16 @@ def terms_refusal(form: AttentionForm, merged: bool) -> str | None:
     if where is not None:
         fill = scalar_value(where.inputs[2])
         fill = scalar_value(where.inputs[1]) if fill is None else fill
-    if merged and where is not None and terms <= 2 and fill is not None and fill <= ABSORBING:
+    if where is not None and terms <= 2 and fill is not None and fill <= ABSORBING:
         return None
-    why = f"{terms} additive terms and {wheres} bool masks: the emitter takes a mask and a position bias"
-    return why + (", or one bool mask whose fill absorbs up to two terms" if merged else "")
+    if where is not None and terms <= 2 and fill is not None:
+        plural = "s" if terms > 1 else ""
+        return (f"a bool mask Where(m, s, {fill:g}) and {terms} additive term{plural}: where a row's every "
+                f"key is masked the Where puts {fill:g} in place of the score, which an additive "
+                f"attention_bias cannot (it keeps s + {fill:g}); only a fill that absorbs the scores (-inf, "
+                "float32's lowest) is emitted")
+    return (f"{terms} additive terms and {wheres} bool masks: the emitter takes a mask and a position bias, "
+            "or one bool mask whose fill absorbs up to two terms")
 
 
 def between_scores(node: Node, m: Match) -> bool:
@@ -177,17 +185,13 @@ class Builder:
 
 
 def _bias(m: Match, ctx: Context, b: Builder, q3: str, k3: str) -> str | None:
-    """The additive attention bias as a (B|1, N|1, S, L) tensor name, '' when there is none."""
-    terms = []
-    pb = m.roles.get("position_bias")
-    if pb is not None:
-        terms.append(m.bound["position_bias"].name)
-    mask = m.roles.get("mask")
-    if mask is not None:
-        if mask.kind in ADD:
-            terms.append(m.bound["mask"].name)
-        else:
-            term = where_term(m, ctx, b, mask, mask.inputs[0].name)
+    """The additive attention bias as a (B|1, N|1, S, L) tensor name, '' when there is none: the additive
+    terms (a mask, a position bias) and each bool mask's Where on the scores made additive."""
+    terms = [m.bound[role].name for role in ("mask", "position_bias")
+             if role in m.roles and m.roles[role].kind in ADD]
+    for node in m.nodes:  # GPT-2: Where(causal, s, c) + the padding mask
+        if node.kind == "where" and between_scores(node, m):
+            term = where_term(m, ctx, b, node, node.inputs[0].name)
             if term is None:
                 return None
             terms.append(term)

@@ -285,8 +285,12 @@ def _failed(v: Verification) -> None:
     level, c = v.failures()[0]
     what = f"region {c.name}" if c in v.region_checks.get(level, []) else f"output {c.name!r}"
     opts = "ORT_DISABLE_ALL" if level == "disabled" else "default"
+    why = "" if c.rounding is None else (
+        f"; against the original computed in float64 the original is off by {c.rounding[0]:.3g} and the "
+        f"rewritten model by {c.rounding[1]:.3g}: more than float32 rounding explains")
     raise FuseError(f"verification failed: {what} differs from the original (relative L2 error "
-                    f"{c.error:.3g} > {c.tolerance:g}, onnxruntime {opts} optimizations); nothing written")
+                    f"{c.error:.3g} > {c.tolerance:g}, onnxruntime {opts} optimizations{why}); "
+                    "nothing written")
 
 
 def _attempt(path: str, output: str | None, source, work: str, first: Analysis, pipeline_options: Options,
@@ -388,6 +392,11 @@ def _verify(original: str, rewritten: Callable[[], bytes | str], model: onnx.Mod
                                    "only the fused regions were verified, each against the nodes it replaced")
             return result
         result.checks = model_check.checks
+        if not result.ok and scope == "auto":  # every region agrees: rounding the model amplifies?
+            from .verify import explain_by_rounding
+
+            stage("weighing the whole model's difference against float64")
+            explain_by_rounding(original, rewritten(), result, first.sizes.batch or 1, dict(first.sizes))
     return result
 
 

@@ -10,9 +10,12 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from fusecli.pipeline import Options, analyze
 from fusecli.rewrite import RewriteOptions, emit_attention, rewrite
+from fusecli.rewrite.verify import ROUNDING_FACTOR, OutputCheck, Verification, explain_by_rounding, verify
+from fusecli.spellings.attention import read_attention
 from tests.conftest import make_model
-from tests.rewrite.helpers import assert_same_outputs
+from tests.rewrite.helpers import assert_same_outputs, ort_run
 
 MS = "com.microsoft."
 HIDDEN, HEADS, HEAD = 16, 2, 8
@@ -102,9 +105,64 @@ def merged_heads_attention(axis: int = 2, scale_on_q: bool = True) -> onnx.Model
     return g.model(_x(), g.op("MatMul", "out", o, g.weight("out_w", HIDDEN, HIDDEN)))
 
 
+LOWEST = float(np.finfo(np.float32).min)
+
+
+def gpt2_past_attention(weight: float | None = None, fill: float = LOWEST, seq: int = 32) -> onnx.ModelProto:
+    """GPT-2's attention with a past (onnxruntime's gpt2 test graphs): one QKV MatMul + bias Split into
+    heads, past (2, B, N, P, H) read by Gather and joined to K and V by Concat (present: their stack),
+    scores / sqrt(H), the causal mask Where(bias[L-S:L, :L], s, fill) from a (1, 1, 32, 32) lower
+    triangle, the padding mask (1 - mask) * fill added (transformers' fill: float32's lowest; the ORT
+    generator's older GPT-2: -10000), the output projection, the residual and a
+    LayerNorm; weights seeded normals, or all ``weight`` with biases 1 (the generator's constant weights:
+    the LayerNorm then removes a large constant row sum, an ill-conditioned output)."""
+    g = G()
+    if weight is not None:
+        g.weight = lambda name, *shape: g.const(  # type: ignore[method-assign]
+            name, np.full(shape, weight if len(shape) > 1 else 1.0, np.float32))
+    qkv = g.op("Add", "qkv_add", g.op("MatMul", "qkv_mm", "x", g.weight("qkv_w", HIDDEN, 3 * HIDDEN)),
+               g.weight("qkv_b", 3 * HIDDEN))
+    g.nodes.append(helper.make_node("Split", [qkv, g.const("sizes", np.array([HIDDEN] * 3, np.int64))],
+                                    ["q_in", "k_in", "v_in"], "split", axis=2))
+    shape = g.const("heads", np.array([0, 0, HEADS, HEAD], np.int64))
+    q, k, v = (g.op("Transpose", f"{p}_t", g.op("Reshape", f"{p}_split", f"{p}_in", shape),
+                    perm=[0, 2, 1, 3]) for p in "qkv")
+    past_k = g.op("Gather", "past_k", "past", g.const("i0", np.array(0, np.int64)))
+    past_v = g.op("Gather", "past_v", "past", g.const("i1", np.array(1, np.int64)))
+    k, v = g.op("Concat", "k_cat", past_k, k, axis=-2), g.op("Concat", "v_cat", past_v, v, axis=-2)
+    first = g.const("axis0", np.array([0], np.int64))
+    present = g.op("Concat", "present", g.op("Unsqueeze", "k_u", k, first),
+                   g.op("Unsqueeze", "v_u", v, first), axis=0)
+    s = g.op("MatMul", "qk", q, g.op("Transpose", "kt", k, perm=[0, 1, 3, 2]))
+    s = g.op("Div", "scale", s, g.const("sqrt_h", np.array(np.sqrt(HEAD), np.float32)))
+    q_len, k_len = g.op("Shape", "q_len", q, start=2, end=3), g.op("Shape", "k_len", k, start=2, end=3)
+    tri = g.const("attn_bias", np.tril(np.ones((seq, seq), np.uint8)).reshape(1, 1, seq, seq))
+    c = g.op("Slice", "rows", tri, g.op("Sub", "start", k_len, q_len), k_len,
+             g.const("ax2", np.array([2], np.int64)))
+    c = g.op("Slice", "cols", c, g.const("zero", np.array([0], np.int64)), k_len,
+             g.const("ax3", np.array([3], np.int64)))
+    c = g.op("Cast", "causal", c, to=TensorProto.BOOL)
+    s = g.op("Where", "causal_where", c, s, g.const("masked_bias", np.array(fill, np.float32)))
+    m = g.op("Unsqueeze", "mask_u", "attention_mask", g.const("ax12", np.array([1, 2], np.int64)))
+    m = g.op("Cast", "mask_f", m, to=TensorProto.FLOAT)
+    m = g.op("Mul", "mask_add", g.op("Sub", "mask_not", g.const("one", np.array(1.0, np.float32)), m),
+             g.const("neg", np.array(fill, np.float32)))
+    o = g.op("MatMul", "pv", g.op("Softmax", "softmax", g.op("Add", "mask", s, m), axis=-1), v)
+    o = g.op("Reshape", "merge", g.op("Transpose", "merge_t", o, perm=[0, 2, 1, 3]),
+             g.const("merged", np.array([0, 0, HIDDEN], np.int64)))
+    o = g.op("Add", "o_add", g.op("MatMul", "o_mm", o, g.weight("o_w", HIDDEN, HIDDEN)),
+             g.weight("o_b", HIDDEN))
+    y = g.op("LayerNormalization", "ln", g.op("Add", "residual", o, "x"),
+             g.const("ln_g", np.ones(HIDDEN, np.float32)), g.const("ln_b", np.zeros(HIDDEN, np.float32)))
+    inputs = [*_x(),
+              helper.make_tensor_value_info("past", TensorProto.FLOAT, [2, "batch", HEADS, "past", HEAD]),
+              helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "total"])]
+    return g.model(inputs, y, present)
+
+
 def _rewrite(save_model, model, **kw):
     path = save_model(model)
-    r = rewrite(path, RewriteOptions(batch=2, dims=DIMS, **kw))
+    r = rewrite(path, RewriteOptions(batch=2, dims=kw.pop("dims", DIMS), **kw))
     return path, r
 
 
@@ -148,3 +206,68 @@ def test_softmax_over_another_axis_of_3d_scores_is_said_as_such(save_model):
     assert MS + "MultiHeadAttention" not in r.ops_after
     said = [w for w in r.warnings if "attention at pv" in w]
     assert said and "the softmax is over axis 1 of rank-3 scores, not the keys (axis 2)" in said[0], said
+
+
+# -- 3. GPT-2 with past: a KV cache, a bool causal mask and an additive padding mask ------------------------
+PAST = {"batch": 2, "seq": 3, "past": 4, "total": 7}
+
+
+def test_gpt2_past_is_a_kv_cache_and_takes_both_masks(save_model):
+    path = save_model(gpt2_past_attention())
+    matches = analyze(path, Options(batch=2, dims=PAST)).matches
+    attention = [m for m in matches if m.pattern.name == "attention"]
+    form = read_attention(attention[0].roles["pv"])
+    assert form.kv_cache and len(form.terms) == 1 and len(form.bool_masks) == 1
+    r = rewrite(path, RewriteOptions(batch=2, dims=PAST))
+    assert r.ops_after.get(MS + "MultiHeadAttention") == 1 and "Softmax" not in r.ops_after, r.warnings
+    v = r.verification
+    assert v.ok and v.worst("disabled", regions=True) < 1e-6 and v.worst("disabled") < 1e-6
+    assert not [w for w in r.warnings if "rounding" in w]
+    assert_same_outputs(path, r.model, dims=PAST)
+    # the second sequence padded on its first five keys: its first query row sees no key at all
+    rng = np.random.default_rng(3)
+    feeds = {"x": rng.standard_normal((2, 3, HIDDEN)).astype(np.float32),
+             "past": rng.standard_normal((2, 2, HEADS, 4, HEAD)).astype(np.float32),
+             "attention_mask": np.array([[1] * 7, [0] * 5 + [1] * 2], np.int64)}
+    want, got = ort_run(path, feeds)[1], ort_run(r.model, feeds)[1]
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_gpt2_past_with_a_fill_that_does_not_absorb_is_refused_with_the_reason(save_model):
+    """The ORT generator's older GPT-2 (-10000): where a row's every key is masked the original puts -10000
+    in place of the score, the additive form keeps s - 10000 (what ORT's own fusion computes)."""
+    path, r = _rewrite(save_model, gpt2_past_attention(fill=-10000.0), dims=PAST)
+    assert MS + "MultiHeadAttention" not in r.ops_after and r.verification.ok
+    said = [w for w in r.warnings if "attention at pv" in w]
+    assert said and "Where(m, s, -10000) and 1 additive term" in said[0], said
+
+
+def test_a_difference_rounding_explains_is_accepted_and_said(save_model):
+    """Constant weights: every region agrees to 1e-7 while the LayerNorm's output, which cancels a large
+    row sum, differs by more than 1e-4; both float32 models are off the float64 computation by errors of
+    one size, so the rewrite is accepted, with the figures."""
+    path = save_model(gpt2_past_attention(weight=4.0))
+    r = rewrite(path, RewriteOptions(batch=2, dims=PAST))
+    v = r.verification
+    assert r.ops_after.get(MS + "MultiHeadAttention") == 1 and v.ok
+    assert v.worst("disabled", regions=True) < 1e-6 < 1e-4 < v.worst("disabled")
+    said = [w for w in r.warnings if "accumulated float32 rounding" in w]
+    assert said and "'ln'" in said[0] and "float64" in said[0]
+    ln = next(c for c in v.checks["disabled"] if c.name == "ln")
+    assert ln.explained and ln.rounding[1] <= ROUNDING_FACTOR * ln.rounding[0]
+
+
+def test_a_difference_rounding_does_not_explain_is_refused(save_model):
+    """A rewritten model off by 1e-3 everywhere (every region said to agree): the original is off float64
+    by rounding only, so the difference stays a failure."""
+    original = save_model(gpt2_past_attention())
+    model = gpt2_past_attention()
+    next(t for t in model.graph.initializer if t.name == "ln_g").CopyFrom(
+        numpy_helper.from_array(np.full(HIDDEN, 1.001, np.float32), "ln_g"))
+    result = Verification(region_checks={"disabled": [OutputCheck("region", "float32", 1e-8, 1e-4)]})
+    result.checks = verify(original, model.SerializeToString(), 2, PAST, levels=("disabled",)).checks
+    explain_by_rounding(original, model.SerializeToString(), result, 2, PAST)
+    ln = next(c for c in result.checks["disabled"] if c.name == "ln")
+    assert not result.ok and not ln.explained and ln.rounding[0] < 1e-6 < 1e-4 < ln.rounding[1]
+
