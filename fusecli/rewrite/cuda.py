@@ -9,6 +9,6 @@ CUDA_KERNELS = frozenset({
     "com.microsoft.FusedConv", "com.microsoft.FusedMatMul", "com.microsoft.Gelu", "com.microsoft.BiasGelu",
     "com.microsoft.FastGelu", "com.microsoft.QuickGelu", "com.microsoft.SkipLayerNormalization",
     "com.microsoft.SkipSimplifiedLayerNormalization", "com.microsoft.MultiHeadAttention",
-    "com.microsoft.RotaryEmbedding",
+    "com.microsoft.RotaryEmbedding", "com.microsoft.EmbedLayerNormalization",
     "LayerNormalization", "SimplifiedLayerNormalization",
 })

@@ -160,6 +160,39 @@ def gpt2_past_attention(weight: float | None = None, fill: float = LOWEST, seq: 
     return g.model(inputs, y, present)
 
 
+def embedding_model(segment: bool = True, positions: str = "buffer", decomposed: bool = False,
+                    vocab: int = 30, max_positions: int = 16) -> onnx.ModelProto:
+    """BERT's embeddings (onnxruntime's bert test graphs): word[input_ids] (+ segment[token_type_ids]) +
+    position[ids], the position ids a slice of a (1, 16) buffer to the length (``buffer``) or an input
+    (``input``), then LayerNorm (the op, or written out at opset 17)."""
+    g = G()
+    e = g.op("Gather", "word", g.weight("word_table", vocab, HIDDEN), "input_ids")
+    if segment:
+        e = g.op("Add", "add_segment", e, g.op("Gather", "segment", g.weight("segment_table", 2, HIDDEN),
+                                               "token_type_ids"))
+    ids = "position_ids"
+    if positions == "buffer":
+        buffer = g.const("position_buffer", np.arange(max_positions, dtype=np.int64).reshape(1, -1))
+        length = g.op("Shape", "length", "input_ids", start=1, end=2)
+        ids = g.op("Slice", "position_slice", buffer, g.const("zero", np.array([0], np.int64)), length,
+                   g.const("axis1", np.array([1], np.int64)))
+    table = g.weight("position_table", max_positions, HIDDEN)
+    e = g.op("Add", "add_position", e, g.op("Gather", "position", table, ids))
+    gamma, beta = g.weight("ln_g", HIDDEN), g.weight("ln_b", HIDDEN)
+    if decomposed:  # (x - mean) / sqrt(var + eps) * g + b
+        d = g.op("Sub", "centered", e, g.op("ReduceMean", "mean", e, axes=[-1]))
+        var = g.op("ReduceMean", "var", g.op("Pow", "square", d, g.const("two", np.array(2.0, np.float32))),
+                   axes=[-1])
+        std = g.op("Sqrt", "std", g.op("Add", "eps", var, g.const("epsilon", np.array(1e-12, np.float32))))
+        y = g.op("Add", "ln", g.op("Mul", "gamma", g.op("Div", "normed", d, std), gamma), beta)
+    else:
+        y = g.op("LayerNormalization", "ln", e, gamma, beta, epsilon=1e-12)
+    ids_info = [helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", "seq"])
+                for n in ("input_ids", *(["token_type_ids"] if segment else []),
+                          *(["position_ids"] if positions == "input" else []))]
+    return g.model(ids_info, y)
+
+
 def _rewrite(save_model, model, **kw):
     path = save_model(model)
     r = rewrite(path, RewriteOptions(batch=2, dims=kw.pop("dims", DIMS), **kw))
@@ -270,4 +303,17 @@ def test_a_difference_rounding_does_not_explain_is_refused(save_model):
     explain_by_rounding(original, model.SerializeToString(), result, 2, PAST)
     ln = next(c for c in result.checks["disabled"] if c.name == "ln")
     assert not result.ok and not ln.explained and ln.rounding[0] < 1e-6 < 1e-4 < ln.rounding[1]
+
+
+# -- 4. kernels fusecli did not write: EmbedLayerNormalization ---------------------------------------------
+@pytest.mark.parametrize(("segment", "positions", "decomposed"),
+                         [(True, "buffer", False), (True, "buffer", True), (False, "input", False)])
+def test_embeddings_and_their_layer_norm_become_embed_layer_normalization(save_model, segment, positions,
+                                                                         decomposed):
+    path, r = _rewrite(save_model, embedding_model(segment, positions, decomposed))
+    assert r.kernel_counts() == {"EmbedLayerNormalization": 1}, r.warnings
+    assert "Gather" not in r.ops_after and "LayerNormalization" not in r.ops_after
+    v = r.verification
+    assert v.ok and v.worst("disabled", regions=True) < 1e-6 and v.worst("disabled") < 1e-6
+    assert_same_outputs(path, r.model, dims=DIMS)
 
