@@ -14,6 +14,7 @@ import onnxruntime as ort
 from ..core import budgets
 from ..core.dims import dim_value
 from ..core.errors import FuseError, error_text
+from .cuda import cpu_stand_ins
 from .regions import Case, merged_models, random_feeds
 
 Source = bytes | str  # a serialized model or a path (a path reads external data beside it)
@@ -307,8 +308,8 @@ def verify_regions(passes: list[list[Case]], opsets, ir_version: int, result: Ve
             ref = run(open_session(before.SerializeToString(), so, "regions' original"), feeds,
                       "regions' original")
             try:
-                got = run(open_session(after.SerializeToString(), so, "regions' rewritten"), feeds,
-                          "regions' rewritten")
+                got = run(open_session(cpu_stand_ins(after).SerializeToString(), so, "regions' rewritten"),
+                          feeds, "regions' rewritten")
             except FuseError:  # the regions one by one: those whose kernel does not run are left unfused
                 got = _one_by_one(chosen, cases, opsets, ir_version, so, seed, origin, ref, result)
             checks = compare(ref, got, labels.__getitem__)
@@ -336,8 +337,8 @@ def _one_by_one(chosen: list[Case], cases: list[Case], opsets, ir_version: int, 
         prefix = f"r{k}/"
         own = {f"r0/{n.removeprefix(prefix)}": v for n, v in feeds.items() if n.startswith(prefix)}
         try:
-            outs = run(open_session(after.SerializeToString(), so, "region's rewritten"), own,
-                       "region's rewritten")
+            outs = run(open_session(cpu_stand_ins(after).SerializeToString(), so, "region's rewritten"),
+                       own, "region's rewritten")
         except FuseError as e:
             first = e.first if isinstance(e, RunFailed) else str(e)
             why = f"onnxruntime cannot run its kernel ({first}; a fusecli bug): left unfused"

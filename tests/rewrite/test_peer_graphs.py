@@ -12,6 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from fusecli.pipeline import Options, analyze
 from fusecli.rewrite import RewriteOptions, emit_attention, rewrite
+from fusecli.rewrite.cuda import cpu_stand_ins
 from fusecli.rewrite.verify import ROUNDING_FACTOR, OutputCheck, Verification, explain_by_rounding, verify
 from fusecli.spellings.attention import read_attention
 from tests.conftest import make_model
@@ -193,6 +194,21 @@ def embedding_model(segment: bool = True, positions: str = "buffer", decomposed:
     return g.model(ids_info, y)
 
 
+def fast_gelu_mlp() -> onnx.ModelProto:
+    """GPT-2's MLP (onnxruntime's gemm_fastgelu graphs): x W1 + b1, the tanh GELU written out
+    0.5 y (1 + tanh(sqrt(2 / pi) (y + 0.044715 y^3))), then x W2."""
+    g = G()
+    y = g.op("Add", "fc_bias", g.op("MatMul", "fc", "x", g.weight("fc_w", HIDDEN, 4 * HIDDEN)),
+             g.weight("fc_b", 4 * HIDDEN))
+    cube = g.op("Mul", "cubed", g.op("Pow", "cube", y, g.const("three", np.array(3.0, np.float32))),
+                g.const("k", np.array(0.044715, np.float32)))
+    inner = g.op("Mul", "inner", g.op("Add", "y_cube", y, cube),
+                 g.const("sqrt_2_pi", np.array(np.sqrt(2 / np.pi), np.float32)))
+    t = g.op("Add", "one_tanh", g.op("Tanh", "tanh", inner), g.const("one", np.array(1.0, np.float32)))
+    a = g.op("Mul", "gelu", g.op("Mul", "half", y, g.const("half_c", np.array(0.5, np.float32))), t)
+    return g.model(_x(), g.op("MatMul", "proj", a, g.weight("proj_w", 4 * HIDDEN, HIDDEN)))
+
+
 def _rewrite(save_model, model, **kw):
     path = save_model(model)
     r = rewrite(path, RewriteOptions(batch=2, dims=kw.pop("dims", DIMS), **kw))
@@ -316,4 +332,26 @@ def test_embeddings_and_their_layer_norm_become_embed_layer_normalization(save_m
     v = r.verification
     assert v.ok and v.worst("disabled", regions=True) < 1e-6 and v.worst("disabled") < 1e-6
     assert_same_outputs(path, r.model, dims=DIMS)
+
+
+# -- 4. GemmFastGelu: CUDA only --------------------------------------------------------------------------
+def test_gemm_fast_gelu_is_written_for_cuda_only(save_model):
+    """The CPU provider has no GemmFastGelu: on cpu the MatMul stays and FastGelu takes the bias; analyze
+    says so. On cuda GemmFastGelu(x, W1, b1), verified through its CPU stand-in (said), the file written
+    and loadable (the load check opens the stand-in too)."""
+    path = save_model(fast_gelu_mlp())
+    a = analyze(path, Options(batch=2, dims=DIMS))
+    match = next(m for m in a.matches if m.pattern.name == "matmul_fast_gelu")
+    assert "CPU provider has none" in match.verdict.frameworks["onnxruntime"]["note"]
+    cpu = rewrite(path, RewriteOptions(batch=2, dims=DIMS))
+    assert cpu.kernel_counts() == {"FastGelu": 1} and cpu.verification.ok
+    out = path.replace(".onnx", ".cuda.onnx")
+    cuda = rewrite(path, RewriteOptions(target="cuda", batch=2, dims=DIMS), output=out)
+    assert cuda.kernel_counts() == {"GemmFastGelu": 1} and cuda.ops_after.get("MatMul") == 1
+    v = cuda.verification
+    assert v.ok and v.worst("disabled", regions=True) < 1e-6 and v.worst("disabled") < 1e-6
+    assert [w for w in cuda.warnings if w.startswith("GemmFastGelu has no CPU kernel") and "stand-in" in w]
+    written = onnx.load(out)
+    assert [n.op_type for n in written.graph.node if n.domain == "com.microsoft"] == ["GemmFastGelu"]
+    assert_same_outputs(path, cpu_stand_ins(written), dims=DIMS)
 
