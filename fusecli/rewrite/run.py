@@ -398,7 +398,8 @@ def _verify(original: str, rewritten: Callable[[], bytes | str], model: onnx.Mod
     if whole:
         stage("verifying the whole model with onnxruntime")
         try:
-            model_check = verify(original, rewritten(), first.sizes.batch or 1, dict(first.sizes))
+            model_check = verify(original, rewritten(), first.sizes.batch or 1, dict(first.sizes),
+                                 given=options.dims)
         except RunFailed as e:
             # auto ran the model only because it is small: where the user's own model cannot run on random
             # inputs (a MoE export that runs only when every expert is hit), the regions' checks stand

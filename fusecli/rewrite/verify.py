@@ -135,13 +135,38 @@ def quiet_run() -> ort.RunOptions:
 class RunFailed(FuseError):
     """onnxruntime could not run a model on the random inputs; ``what`` names which model."""
 
-    def __init__(self, what: str, first: str):
+    def __init__(self, what: str, first: str, why: str | None = None):
         # the sizes are the user's to set only where the input itself fails: a rewritten model that fails
         # where the original ran on the same inputs wrote a kernel whose inputs do not fit
-        why = ("set sizes with --batch N and --dim NAME=VALUE" if "original" in what else
-               "the original ran on the same inputs: a kernel's inputs do not fit it, a fusecli bug")
+        why = why or ("set sizes with --batch N and --dim NAME=VALUE" if "original" in what else
+                      "the original ran on the same inputs: a kernel's inputs do not fit it, a fusecli bug")
         super().__init__(f"onnxruntime failed to run the {what} model: {first} ({why})")
         self.what, self.first = what, first
+
+
+def guessed_dims(sess: ort.InferenceSession, dims: Mapping[str, int] | None) -> list[str]:
+    """The inputs' named dims not in ``dims`` (the user's --dim: the rest were guessed), axis 0 aside
+    (--batch's)."""
+    dims = dims or {}
+    out = []
+    for i in sess.get_inputs():
+        for axis, d in enumerate(i.shape):
+            if axis and not isinstance(d, int) and dim_value(d, dims) is None and str(d) not in out:
+                out.append(str(d))
+    return out
+
+
+def run_original(sess: ort.InferenceSession, feeds: dict, given: Mapping[str, int] | None,
+                 what: str = "original") -> dict[str, np.ndarray]:
+    """run() of the user's model; where it fails, the sizes hint only for dims the user did not give
+    (``given``: the --dim values)."""
+    try:
+        return run(sess, feeds, what)
+    except RunFailed as e:
+        guessed = guessed_dims(sess, given)
+        why = (f"{', '.join(guessed)} guessed as 1: set sizes with --dim NAME=VALUE" if guessed else
+               "at the sizes given: the model itself does not run on these random inputs")
+        raise RunFailed(what, e.first, why) from None
 
 
 def run(sess: ort.InferenceSession, feeds: dict, what: str) -> dict[str, np.ndarray]:
@@ -170,8 +195,10 @@ def relative_error(ref: np.ndarray, got: np.ndarray) -> float:
 
 
 def verify(original: Source, rewritten: Source, batch: int = 1, dims: Mapping[str, int] | None = None,
-           seed: int = 0, levels: tuple[str, ...] = ("disabled", "default")) -> Verification:
-    """Run both models at each level on the same inputs; every output compared by relative L2 error."""
+           seed: int = 0, levels: tuple[str, ...] = ("disabled", "default"),
+           given: Mapping[str, int] | None = None) -> Verification:
+    """Run both models at each level on the same inputs; every output compared by relative L2 error
+    (``given``: the dims the user set, for the message where the original does not run)."""
     result = Verification()
     feeds = None
     for level in levels:
@@ -179,7 +206,8 @@ def verify(original: Source, rewritten: Source, batch: int = 1, dims: Mapping[st
         ref_sess = open_session(original, so, "original")
         new_sess = open_session(rewritten, so, "rewritten")
         feeds = feeds or make_feeds(ref_sess, batch, dims, seed)
-        ref, got = run(ref_sess, feeds, "original"), run(new_sess, feeds, "rewritten")
+        ref = run_original(ref_sess, feeds, dims if given is None else given)
+        got = run(new_sess, feeds, "rewritten")
         result.checks[level] = compare(ref, got)
     return result
 

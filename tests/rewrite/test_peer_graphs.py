@@ -10,6 +10,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from fusecli.core.errors import FuseError
 from fusecli.pipeline import Options, analyze
 from fusecli.rewrite import RewriteOptions, emit_attention, rewrite
 from fusecli.rewrite.cuda import cpu_stand_ins
@@ -355,3 +356,21 @@ def test_gemm_fast_gelu_is_written_for_cuda_only(save_model):
     assert [n.op_type for n in written.graph.node if n.domain == "com.microsoft"] == ["GemmFastGelu"]
     assert_same_outputs(path, cpu_stand_ins(written), dims=DIMS)
 
+
+# -- 5. every refusal says the real reason ---------------------------------------------------------------
+def _fixed_reshape() -> onnx.ModelProto:
+    """An erf GELU, then a Reshape to a fixed (2, 5, 16): the model runs at seq 5 only."""
+    g = G()
+    half = g.op("Mul", "half", "x", g.const("half_c", np.array(0.5, np.float32)))
+    erf = g.op("Erf", "erf", g.op("Div", "scaled", "x", g.const("sqrt2", np.array(np.sqrt(2), np.float32))))
+    y = g.op("Mul", "gelu", half, g.op("Add", "one_erf", erf, g.const("one", np.array(1.0, np.float32))))
+    return g.model(_x(), g.op("Reshape", "fixed", y, g.const("shape", np.array([2, 5, HIDDEN], np.int64))))
+
+
+@pytest.mark.parametrize(("dims", "said"), [({"batch": 2, "seq": 4}, "at the sizes given"),
+                                            ({"batch": 2}, "seq guessed as 1: set sizes with --dim")])
+def test_the_sizes_hint_only_names_sizes_fusecli_guessed(save_model, dims, said):
+    path = save_model(_fixed_reshape())
+    with pytest.raises(FuseError, match="failed to run the original model") as e:
+        rewrite(path, RewriteOptions(batch=2, dims=dims, verify_scope="model"))
+    assert said in str(e.value) and ("--dim" in str(e.value)) == ("seq" not in dims)
