@@ -383,8 +383,10 @@ def _einsum_attention(m: Match, ctx: Context) -> Emission | str:
     qi = 0 if t_ in a else 1  # the query holds the scores' first own axis (rows), the key the second
     q, k = (m.bound["q"], m.bound["k"]) if qi == 0 else (m.bound["k"], m.bound["q"])
     q_sub, k_sub = (a, b) if qi == 0 else (b, a)
-    if attr_value(ctx.protos[softmax.name], "axis", -1) % 4 != scores.index(s_):
-        return "the softmax is not over the keys alone"
+    axis = attr_value(ctx.protos[softmax.name], "axis", -1)
+    if axis % 4 != scores.index(s_):
+        return (f"the softmax is over axis {axis} ({scores[axis % 4]}) of the scores {scores}, not the keys "
+                f"(axis {scores.index(s_)}, {s_})")
     if (m.roles.get("mask") is not None or m.roles.get("position_bias") is not None) \
             and scores != bat + heads + t_ + s_:
         return "a mask on scores that are not (batch, heads, queries, keys)"
