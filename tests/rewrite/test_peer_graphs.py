@@ -110,14 +110,16 @@ def merged_heads_attention(axis: int = 2, scale_on_q: bool = True) -> onnx.Model
 LOWEST = float(np.finfo(np.float32).min)
 
 
-def gpt2_past_attention(weight: float | None = None, fill: float = LOWEST, seq: int = 32) -> onnx.ModelProto:
+def gpt2_past_attention(weight: float | None = None, fill: float = LOWEST, seq: int = 32,
+                        alibi: bool = False) -> onnx.ModelProto:
     """GPT-2's attention with a past (onnxruntime's gpt2 test graphs): one QKV MatMul + bias Split into
     heads, past (2, B, N, P, H) read by Gather and joined to K and V by Concat (present: their stack),
     scores / sqrt(H), the causal mask Where(bias[L-S:L, :L], s, fill) from a (1, 1, 32, 32) lower
     triangle, the padding mask (1 - mask) * fill added (transformers' fill: float32's lowest; the ORT
     generator's older GPT-2: -10000), the output projection, the residual and a
     LayerNorm; weights seeded normals, or all ``weight`` with biases 1 (the generator's constant weights:
-    the LayerNorm then removes a large constant row sum, an ill-conditioned output)."""
+    the LayerNorm then removes a large constant row sum, an ill-conditioned output). ``alibi``: BLOOM's
+    ALiBi term slope_n * key position, (1, N, 1, L), added to the scores before the causal Where."""
     g = G()
     if weight is not None:
         g.weight = lambda name, *shape: g.const(  # type: ignore[method-assign]
@@ -144,6 +146,13 @@ def gpt2_past_attention(weight: float | None = None, fill: float = LOWEST, seq: 
     c = g.op("Slice", "cols", c, g.const("zero", np.array([0], np.int64)), k_len,
              g.const("ax3", np.array([3], np.int64)))
     c = g.op("Cast", "causal", c, to=TensorProto.BOOL)
+    if alibi:
+        last = g.op("Squeeze", "k_len_scalar", k_len, g.const("ax0", np.array([0], np.int64)))
+        keys = g.op("Range", "keys", g.const("start0", np.array(0, np.int64)), last,
+                    g.const("step1", np.array(1, np.int64)))
+        keys = g.op("Cast", "keys_f", keys, to=TensorProto.FLOAT)
+        slopes = g.const("slopes", np.array([0.5, 0.25], np.float32).reshape(1, HEADS, 1, 1))
+        s = g.op("Add", "alibi_add", s, g.op("Mul", "alibi", slopes, keys))
     s = g.op("Where", "causal_where", c, s, g.const("masked_bias", np.array(fill, np.float32)))
     m = g.op("Unsqueeze", "mask_u", "attention_mask", g.const("ax12", np.array([1, 2], np.int64)))
     m = g.op("Cast", "mask_f", m, to=TensorProto.FLOAT)
@@ -282,6 +291,16 @@ def test_gpt2_past_is_a_kv_cache_and_takes_both_masks(save_model):
     want, got = ort_run(path, feeds)[1], ort_run(r.model, feeds)[1]
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_alibi_with_a_causal_mask_and_a_padding_mask_is_one_attention_bias(save_model):
+    """ALiBi (1, N, 1, L) + the causal Where (float32's lowest) + the padding mask: three score terms, one
+    attention_bias."""
+    path, r = _rewrite(save_model, gpt2_past_attention(alibi=True), dims=PAST)
+    assert r.ops_after.get(MS + "MultiHeadAttention") == 1 and "Softmax" not in r.ops_after, r.warnings
+    v = r.verification
+    assert v.ok and v.worst("disabled", regions=True) < 1e-6 and v.worst("disabled") < 1e-6
+    assert_same_outputs(path, r.model, dims=PAST)
 
 
 def test_gpt2_past_with_a_fill_that_does_not_absorb_is_refused_with_the_reason(save_model):
