@@ -105,15 +105,21 @@ def atomic_write(path: str, mode: str = "wb", check: Callable[[str, str], None] 
         raise
 
 
-def check_model_file(written: str, path: str, original: str | None = None) -> None:
+def check_model_file(written: str, path: str, original: str | None = None,
+                     session_source: Callable[[str], str | bytes] | None = None) -> None:
     """Refuse (FuseError, one line) the ONNX model file ``written``, to be ``path``, when onnx's full
     checker or, where onnxruntime is installed, an onnxruntime session does not take it. Read by path:
     its external data (past 2 GiB) is found beside it. A complaint the ``original`` model (the input)
     has as well is the user's file, not fusecli's doing (a graph output of unknown rank, a custom op):
     it stands. So does the checker's about an op onnx has no schema for at all (onnxruntime's
-    SimplifiedLayerNormalization, which it registers in the ONNX domain): onnxruntime judges that one."""
+    SimplifiedLayerNormalization, which it registers in the ONNX domain): onnxruntime judges that one.
+    ``session_source`` (the written file's path -> what the session loads): rewrite's CPU stand-ins for a
+    kernel onnxruntime has on CUDA only."""
+    def session_failure(p: str) -> str | None:
+        return _session_failure(p, None if session_source is None or p != written else session_source(p))
+
     checks = (("the model fails onnx's checker", _checker_failure),
-              ("onnxruntime cannot load the model", _session_failure))
+              ("onnxruntime cannot load the model", session_failure))
     for what, failure_of in checks:
         failure = failure_of(written)
         if failure is None or (failure_of is _checker_failure and _unknown_op(failure)):
@@ -142,9 +148,9 @@ def _checker_failure(path: str) -> str | None:
     return None
 
 
-def _session_failure(path: str) -> str | None:
-    """Why onnxruntime (CPU, optimizations off) cannot load the model file at ``path``, as one line; None
-    when it loads it or is not installed."""
+def _session_failure(path: str, source: str | bytes | None = None) -> str | None:
+    """Why onnxruntime (CPU, optimizations off) cannot load the model file at ``path`` (or ``source``, what
+    stands in for it), as one line; None when it loads it or is not installed."""
     try:
         import onnxruntime as ort
     except ImportError:
@@ -155,7 +161,7 @@ def _session_failure(path: str) -> str | None:
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     so.intra_op_num_threads = so.inter_op_num_threads = 1
     try:
-        ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+        ort.InferenceSession(path if source is None else source, so, providers=["CPUExecutionProvider"])
     except Exception as e:  # onnxruntime's own error types
         return _without_path(error_text(e), path)
     return None

@@ -4,10 +4,11 @@ softmax(q k^T s + bias) v with q, k, v as (B, N, S, H) heads: MultiHeadAttention
 (B, S, N H), so each goes through Transpose(0, 2, 1, 3) + Reshape(0, 0, N H) (pairs ONNX Runtime's
 transpose optimizer cancels against the export's own head split), and the output is split back the
 same way. The additive bias (B|1, N|1, S, L) is the export's mask (Add), a causal Where turned into an
-additive one, and T5's position bias, broadcast over the query axis. Grouped-query K/V enter after
-their repeat (the repeat nodes stay) where GroupQueryAttention (emit_gqa) does not fit; a Dropout is the
-identity in inference. Heads-merged attention (BLOOM: q, K^T, v and the scores as (B N, ., .), split to
-(B, N, S, L) before the softmax) is read through its merges (merged_heads).
+additive one, and T5's position bias, broadcast to (., ., S, L) (a scalar bias too: the kernel checks
+both lengths). Grouped-query K/V enter after their repeat (the repeat nodes stay) where
+GroupQueryAttention (emit_gqa) does not fit; a Dropout is the identity in inference. Heads-merged
+attention (BLOOM: q, K^T, v and the scores as (B N, ., .), split to (B, N, S, L) before the softmax;
+Whisper, older GPT-2: the softmax over (B N, S, L) itself) is read through its merges (merged_heads).
 """
 
 from __future__ import annotations
@@ -99,9 +100,11 @@ def _mha_form(m: Match, layouts: bool = False) -> AttentionForm | str:
 
 
 def terms_refusal(form: AttentionForm, merged: bool) -> str | None:
-    """Why the score terms are more than the bias takes, else None: a mask and a position bias, or one bool
-    mask alone; heads-merged scores (read term by term) also one bool mask with up to two terms where the
-    mask's fill absorbs them (-inf or float32's lowest: s + c == c, so the additive mask is the Where)."""
+    """Why the score terms are more than the bias takes, else None: a mask and a position bias, one bool
+    mask alone, or one bool mask with up to two terms where the mask's fill absorbs the scores (-inf or
+    float32's lowest: s + c == c, so where(m, s, c) + t == s + where(m, 0, c) + t, GPT-2's causal Where
+    with its padding mask). A fill that does not absorb (GPT-2's older -10000) differs where a row's every
+    key is masked: the Where puts c in place of the score, an additive bias keeps s + c."""
     terms, wheres = len(form.terms), len(form.bool_masks)
     if (wheres == 0 and terms <= 2) or (wheres == 1 and terms == 0):
         return None
@@ -111,10 +114,16 @@ def terms_refusal(form: AttentionForm, merged: bool) -> str | None:
     if where is not None:
         fill = scalar_value(where.inputs[2])
         fill = scalar_value(where.inputs[1]) if fill is None else fill
-    if merged and where is not None and terms <= 2 and fill is not None and fill <= ABSORBING:
+    if where is not None and terms <= 2 and fill is not None and fill <= ABSORBING:
         return None
-    why = f"{terms} additive terms and {wheres} bool masks: the emitter takes a mask and a position bias"
-    return why + (", or one bool mask whose fill absorbs up to two terms" if merged else "")
+    if where is not None and terms <= 2 and fill is not None:
+        plural = "s" if terms > 1 else ""
+        return (f"a bool mask Where(m, s, {fill:g}) and {terms} additive term{plural}: where a row's every "
+                f"key is masked the Where puts {fill:g} in place of the score, which an additive "
+                f"attention_bias cannot (it keeps s + {fill:g}); only a fill that absorbs the scores (-inf, "
+                "float32's lowest) is emitted")
+    return (f"{terms} additive terms and {wheres} bool masks: the emitter takes a mask and a position bias, "
+            "or one bool mask whose fill absorbs up to two terms")
 
 
 def between_scores(node: Node, m: Match) -> bool:
@@ -175,22 +184,18 @@ class Builder:
         return self.node("Reshape", [moved, self.const("packed_shape", np.array([0, 0, hidden], np.int64))])
 
 
-def _bias(m: Match, ctx: Context, b: Builder, q3: str) -> str | None:
-    """The additive attention bias as a (B|1, N|1, S, L) tensor name, '' when there is none."""
-    terms = []
-    pb = m.roles.get("position_bias")
-    if pb is not None:
-        terms.append(m.bound["position_bias"].name)
-    mask = m.roles.get("mask")
-    if mask is not None:
-        if mask.kind in ADD:
-            terms.append(m.bound["mask"].name)
-        else:
-            term = where_term(m, ctx, b, mask, mask.inputs[0].name)
+def _bias(m: Match, ctx: Context, b: Builder, q3: str, k3: str) -> str | None:
+    """The additive attention bias as a (B|1, N|1, S, L) tensor name, '' when there is none: the additive
+    terms (a mask, a position bias) and each bool mask's Where on the scores made additive."""
+    terms = [m.bound[role].name for role in ("mask", "position_bias")
+             if role in m.roles and m.roles[role].kind in ADD]
+    for node in m.nodes:  # GPT-2: Where(causal, s, c) + the padding mask
+        if node.kind == "where" and between_scores(node, m):
+            term = where_term(m, ctx, b, node, node.inputs[0].name)
             if term is None:
                 return None
             terms.append(term)
-    return bias_of(ctx, b, terms, q3)
+    return bias_of(ctx, b, terms, q3, k3)
 
 
 def where_term(m: Match, ctx: Context, b: Builder, where: Node, cond: str) -> str | None:
@@ -205,19 +210,26 @@ def where_term(m: Match, ctx: Context, b: Builder, where: Node, cond: str) -> st
     return b.node("Where", [cond, zero, fv] if fill is c else [cond, fv, zero])
 
 
-def bias_of(ctx: Context, b: Builder, terms: list[str], q3: str) -> str:
-    """The sum of ``terms`` broadcast over the query axis (MultiHeadAttention wants S there); '' for none."""
+def bias_of(ctx: Context, b: Builder, terms: list[str], q3: str, k3: str) -> str:
+    """The sum of ``terms`` broadcast to (., ., S, L) (MultiHeadAttention wants the query and key lengths
+    there: a scalar or size-1 bias is expanded on both); '' for none."""
     if not terms:
         return ""
     bias = terms[0]
     for t in terms[1:]:
         bias = b.node("Add", [bias, t])
-    seq = (b.node("Shape", [q3], start=1, end=2) if ctx.opset >= 15 else
-           b.node("Slice", [b.node("Shape", [q3]), b.const("one", np.array([1], np.int64)),
-                            b.const("two", np.array([2], np.int64))]))
-    ones = b.const("ones", np.array([1, 1], np.int64))
-    shape = b.node("Concat", [ones, seq, b.const("one_tail", np.array([1], np.int64))], axis=0)
+    # (1, 1, S, L): Expand broadcasts, so a (B|1, N|1, S|1, L|1) bias keeps its own B and N
+    shape = b.node("Concat", [b.const("ones", np.array([1, 1], np.int64)), length_of(ctx, b, q3),
+                              length_of(ctx, b, k3)], axis=0)
     return b.node("Expand", [bias, shape])
+
+
+def length_of(ctx: Context, b: Builder, packed: str) -> str:
+    """The sequence length (axis 1) of a packed (B, S, N H) tensor, as a 1-D int64."""
+    if ctx.opset >= 15:
+        return b.node("Shape", [packed], start=1, end=2)
+    return b.node("Slice", [b.node("Shape", [packed]), b.const("one", np.array([1], np.int64)),
+                            b.const("two", np.array([2], np.int64))])
 
 
 def common_refusal(m: Match, ctx: Context) -> str | None:
@@ -231,8 +243,13 @@ def common_refusal(m: Match, ctx: Context) -> str | None:
         return "the scores or the output are no MatMul (a batched GEMM, or one Einsum and one MatMul)"
     if ctx.opset < 13:
         return f"opset {ctx.opset} < 13"
-    if attr_value(ctx.protos[softmax.name], "axis", -1) % 4 != 3:
-        return "the softmax is not over the keys alone"
+    shape = qk.outputs[0].shape
+    rank = 4 if shape is None else len(shape)
+    axis = attr_value(ctx.protos[softmax.name], "axis", -1)
+    if rank not in (3, 4):
+        return f"rank-{rank} scores: the kernels take (B, N, S, L) or heads-merged (B N, S, L)"
+    if axis % rank != rank - 1:  # (B, N, S, L) or heads-merged (B N, S, L): the keys are the last axis
+        return f"the softmax is over axis {axis} of rank-{rank} scores, not the keys (axis {rank - 1})"
     d = r.get("dropout")
     if d is not None and len(ctx.protos[d.name].input) > 2 and ctx.protos[d.name].input[2]:
         return "a Dropout with a training_mode input (not provably the identity)"
@@ -311,10 +328,10 @@ def multi_head_attention(m: Match, ctx: Context) -> Emission | str:
     k3 = b.packed(k_in, kperm, heads * size)
     v3 = b.packed(v_in, [0, 2, 1, 3], heads * vh[1])
     if merged is None:
-        bias = _bias(m, ctx, b, q3)
+        bias = _bias(m, ctx, b, q3, k3)
     else:
         terms = merged_terms(m, ctx, b, merged, lambda node, cond: where_term(m, ctx, b, node, cond))
-        bias = None if terms is None else bias_of(ctx, b, terms, q3)
+        bias = None if terms is None else bias_of(ctx, b, terms, q3, k3)
     if bias is None:
         return ("a bool mask whose fill value is not one constant" if merged is None else
                 "a score term whose layout is not (B N, ., .), or a bool mask whose fill is not one constant")
@@ -366,8 +383,10 @@ def _einsum_attention(m: Match, ctx: Context) -> Emission | str:
     qi = 0 if t_ in a else 1  # the query holds the scores' first own axis (rows), the key the second
     q, k = (m.bound["q"], m.bound["k"]) if qi == 0 else (m.bound["k"], m.bound["q"])
     q_sub, k_sub = (a, b) if qi == 0 else (b, a)
-    if attr_value(ctx.protos[softmax.name], "axis", -1) % 4 != scores.index(s_):
-        return "the softmax is not over the keys alone"
+    axis = attr_value(ctx.protos[softmax.name], "axis", -1)
+    if axis % 4 != scores.index(s_):
+        return (f"the softmax is over axis {axis} ({scores[axis % 4]}) of the scores {scores}, not the keys "
+                f"(axis {scores.index(s_)}, {s_})")
     if (m.roles.get("mask") is not None or m.roles.get("position_bias") is not None) \
             and scores != bat + heads + t_ + s_:
         return "a mask on scores that are not (batch, heads, queries, keys)"
@@ -400,7 +419,7 @@ def _einsum_attention(m: Match, ctx: Context) -> Emission | str:
     k3 = b_.packed(k, [k_sub.index(c) for c in (bat, s_, heads, h)], n * size, keep_transpose=True)
     v_names = [v_role[c] for c in v_sub]
     v3 = b_.packed(v, [v_names.index(c) for c in (bat, s_, heads, hv)], n * vsize, keep_transpose=True)
-    bias = _bias(m, ctx, b_, q3)
+    bias = _bias(m, ctx, b_, q3, k3)
     if bias is None:
         return "a bool mask whose fill value is not one constant"
     o3 = b_.node("MultiHeadAttention", [q3, k3, v3, "", "", bias], domain=MS, num_heads=n, scale=scale)

@@ -1,12 +1,24 @@
 """GELU written out -> Gelu, FastGelu (tanh approximation) or BiasGelu / FastGelu with the bias
-(com.microsoft).
+(com.microsoft); the tanh form after a MatMul and its bias -> GemmFastGelu for --target cuda (the CPU
+provider has no kernel for it: verification runs its CPU stand-in, cuda.cpu_stand_ins).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .kit import MS, Context, Emission, dtype_of, last_axis_vector, make_node, other_input, out_name, param_of
+from .kit import (
+    MS,
+    Context,
+    Emission,
+    attr_value,
+    dtype_of,
+    last_axis_vector,
+    make_node,
+    other_input,
+    out_name,
+    param_of,
+)
 
 if TYPE_CHECKING:  # annotations only: fusion's families import these emitters
     from ..fusion.match import Match
@@ -31,3 +43,22 @@ def gelu(m: Match, ctx: Context) -> Emission | None:
         remove = [n for n in remove if n != bnode.name]  # a bias off the last axis stays an Add
     op = "FastGelu" if tanh else "Gelu"
     return Emission(m.pattern.name, op, remove, [make_node(op, [x.name], out_name(m.root), name, MS)])
+
+
+def gemm_fast_gelu(m: Match, ctx: Context) -> Emission | None:
+    """fast_gelu(x @ W + b) -> GemmFastGelu(x, W, b) on --target cuda; on cpu None (no CPU kernel: the
+    bias_gelu match inside becomes FastGelu with the bias)."""
+    gelu_op = m.roles["gelu"]
+    tanh = any(n.kind == "tanh" for n in m.nodes) or (
+        gelu_op.op_type == "Gelu" and attr_value(ctx.protos[gelu_op.name], "approximate", "none") == "tanh")
+    if ctx.target != "cuda" or dtype_of(m) != "float32" or not tanh:
+        return None
+    x = m.bound["x"]
+    bnode, inits = x.producer, []
+    bias = last_axis_vector(ctx, param_of(bnode), x, inits)
+    mm = m.bound["product"].producer
+    if bias is None:
+        return None
+    node = make_node("GemmFastGelu", [mm.inputs[0].name, mm.inputs[1].name, bias], out_name(m.root),
+                     gelu_op.name, MS)
+    return Emission(m.pattern.name, "GemmFastGelu", [n.name for n in m.nodes], [node], inits)

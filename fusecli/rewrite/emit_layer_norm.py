@@ -1,6 +1,6 @@
 """LayerNorm written out -> LayerNormalization (ONNX domain), and with its residual Add ->
 SkipLayerNormalization(input, skip, gamma, beta?, bias?; epsilon) (com.microsoft), whose 4th output is
-the sum.
+the sum; over BERT's embedding sum -> EmbedLayerNormalization (com.microsoft).
 """
 
 from __future__ import annotations
@@ -8,7 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..core.ir import Tensor
+import numpy as np
+
+from ..core.ir import Node, Tensor
+from ..spellings.attention import depends_on_input
+from ..spellings.norms import embedding_sum
 from .kit import (
     MS,
     Context,
@@ -18,6 +22,7 @@ from .kit import (
     dtype_of,
     last_axis_vector,
     make_node,
+    new_initializer,
     other_input,
     out_name,
     param_of,
@@ -178,3 +183,77 @@ def skip_layer_norm(m: Match, ctx: Context) -> Emission | None:
     if total.name in ctx.graph_outputs or any(id(c) not in inside for c in total.consumers):
         node.output.extend(["", "", total.name])  # pre-LN: the sum is read again, the kernel's 4th output
     return Emission(m.pattern.name, kernel, remove, [node], inits)
+
+
+# -- EmbedLayerNorm ------------------------------------------------------------------------------------
+def _embedding_roles(gathers: list[Node]) -> tuple[Node, Node, Node | None] | None:
+    """(word, position, segment) among the embedding Gathers: word the largest table read with ids from the
+    inputs' values, position one whose ids do not depend on them (a slice of a position buffer, a Range) or
+    are named for positions, segment the other. The kernel sums the three rows alike, and every id goes in
+    explicitly, so only the shapes must fit: word and segment ids (B, S), position ids (S,), (1, S) or
+    (B, S); None where they do not."""
+    memo: dict[int, bool] = {}
+    word = min(gathers, key=lambda g: (not depends_on_input(g.inputs[1], memo), -(g.inputs[0].shape[0] or 0)))
+    rest = sorted((g for g in gathers if g is not word),
+                  key=lambda g: (depends_on_input(g.inputs[1], memo) and "position" not in g.inputs[1].name))
+    ids = word.inputs[1].shape
+    other = rest[1] if len(rest) > 1 else None
+    for pos, seg in ((rest[0], other), (other, rest[0]) if other is not None else (rest[0], None)):
+        p = pos.inputs[1].shape
+        if ids is not None and len(ids) == 2 and p is not None and len(p) in (1, 2) \
+                and (seg is None or seg.inputs[1].shape == ids):
+            return word, pos, seg
+    return None
+
+
+def embed_layer_norm(m: Match, ctx: Context) -> Emission | None:
+    """LayerNorm(word[ids] + position[pos] (+ segment[seg])) -> EmbedLayerNormalization: the ids cast to
+    int32, the position ids passed as (1|B, S) (the kernel's own 0..S-1 is not assumed)."""
+    if dtype_of(m) != "float32" or "skip_layout" in m.roles:
+        return None
+    x = m.bound["x"]
+    if "add" in m.roles:  # the LayerNormalization op
+        ln = m.roles["layer_norm"]
+        p = ctx.protos[ln.name]
+        if x.shape is None or attr_value(p, "axis", -1) % len(x.shape) != len(x.shape) - 1 \
+                or not unused_extra_outputs(ln, ctx):
+            return None
+        norm = _Norm(x, len(x.shape) - 1, float(attr_value(p, "epsilon", 1e-5)), ln.inputs[1], ln.input(2))
+    else:
+        norm = _decomposed(m, ctx)
+        if norm is None or norm.axis != len(norm.x.shape) - 1:
+            return None
+    parts = embedding_sum(x)
+    inside = {id(n) for n in m.nodes}
+    if parts is None or x.name in ctx.graph_outputs or any(id(c) not in inside for c in x.consumers):
+        return None
+    roles = _embedding_roles(parts[0])
+    if roles is None:
+        return None  # SkipLayerNormalization takes the last sum
+    word, pos, seg = roles
+    ids = word.inputs[1]
+    inits: list = []
+    gamma = affine_param(ctx, norm.gamma, x, norm.axis, 1.0, inits)
+    beta = affine_param(ctx, norm.beta, x, norm.axis, 0.0, inits)
+    if gamma is None or beta is None:
+        return None
+    nodes: list = []
+
+    def step(op: str, inputs: list[str], **kw) -> str:
+        out = ctx.names.new(f"{m.root.name}_{op}")
+        nodes.append(make_node(op, inputs, out, ctx.names.new(f"{m.root.name}_{op}"), **kw))
+        return out
+
+    int32 = 6  # TensorProto.INT32
+    pos_ids = pos.inputs[1].name
+    if len(pos.inputs[1].shape) == 1:  # (S,) -> (1, S)
+        pos_ids = step("Unsqueeze", [pos_ids, new_initializer(ctx, "axis0", np.array([0], np.int64), inits)])
+    kernel = make_node("EmbedLayerNormalization",
+                       [step("Cast", [ids.name], to=int32),
+                        "" if seg is None else step("Cast", [seg.inputs[1].name], to=int32),
+                        word.inputs[0].name, pos.inputs[0].name, "" if seg is None else seg.inputs[0].name,
+                        gamma, beta, "", step("Cast", [pos_ids], to=int32)],
+                       out_name(m.root), m.root.name, MS, epsilon=norm.eps)
+    kernel.output.append(ctx.names.new(f"{m.root.name}_mask_index"))  # the kernel's (B,) mask index, unread
+    return Emission(m.pattern.name, "EmbedLayerNormalization", [n.name for n in m.nodes], [kernel, *nodes],
+                    inits)

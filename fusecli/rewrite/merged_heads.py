@@ -1,7 +1,8 @@
 """Heads-merged attention (BLOOM's baddbmm and bmm): q, K^T and v reshaped from (B, N, S, H) to (B N, S, H),
 the scores q k^T s + terms computed as (B N, S, L), split to (B, N, S, L) by one Reshape (a 4-D mask added
 there), and P merged back to (B N, S, L) for P @ V, whose (B N, S, H) output the export splits into heads
-again.
+again. Whisper and older GPT-2 exports never split the scores: the softmax runs over (B N, S, L) (axis 2),
+K^T a Transpose(0, 2, 1) of the merged K.
 
 MultiHeadAttention reads the (B, N, ., H) tensors the merges were made of; a (B N, ., .) score term is split
 the same way (Unsqueeze + Reshape to (B, N, ., .), sizes read at run time) into its attention_bias; the
@@ -88,22 +89,37 @@ def read_merged(m: Match, ctx: Context) -> MergedHeads | str | None:
     softmax (the (B, N, S, L) form); why not where one does and this is no such form."""
     chain = score_chain(m)
     layout = [i for i, (n, _) in enumerate(chain) if n.kind in LAYOUT and not is_noop(n)]
-    if not layout:
+    if not layout and scores_rank(m) != 3:
         return None
     why = _read(m, ctx, chain, layout)
+    if isinstance(why, str) and not layout:
+        return f"heads-merged (B N, S, L) scores: {why}"
     if isinstance(why, str):
         return f"a layout op between the scores and the softmax: no attention_bias shape fits ({why})"
     return why
 
 
+def scores_rank(m: Match) -> int | None:
+    """The rank of q k^T's output, None where unknown."""
+    s = m.roles["qk"].outputs[0].shape
+    return None if s is None else len(s)
+
+
 def _read(m: Match, ctx: Context, chain: list[tuple[Node, Tensor]], layout: list[int]) -> MergedHeads | str:
     r = m.roles
-    split, _ = chain[layout[0]]
-    if len(layout) != 1 or split.op_type != "Reshape":
-        return "more than one, or one that is no Reshape"
-    heads = split.outputs[0].shape[1] if split.outputs[0].shape and len(split.outputs[0].shape) == 4 else None
-    if not isinstance(heads, int) or not merge_of(split.inputs[0], split.outputs[0]):
-        return "the Reshape is no split of (B N, S, L) scores into (B, N, S, L)"
+    if layout:  # BLOOM: the scores split to (B, N, S, L) by one Reshape before the softmax
+        split, _ = chain[layout[0]]
+        if len(layout) != 1 or split.op_type != "Reshape":
+            return "more than one, or one that is no Reshape"
+        shape = split.outputs[0].shape
+        heads = shape[1] if shape and len(shape) == 4 else None
+        if not isinstance(heads, int) or not merge_of(split.inputs[0], split.outputs[0]):
+            return "the Reshape is no split of (B N, S, L) scores into (B, N, S, L)"
+    else:  # Whisper, older GPT-2: the softmax over (B N, S, L) scores; N from q's merge
+        src = unmerged(m.bound["q"])
+        heads = src.shape[1] if src is not None else None
+        if heads is None:
+            return "q is no Reshape of a (B, N, S, H) tensor with N known"
     if any(x in r for x in ("k_transpose_3d", "repeat_k", "repeat_v")):
         return "heads-merged scores with a repeated K or V, or dynamo's 3-D K^T"
     q = unmerged(m.bound["q"], heads)
@@ -121,9 +137,10 @@ def _read(m: Match, ctx: Context, chain: list[tuple[Node, Tensor]], layout: list
     if k.shape[kperm[3]] != q.shape[3]:
         return "q and k differ in head size"
     sm = r["softmax"]
-    if not merge_of(pv.inputs[0], sm.outputs[0], heads):
+    if layout and not merge_of(pv.inputs[0], sm.outputs[0], heads):
         return "the probabilities are not merged back to (B N, S, L) for P @ V"
-    mh = MergedHeads(q, k, kperm, v, heads, chain, {id(n) for n, _ in chain[layout[0] + 1:]})
+    on_merged = chain[layout[0] + 1:] if layout else chain
+    mh = MergedHeads(q, k, kperm, v, heads, chain, {id(n) for n, _ in on_merged})
     out = pv.outputs[0]
     if out.name in ctx.graph_outputs:
         return "P @ V's (B N, S, H) output is a graph output"

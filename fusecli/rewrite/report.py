@@ -38,7 +38,10 @@ def to_json(r: RewriteResult) -> dict:
 
 
 def _levels(checks: dict, key: str) -> dict:
-    return {lvl: [{key: c.name, "dtype": c.dtype, "relative_l2_error": c.error, "tolerance": c.tolerance}
+    return {lvl: [{key: c.name, "dtype": c.dtype, "relative_l2_error": c.error, "tolerance": c.tolerance,
+                   **({} if c.rounding is None else {  # weighed against float64: verify.explain_by_rounding
+                       "float64_errors": {"original": c.rounding[0], "rewritten": c.rounding[1]},
+                       "explained_by_rounding": c.explained})}
                   for c in cs] for lvl, cs in checks.items()}
 
 

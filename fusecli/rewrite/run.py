@@ -20,6 +20,7 @@ from ..core.units import format_bytes
 from ..load.onnx import dtype_name, graph_of_model, opset_of
 from ..pipeline import Analysis, Options, analyze, analyze_graph
 from .benchverdict import slowdown
+from .cuda import CPU_STAND_INS, cpu_stand_ins
 from .edit import (
     apply,
     cast_likes_to_casts,
@@ -254,7 +255,8 @@ def rewrite(path: str, options: RewriteOptions | None = None, output: str | None
         if failed and not [a for a in result.applied if a.pattern != "conv_mul"]:
             _failed(first_failure)  # every region failed its check: nothing verified is left to write
         base_dir = os.path.dirname(os.path.abspath(source.onnx_path))
-        checked = functools.partial(check_model_file, original=source.onnx_path)
+        checked = functools.partial(check_model_file, original=source.onnx_path,
+                                    session_source=_stand_in(model))
         if result.refused is None and options.bench:
             from .verify import bench  # onnxruntime, imported only when it runs
 
@@ -281,12 +283,24 @@ def rewrite(path: str, options: RewriteOptions | None = None, output: str | None
     return result
 
 
+def _stand_in(model: onnx.ModelProto) -> Callable[[str], bytes] | None:
+    """What the written file's load check opens where it holds a kernel the CPU provider lacks: the file
+    with CPU stand-ins (cuda.cpu_stand_ins); None where it holds none."""
+    if not any(n.op_type in CPU_STAND_INS for n in model.graph.node):
+        return None
+    return lambda path: cpu_stand_ins(onnx.load(path)).SerializeToString()
+
+
 def _failed(v: Verification) -> None:
     level, c = v.failures()[0]
     what = f"region {c.name}" if c in v.region_checks.get(level, []) else f"output {c.name!r}"
     opts = "ORT_DISABLE_ALL" if level == "disabled" else "default"
+    why = "" if c.rounding is None else (
+        f"; against the original computed in float64 the original is off by {c.rounding[0]:.3g} and the "
+        f"rewritten model by {c.rounding[1]:.3g}: more than float32 rounding explains")
     raise FuseError(f"verification failed: {what} differs from the original (relative L2 error "
-                    f"{c.error:.3g} > {c.tolerance:g}, onnxruntime {opts} optimizations); nothing written")
+                    f"{c.error:.3g} > {c.tolerance:g}, onnxruntime {opts} optimizations{why}); "
+                    "nothing written")
 
 
 def _attempt(path: str, output: str | None, source, work: str, first: Analysis, pipeline_options: Options,
@@ -333,7 +347,14 @@ def _attempt(path: str, output: str | None, source, work: str, first: Analysis, 
         result.refused = (f"none of the {safe} {options.mode}-safe matches has a kernel on target "
                           f"{options.target} in tf2onnx's conversion; nothing written")
     # written once, when a whole-model session needs it
-    rewritten = functools.cache(lambda: _session_source(model, work, base_dir if spliced else None))
+    # the CPU provider's sessions run a CUDA-only kernel's stand-in (cuda.cpu_stand_ins); the file keeps it
+    rewritten = functools.cache(lambda: _session_source(cpu_stand_ins(model), work,
+                                                        base_dir if spliced else None))
+    stand_ins = sorted({n.op_type for n in model.graph.node if n.op_type in CPU_STAND_INS})
+    if stand_ins and options.verify and not result.unchanged:
+        result.warnings += [f"{op} has no CPU kernel in onnxruntime: verified through its CPU stand-in "
+                            f"({CPU_STAND_INS[op]}, the same function); the CUDA kernel itself was not run"
+                            for op in stand_ins]
     if result.refused is None and options.verify and not result.unchanged:
         result.verification = _verify(source.onnx_path, rewritten, model, first, options, regions or [],
                                       bool(scales))
@@ -363,6 +384,8 @@ def _verify(original: str, rewritten: Callable[[], bytes | str], model: onnx.Mod
                 raise
             uncut.append(str(e))
         result.uncut = uncut
+        if result.failed_at:  # left unfused and made again without them: that model is the one to run
+            return result
         if scope == "regions":
             result.model_skipped = "--verify regions"
         else:  # auto
@@ -375,7 +398,8 @@ def _verify(original: str, rewritten: Callable[[], bytes | str], model: onnx.Mod
     if whole:
         stage("verifying the whole model with onnxruntime")
         try:
-            model_check = verify(original, rewritten(), first.sizes.batch or 1, dict(first.sizes))
+            model_check = verify(original, rewritten(), first.sizes.batch or 1, dict(first.sizes),
+                                 given=options.dims)
         except RunFailed as e:
             # auto ran the model only because it is small: where the user's own model cannot run on random
             # inputs (a MoE export that runs only when every expert is hit), the regions' checks stand
@@ -386,6 +410,11 @@ def _verify(original: str, rewritten: Callable[[], bytes | str], model: onnx.Mod
                                    "only the fused regions were verified, each against the nodes it replaced")
             return result
         result.checks = model_check.checks
+        if not result.ok and scope == "auto":  # every region agrees: rounding the model amplifies?
+            from .verify import explain_by_rounding
+
+            stage("weighing the whole model's difference against float64")
+            explain_by_rounding(original, rewritten(), result, first.sizes.batch or 1, dict(first.sizes))
     return result
 
 

@@ -14,6 +14,7 @@ import onnxruntime as ort
 from ..core import budgets
 from ..core.dims import dim_value
 from ..core.errors import FuseError, error_text
+from .cuda import cpu_stand_ins
 from .regions import Case, merged_models, random_feeds
 
 Source = bytes | str  # a serialized model or a path (a path reads external data beside it)
@@ -36,10 +37,14 @@ class OutputCheck:
     dtype: str
     error: float  # relative L2 error (exact match: 0, else inf, for non-float outputs)
     tolerance: float
+    # a whole-model output over tolerance while every region agrees: its and the original's relative L2
+    # errors against the original computed in float64, and whether rounding explains the difference
+    rounding: tuple[float, float] | None = None
+    explained: bool = False
 
     @property
     def ok(self) -> bool:
-        return self.error <= self.tolerance
+        return self.error <= self.tolerance or self.explained
 
 
 @dataclass
@@ -130,10 +135,38 @@ def quiet_run() -> ort.RunOptions:
 class RunFailed(FuseError):
     """onnxruntime could not run a model on the random inputs; ``what`` names which model."""
 
-    def __init__(self, what: str, first: str):
-        super().__init__(f"onnxruntime failed to run the {what} model: {first} "
-                         "(set sizes with --batch N and --dim NAME=VALUE)")
+    def __init__(self, what: str, first: str, why: str | None = None):
+        # the sizes are the user's to set only where the input itself fails: a rewritten model that fails
+        # where the original ran on the same inputs wrote a kernel whose inputs do not fit
+        why = why or ("set sizes with --batch N and --dim NAME=VALUE" if "original" in what else
+                      "the original ran on the same inputs: a kernel's inputs do not fit it, a fusecli bug")
+        super().__init__(f"onnxruntime failed to run the {what} model: {first} ({why})")
         self.what, self.first = what, first
+
+
+def guessed_dims(sess: ort.InferenceSession, dims: Mapping[str, int] | None) -> list[str]:
+    """The inputs' named dims not in ``dims`` (the user's --dim: the rest were guessed), axis 0 aside
+    (--batch's)."""
+    dims = dims or {}
+    out = []
+    for i in sess.get_inputs():
+        for axis, d in enumerate(i.shape):
+            if axis and not isinstance(d, int) and dim_value(d, dims) is None and str(d) not in out:
+                out.append(str(d))
+    return out
+
+
+def run_original(sess: ort.InferenceSession, feeds: dict, given: Mapping[str, int] | None,
+                 what: str = "original") -> dict[str, np.ndarray]:
+    """run() of the user's model; where it fails, the sizes hint only for dims the user did not give
+    (``given``: the --dim values)."""
+    try:
+        return run(sess, feeds, what)
+    except RunFailed as e:
+        guessed = guessed_dims(sess, given)
+        why = (f"{', '.join(guessed)} guessed as 1: set sizes with --dim NAME=VALUE" if guessed else
+               "at the sizes given: the model itself does not run on these random inputs")
+        raise RunFailed(what, e.first, why) from None
 
 
 def run(sess: ort.InferenceSession, feeds: dict, what: str) -> dict[str, np.ndarray]:
@@ -162,8 +195,10 @@ def relative_error(ref: np.ndarray, got: np.ndarray) -> float:
 
 
 def verify(original: Source, rewritten: Source, batch: int = 1, dims: Mapping[str, int] | None = None,
-           seed: int = 0, levels: tuple[str, ...] = ("disabled", "default")) -> Verification:
-    """Run both models at each level on the same inputs; every output compared by relative L2 error."""
+           seed: int = 0, levels: tuple[str, ...] = ("disabled", "default"),
+           given: Mapping[str, int] | None = None) -> Verification:
+    """Run both models at each level on the same inputs; every output compared by relative L2 error
+    (``given``: the dims the user set, for the message where the original does not run)."""
     result = Verification()
     feeds = None
     for level in levels:
@@ -171,9 +206,99 @@ def verify(original: Source, rewritten: Source, batch: int = 1, dims: Mapping[st
         ref_sess = open_session(original, so, "original")
         new_sess = open_session(rewritten, so, "rewritten")
         feeds = feeds or make_feeds(ref_sess, batch, dims, seed)
-        ref, got = run(ref_sess, feeds, "original"), run(new_sess, feeds, "rewritten")
+        ref = run_original(ref_sess, feeds, dims if given is None else given)
+        got = run(new_sess, feeds, "rewritten")
         result.checks[level] = compare(ref, got)
     return result
+
+
+# the rewritten model's float64 error may be this multiple of the original's: two float32 computations
+# of an ill-conditioned output are off by errors of one size (measured ratios 1.2-2.4 on the tests' GPT-2
+# layer), where a kernel that computes something else is off by orders of magnitude more
+ROUNDING_FACTOR = 4.0
+
+
+def explain_by_rounding(original: Source, rewritten: Source, result: Verification, batch: int = 1,
+                        dims: Mapping[str, int] | None = None, seed: int = 0) -> None:
+    """Where the whole model differs over tolerance while every region agrees: both float32 models against
+    the original run in float64 on the same inputs. An output the rewritten model computes within
+    ROUNDING_FACTOR x the original's own float64 error differs from the original by accumulated float32
+    rounding (the model amplifies the last bits its kernels round differently), not by what a kernel
+    computes: marked ``explained`` and said in ``warnings``, with the figures."""
+    regions = [c for cs in result.region_checks.values() for c in cs]
+    failing = {lvl: [c for c in cs if not c.ok] for lvl, cs in result.checks.items()}
+    if not regions or not all(c.ok for c in regions) or not any(failing.values()):
+        return
+    try:
+        double = float64_model(original)
+        ref_sess = open_session(double, session_options("disabled"), "original (float64)")
+    except FuseError as e:
+        result.warnings.append(f"no float64 reference to weigh the whole model's difference against: {e}")
+        return
+    feeds = None
+    for level, checks in failing.items():
+        if not checks:
+            continue
+        so = session_options(level)
+        old_sess, new_sess = open_session(original, so, "original"), open_session(rewritten, so, "rewritten")
+        feeds = feeds or make_feeds(old_sess, batch, dims, seed)  # verify's inputs: same sizes and seed
+        wide = {k: v.astype(np.float64) if v.dtype == np.float32 else v for k, v in feeds.items()}
+        ref = run(ref_sess, wide, "original (float64)")
+        old, new = run(old_sess, feeds, "original"), run(new_sess, feeds, "rewritten")
+        for c in checks:
+            if c.dtype != "float32" or c.name not in ref:
+                continue
+            e_old, e_new = relative_error(ref[c.name], old[c.name]), relative_error(ref[c.name], new[c.name])
+            c.rounding = (e_old, e_new)
+            c.explained = e_new <= ROUNDING_FACTOR * e_old
+            if c.explained:
+                worst = max(x.error for x in regions)
+                opts = "ORT_DISABLE_ALL" if level == "disabled" else f"onnxruntime's {level}"
+                result.warnings.append(
+                    f"output {c.name!r} differs from the original's by {c.error:.3g} (> {c.tolerance:g}, "
+                    f"{opts} optimizations) "
+                    f"while every fused region agrees (largest {worst:.2g}): against the original computed "
+                    f"in float64 the original is off by {e_old:.3g} and the rewritten model by {e_new:.3g}, "
+                    "so the difference is accumulated float32 rounding; accepted")
+
+
+def float64_model(src: Source) -> bytes:
+    """The model with every float32 tensor as float64 (inputs, outputs, initializers, constants, Cast
+    targets), for a reference run; FuseError where it holds what has no float64 form here."""
+    import onnx
+    from onnx import AttributeProto, TensorProto, helper, numpy_helper
+
+    model = onnx.load_model_from_string(src) if isinstance(src, bytes) else onnx.load(src)
+    f32, f64 = TensorProto.FLOAT, TensorProto.DOUBLE
+
+    def wide(t: onnx.TensorProto) -> onnx.TensorProto:
+        return numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float64), t.name)
+
+    g = model.graph
+    del g.value_info[:]  # onnxruntime infers them again
+    for vi in (*g.input, *g.output):
+        if vi.type.tensor_type.elem_type == f32:
+            vi.type.tensor_type.elem_type = f64
+    for i, t in enumerate(g.initializer):
+        if t.data_type == f32:
+            g.initializer[i].CopyFrom(wide(t))
+    for n in g.node:
+        if n.domain not in ("", "ai.onnx"):
+            raise FuseError(f"{n.op_type} ({n.domain}) has no float64 form here")
+        for i, a in enumerate(n.attribute):
+            if a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS):
+                raise FuseError(f"{n.op_type} {n.name} holds a subgraph")
+            if a.type == AttributeProto.TENSOR and a.t.data_type == f32:
+                a.t.CopyFrom(wide(a.t))
+            elif a.name in ("to", "dtype") and a.type == AttributeProto.INT and a.i == f32:
+                a.i = f64
+            elif n.op_type == "Constant" and a.name in ("value_float", "value_floats"):
+                value = np.asarray(helper.get_attribute_value(a), np.float64)
+                n.attribute[i].CopyFrom(helper.make_attribute("value", numpy_helper.from_array(value)))
+    try:
+        return model.SerializeToString()
+    except ValueError as e:  # past protobuf's 2 GB
+        raise FuseError(f"the float64 copy cannot be serialized ({e})") from None
 
 
 def compare(ref: dict[str, np.ndarray], got: dict[str, np.ndarray],
@@ -210,8 +335,11 @@ def verify_regions(passes: list[list[Case]], opsets, ir_version: int, result: Ve
             so = session_options(level)
             ref = run(open_session(before.SerializeToString(), so, "regions' original"), feeds,
                       "regions' original")
-            got = run(open_session(after.SerializeToString(), so, "regions' rewritten"), feeds,
-                      "regions' rewritten")
+            try:
+                got = run(open_session(cpu_stand_ins(after).SerializeToString(), so, "regions' rewritten"),
+                          feeds, "regions' rewritten")
+            except FuseError:  # the regions one by one: those whose kernel does not run are left unfused
+                got = _one_by_one(chosen, cases, opsets, ir_version, so, seed, origin, ref, result)
             checks = compare(ref, got, labels.__getitem__)
             result.region_checks.setdefault(level, []).extend(checks)
             for name, c in zip(ref, checks, strict=True):
@@ -223,6 +351,32 @@ def verify_regions(passes: list[list[Case]], opsets, ir_version: int, result: Ve
                     for case in cases:
                         if case.signature == sig and case.at:
                             result.failed_at.setdefault(case.at, why)
+
+
+def _one_by_one(chosen: list[Case], cases: list[Case], opsets, ir_version: int, so: ort.SessionOptions,
+                seed: int, origin: dict[str, tuple[int, str]], ref: dict[str, np.ndarray],
+                result: Verification) -> dict[str, np.ndarray]:
+    """The rewritten regions' outputs, each region run alone (on the merged run's inputs); a region
+    onnxruntime cannot load or run has no outputs (its checks fail) and its reason in ``failed_at``."""
+    got: dict[str, np.ndarray] = {}
+    feeds = random_feeds(chosen, seed)
+    for k, case in enumerate(chosen):
+        _, after, mine = merged_models([case], opsets, ir_version)
+        prefix = f"r{k}/"
+        own = {f"r0/{n.removeprefix(prefix)}": v for n, v in feeds.items() if n.startswith(prefix)}
+        try:
+            outs = run(open_session(cpu_stand_ins(after).SerializeToString(), so, "region's rewritten"),
+                       own, "region's rewritten")
+        except FuseError as e:
+            first = e.first if isinstance(e, RunFailed) else str(e)
+            why = f"onnxruntime cannot run its kernel ({first}; a fusecli bug): left unfused"
+            for c in cases:
+                if c.signature == case.signature and c.at:
+                    result.failed_at.setdefault(c.at, why)
+            continue
+        back = {out: name for name, (j, out) in origin.items() if j == k}  # the region's own output names
+        got.update({back[mine[n][1]]: v for n, v in outs.items() if mine[n][1] in back})
+    return got
 
 
 def _region_label(case: Case, output: str) -> str:

@@ -357,14 +357,24 @@ def _repeat(t: Tensor, w: _Walk, role: str) -> Tensor | None:
     return u.inputs[0]
 
 
+# what an export reads a past key or value out of its input with: one of a packed (2, B, N, P, H) past
+# (GPT-2's Gather(past, 0), a Split), the past key transposed, or a layout op
+_PAST_VIEWS = LAYOUT | {"gather", "slice", "split", "transpose"}
+
+
 def _cached(t: Tensor) -> bool:
-    """K or V joined with past keys or values read from a graph input (a KV cache)."""
+    """K or V joined with past keys or values read from a graph input (a KV cache), directly or through
+    up to three views of it."""
     p = t.producer
-    return p is not None and p.kind == "concat" and any(
-        x is not None and (x.kind == "input" or (x.producer is not None and x.producer.kind in LAYOUT
-                                                 and _arg(x.producer, 0) is not None
-                                                 and x.producer.inputs[0].kind == "input"))
-        for x in p.inputs)
+    return p is not None and p.kind == "concat" and any(_from_input(x) for x in p.inputs)
+
+
+def _from_input(t: Tensor | None, depth: int = 3) -> bool:
+    if t is None or t.kind == "input":
+        return t is not None
+    p = t.producer
+    return depth > 0 and p is not None and p.kind in _PAST_VIEWS and not p.meta.get("constant") \
+        and _arg(p, 0) is not None and _from_input(p.inputs[0], depth - 1)
 
 
 def read_attention(pv: Node) -> AttentionForm | NearMiss | None:

@@ -1,10 +1,11 @@
 """Normalizations: LayerNorm (x - mean) / sqrt(var + eps) * gamma + beta, written out, and RMSNorm
-x rsqrt(mean(x^2) + eps) g (Llama, T5, Mistral, Qwen2)."""
+x rsqrt(mean(x^2) + eps) g (Llama, T5, Mistral, Qwen2); the embedding sum a LayerNorm reads in BERT."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from ..core.ir import Node, Tensor
 from ..core.trees import Op, Var, op
 from .common import ADD, SUM, TENSORFLOW, is_param, scalar, select, spell
 
@@ -97,3 +98,27 @@ def _rms_norm_op_trees() -> tuple[Op, ...]:
 # F.rms_norm as dynamo decomposes it, binding rstd and normed (what its autograd saves)
 RMS_NORM_OP = spell(_rms_norm_op_trees(), "dynamo")
 ALL_LAYER_NORM, ALL_RMS_NORM = select(LAYER_NORM), select(RMS_NORM)
+
+
+def embedding_sum(x: Tensor) -> tuple[list[Node], list[Node]] | None:
+    """(Gathers, Adds) when ``x`` = the sum of two or three rows of 2-D embedding tables (BERT's word +
+    position (+ segment) embeddings): Gather(table, ids) each, summed by Adds whose sums nothing else
+    reads; else None."""
+    gathers: list[Node] = []
+    adds: list[Node] = []
+    stack = [x]
+    while stack:
+        t = stack.pop()
+        p = t.producer
+        if p is None or (t is not x and (len(t.consumers) != 1 or p.outputs[0] is not t)):
+            return None
+        ins = [i for i in p.inputs if i is not None]
+        if p.kind in ADD and p.kind != "sum" and len(ins) == 2 and len(adds) < 2:
+            adds.append(p)
+            stack += ins
+        elif p.kind == "gather" and len(ins) == 2 and is_param(ins[0]) and ins[0].shape is not None \
+                and len(ins[0].shape) == 2 and p.attrs.get("axis", 0) == 0:
+            gathers.append(p)
+        else:
+            return None
+    return (gathers, adds) if 2 <= len(gathers) <= 3 else None

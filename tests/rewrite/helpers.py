@@ -12,7 +12,8 @@ from onnx import helper, numpy_helper
 MS = "com.microsoft"
 FUSED_KERNELS = ("FusedConv", "FusedGemm", "FusedMatMul", "Gelu", "BiasGelu", "FastGelu",
                  "LayerNormalization", "SkipLayerNormalization", "MultiHeadAttention", "QuickGelu",
-                 "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization")
+                 "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization",
+                 "EmbedLayerNormalization")
 
 
 def ops(model: onnx.ModelProto) -> Counter:

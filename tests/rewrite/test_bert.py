@@ -81,7 +81,8 @@ def test_bert_rewrite_verifies_and_fuses_at_least_what_onnxruntime_does(bert, ta
     assert r.verification.ok
     assert_same_outputs(bert, r.model, dims=DIMS, rtol=1e-4, atol=1e-5)
     counts = ops(r.model)
-    assert counts["com.microsoft.SkipLayerNormalization"] == 5  # the embeddings' LayerNorm and 2 per layer
+    assert counts["com.microsoft.SkipLayerNormalization"] == 4  # 2 per layer
+    assert counts["com.microsoft.EmbedLayerNormalization"] == 1  # the embeddings and their LayerNorm
     assert counts["com.microsoft.BiasGelu"] == 2
     assert counts["com.microsoft.MultiHeadAttention"] == 2 and "Softmax" not in counts  # QK^T scale inside
     assert "LayerNormalization" not in counts and "Erf" not in counts and "ReduceMean" not in counts
@@ -108,9 +109,9 @@ def test_layer_norm_alone(bert):
 def test_training_mode_keeps_to_training_safe_matches(bert):
     r = rewrite(bert, RewriteOptions(mode="training", batch=2, dims=DIMS))
     assert r.verification.ok
-    assert all(a.pattern in ("bias_gelu", "skip_layer_norm", "matmul_scale", "matmul_bias_act", "layer_norm")
-               for a in r.applied)
-    assert ops(r.model)["com.microsoft.SkipLayerNormalization"] == 5
+    assert all(a.pattern in ("bias_gelu", "skip_layer_norm", "matmul_scale", "matmul_bias_act", "layer_norm",
+                             "embed_layer_norm") for a in r.applied)
+    assert ops(r.model)["com.microsoft.SkipLayerNormalization"] == 4
 
 
 # -- the dynamo exporter (opset 20): what the matcher and the rewrite miss there -----------------------------
@@ -127,7 +128,8 @@ def test_dynamo_export_rewrites_and_verifies(bert_dynamo, tmp_path):
     counts = ops(r.model)
     assert counts["com.microsoft.BiasGelu"] == 2
     assert counts["com.microsoft.MultiHeadAttention"] == 2 and "Softmax" not in counts  # QK^T scale inside
-    assert counts["com.microsoft.SkipLayerNormalization"] == 5
+    assert counts["com.microsoft.SkipLayerNormalization"] == 4
+    assert counts["com.microsoft.EmbedLayerNormalization"] == 1
     ort_model = onnx.load(ort_optimized(bert_dynamo, str(tmp_path / "ort.onnx"), "extended"))
     assert fused_kernel_count(r.model) >= fused_kernel_count(ort_model)
 

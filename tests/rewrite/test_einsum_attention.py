@@ -63,4 +63,5 @@ def test_a_softmax_over_the_queries_is_left_unfused(tmp_path):
     onnx.save(model, path)
     r = rewrite(path, RewriteOptions(batch=B, dims={"seq": T}), str(tmp_path / "out.onnx"))
     assert r.kernel_counts() == {}
-    assert any("the softmax is not over the keys alone" in w for w in r.warnings), r.warnings
+    assert any("the softmax is over axis 2 (t) of the scores bnts, not the keys (axis 3, s)" in w
+               for w in r.warnings), r.warnings

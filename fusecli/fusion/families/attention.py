@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ...rewrite import emit_gqa
+from ...rewrite import emit_attention, emit_gqa
 from ...spellings.attention import AttentionForm, attention_match, read_attention
 from ..match import Match
 from ..notes_kit import float32_out, verdict
@@ -22,15 +22,15 @@ EMITTERS = {"attention": emit_gqa.attention}
 
 def attention_kernel(m: Match, mode: str = "inference") -> str | None:
     """MultiHeadAttention (GroupQueryAttention for repeated K/V) where the form is one the emitter takes:
-    float32, MatMul or Einsum scores and output, no soft-cap, a mask and a position bias at most."""
+    float32, MatMul or Einsum scores and output, no soft-cap, the score terms its bias takes
+    (emit_attention.terms_refusal)."""
     if not float32_out(m) or m.roles["qk"].kind not in ("matmul", "einsum") \
             or m.roles["pv"].kind not in ("matmul", "einsum"):
         return None
     form = read_attention(m.roles["pv"])
     if not isinstance(form, AttentionForm) or form.softcap is not None:
         return None
-    terms, wheres = len(form.terms), len(form.bool_masks)
-    if not ((wheres == 0 and terms <= 2) or (wheres == 1 and terms == 0)):
+    if emit_attention.terms_refusal(form, merged=False) is not None:
         return None
     return "GroupQueryAttention" if "repeat_k" in m.roles else "MultiHeadAttention"
 

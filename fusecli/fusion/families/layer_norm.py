@@ -1,9 +1,12 @@
-"""LayerNorm written out, and the residual Add before a LayerNorm (SkipLayerNormalization)."""
+"""LayerNorm written out, the residual Add before a LayerNorm (SkipLayerNormalization), and BERT's embedding
+sum before one (EmbedLayerNormalization)."""
 
 from __future__ import annotations
 
-from ...core.trees import op
+from ...core.trees import Var, op
 from ...rewrite import emit_layer_norm
+from ...spellings.common import ADD
+from ...spellings.norms import embedding_sum
 from ..match import Match
 from ..notes_kit import verdict
 from ..pattern_kit import (
@@ -14,7 +17,28 @@ from ..pattern_kit import (
     Z,
 )
 
+EMBED_PARTS = ("embed_0", "embed_1", "embed_2", "embed_sum")  # bound by _embedding_sum: the match holds them
+
+
+def _embedding_sum(roles, bound) -> bool:
+    """The norm reads BERT's embedding sum (spellings.norms.embedding_sum); its Gathers and inner Add are
+    bound so that the match holds them."""
+    parts = embedding_sum(bound["x"])
+    if parts is None:
+        return False
+    gathers, adds = parts
+    bound.update({f"embed_{i}": g.outputs[0] for i, g in enumerate(gathers)})
+    if len(adds) > 1:  # three tables: the inner sum
+        bound["embed_sum"] = adds[1].outputs[0]
+    return True
+
+
 PATTERNS: tuple[Pattern, ...] = (
+    Pattern("embed_layer_norm", (op("layer_norm", op(ADD, Var(), Var(), role="add", name="x"),
+                                    role="layer_norm", more=True),) + LAYER_NORM,
+            "EmbedLayerNormalization", "y = layer_norm(word[ids] + position[pos] (+ segment[seg])): BERT's "
+            "embeddings, the table rows gathered inside the kernel", fused_kind="layer_norm",
+            include_producers=("x", *EMBED_PARTS), require=_embedding_sum),
     Pattern("skip_layer_norm", (op("layer_norm", op("add", Z, Z, role="add", name="x"), role="layer_norm",
                                    more=True),
                                 # OPT: Add -> Reshape (b s, h) -> LayerNorm; values kept, rows flattened
@@ -28,7 +52,8 @@ PATTERNS: tuple[Pattern, ...] = (
             "y = (x - mean) / sqrt(var + eps) * gamma + beta", fused_kind="layer_norm"),
 )
 
-EMITTERS = {"layer_norm": emit_layer_norm.layer_norm, "skip_layer_norm": emit_layer_norm.skip_layer_norm}
+EMITTERS = {"layer_norm": emit_layer_norm.layer_norm, "skip_layer_norm": emit_layer_norm.skip_layer_norm,
+            "embed_layer_norm": emit_layer_norm.embed_layer_norm}
 
 
 
@@ -48,6 +73,8 @@ def _ort_skip_layer_norm(m: Match) -> dict:
 
 
 NOTES = {
+    "embed_layer_norm": {"onnxruntime": (True, True, "EmbedLayerNormalization (EmbedLayerNormFusion in "
+                                         "onnxruntime.transformers.optimizer, BERT-style models)")},
     "skip_layer_norm": {"onnxruntime": _ort_skip_layer_norm},
     "layer_norm": {"tensorflow": (None, False, "remapped only in oneDNN CPU builds"),
                    "onnxruntime": (True, True, "LayerNormalization (LayerNormalizationFusion at "

@@ -6,8 +6,9 @@ import pytest
 
 from tests.fusion.families.cover import assert_matches
 from tests.fusion.models import gelu_erf
+from tests.rewrite.test_peer_graphs import fast_gelu_mlp
 
-GRAPHS = {"bias_gelu": lambda: gelu_erf(bias=True), "gelu": gelu_erf}
+GRAPHS = {"matmul_fast_gelu": fast_gelu_mlp, "bias_gelu": lambda: gelu_erf(bias=True), "gelu": gelu_erf}
 
 
 @pytest.mark.parametrize("name", GRAPHS)
