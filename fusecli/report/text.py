@@ -188,8 +188,8 @@ def header_lines(a: Analysis, namer: Namer, width: int) -> list[str]:
                       width, "  ")
     else:
         dtypes = precision_entry(g, None)["parameter_dtypes"]
-        lines += wrap(f"precision: as exported ({', '.join(dtypes) or 'no float'} parameters; --precision "
-                      "amp-bf16, bf16, ... for a mixed-precision step)", width, "  ")
+        lines += wrap(f"precision: as exported ({', '.join(dtypes) or 'no float'} parameters; "
+                      "--precision for bf16 or AMP)", width, "  ")
     if g.meta.get("constant_weights"):
         lines.append(f"weights: {g.meta['constant_weights']} parameters read from Constant nodes")
     for label, tensors in (("input", g.inputs), ("output", g.outputs)):

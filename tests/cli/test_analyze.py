@@ -11,7 +11,8 @@ from fusecli import __version__
 from fusecli.cli import main
 
 CONTRACT_KEYS = {"fusecli", "model", "format", "batch", "dims", "resolved_dims", "routing", "forward",
-                 "backward", "autodiff", "saved", "memory", "patterns", "near_misses", "unsupported"}
+                 "backward", "precision", "autodiff", "saved", "memory", "patterns", "near_misses",
+                 "unsupported"}
 
 
 def run(*args):

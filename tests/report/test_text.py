@@ -120,7 +120,7 @@ def bert(tmp_path_factory) -> str:
 def test_keras_resnet_report_at_80_columns(keras_resnet):
     text = report(keras_resnet, "--batch", "8")
     check_golden("keras_resnet", text, keras_resnet)
-    assert_readable(text, most_lines=60)
+    assert_readable(text, most_lines=61)  # 60, and the precision line (issue 41)
     assert "input: image float32 [batch, 16, 16, 3]" in text  # shapes show, as text
     assert "names: …/ stands for StatefulPartitionedCall/" in text
     assert "stage*_block*_" in text  # repeated blocks are one line with a name pattern
