@@ -43,7 +43,7 @@ def _conv_chain(n: int) -> onnx.ModelProto:
 
 
 @pytest.mark.parametrize("build", [_plain_chain, _conv_chain])
-def test_rewrite_of_a_long_chain_within_4x_of_analyze(build, tmp_path):
+def test_rewrite_of_a_long_chain_within_5x_of_analyze(build, tmp_path):
     """Verified as rewrite verifies by default: 10k identical FusedConv regions once, not the whole model."""
     from onnxruntime.tools import symbolic_shape_infer  # noqa: F401  (imports outside the timings)
 
@@ -51,7 +51,7 @@ def test_rewrite_of_a_long_chain_within_4x_of_analyze(build, tmp_path):
     onnx.save(build(NODES), path)
     analyze(path, Options())  # warm: onnx's shape inference and the passes' first calls
     t_analyze, t_rewrite, r = [], [], None
-    for k in range(3):  # interleaved; the smallest of each, so that a busy moment does not decide
+    for k in range(5):  # interleaved; the smallest of each, so that a busy moment does not decide
         t0 = time.process_time()
         analyze(path, Options())
         t_analyze.append(time.process_time() - t0)
@@ -67,5 +67,8 @@ def test_rewrite_of_a_long_chain_within_4x_of_analyze(build, tmp_path):
     # 4x: analyze's own passes got faster twice (issue 26: 1.28 -> 0.90 -> 0.72 s CPU here at 20k nodes)
     # while rewrite's (a region cut per emission, then a second analysis) gained less: 3.46 -> 2.88 -> 2.5 s;
     # it was 3x, then 3.5x, then 4x. 4.5x: the written file is checked before it replaces the output (onnx's
-    # full checker and an onnxruntime session, about 0.5 s CPU at 20k nodes: 3.75x -> 4.1-4.2x here)
-    assert tr <= 4.5 * ta, f"rewrite {tr:.1f} s, analyze {ta:.1f} s"
+    # full checker and an onnxruntime session, about 0.5 s CPU at 20k nodes: 3.75x -> 4.1-4.2x here). 5x: both
+    # read the nodes in the canonical order (issue 45: about 0.3 s per load at 20k nodes), which rewrite
+    # does twice (its input, then the rewritten graph); measured 3.5-4.0x, once 5.0x in three rounds (now
+    # five)
+    assert tr <= 5 * ta, f"rewrite {tr:.1f} s, analyze {ta:.1f} s"
