@@ -208,7 +208,9 @@ def _routing_option(f):
 
 
 def _precision_option(f):
-    return click.option("--precision", type=click.Choice(["fp32", "bf16", "fp16", "amp-bf16", "amp-fp16"]),
+    from .precision import PRECISIONS
+
+    return click.option("--precision", type=click.Choice(PRECISIONS),
                         default=None,
                         help="Train at this precision (default: the export's dtypes): bf16/fp16 cast the "
                              "model (upcasts transformers keeps in float32 applied); amp-* model "

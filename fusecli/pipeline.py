@@ -17,7 +17,7 @@ from .load.constant_weights import no_parameter_warning
 from .load.routing import ROUTER_OPS, routers_of
 from .memory.liveness import Liveness, analyze_liveness
 from .memory.sizes import Sizes, bind, model_variables
-from .precision import Precision, apply_precision
+from .precision.transform import Precision, apply_precision
 from .spellings.attention import NearMiss, near_misses
 
 

@@ -19,8 +19,8 @@ from onnx import TensorProto, helper, numpy_helper
 HIDDEN, HEADS, KV_HEADS, HEAD, SEQ = 16, 2, 1, 8, 6
 
 
-class _G:
-    """Nodes and initializers under construction."""
+class GraphBuilder:
+    """Nodes and seeded initializers under construction (the hand-built test graphs share it)."""
 
     def __init__(self, seed: int = 0):
         self.rng = np.random.default_rng(seed)
@@ -45,7 +45,7 @@ class _G:
         return onnx.shape_inference.infer_shapes(m)
 
 
-def _tables(g: _G, p: str, table: str, pos_batch: int, dim: int, seq: int, scale: float,
+def _tables(g: GraphBuilder, p: str, table: str, pos_batch: int, dim: int, seq: int, scale: float,
             axis: int) -> tuple[str, str]:
     """cos and sin, (1|B, 1, S, D) (``axis`` 1) or (1, S, 1, D) (``axis`` 2)."""
     inv = (1.0 / 10000 ** (np.arange(0, dim, 2) / dim)).astype(np.float32)
@@ -70,7 +70,7 @@ def _tables(g: _G, p: str, table: str, pos_batch: int, dim: int, seq: int, scale
     return out[0], out[1]
 
 
-def rotate(g: _G, p: str, x: str, cos: str, sin: str, dim: int, bound: str = "constant",
+def rotate(g: GraphBuilder, p: str, x: str, cos: str, sin: str, dim: int, bound: str = "constant",
            swap: bool = False) -> str:
     """x cos + rotate_half(x) sin; ``swap``: concat(x1, -x2), not a rotation ORT's kernel computes."""
     if bound == "shape":  # torchscript: x.shape[-1] // 2 from the graph
@@ -91,7 +91,7 @@ def rotary_model(table: str = "computed", bound: str = "constant", pos_batch: in
                  swap: bool = False, layout: str = "bnsd", dim: int = HEAD) -> onnx.ModelProto:
     """y = rotary(x) for x (batch, heads, S, D) (``layout`` "bsnd": (batch, S, heads, D)), positions ``pos``
     (``pos_batch``, S) where the tables are computed."""
-    g = _G()
+    g = GraphBuilder()
     cos, sin = _tables(g, "", table, pos_batch, dim, SEQ, scale, 1 if layout == "bnsd" else 2)
     y = rotate(g, "q_", "x", cos, sin, dim, bound, swap)
     shape = ["batch", HEADS, SEQ, dim] if layout == "bnsd" else ["batch", SEQ, HEADS, dim]
@@ -101,7 +101,7 @@ def rotary_model(table: str = "computed", bound: str = "constant", pos_batch: in
     return g.model(inputs, [y])
 
 
-def _rms(g: _G, p: str, x: str) -> str:
+def _rms(g: GraphBuilder, p: str, x: str) -> str:
     ms = g.op("ReduceMean", f"{p}ms", g.op("Pow", f"{p}sq", x, g.const(f"{p}two_f", np.float32(2.0))),
               g.const(f"{p}last", np.array([-1])), keepdims=1)
     r = g.op("Reciprocal", f"{p}rcp", g.op("Sqrt", f"{p}sqrt", g.op("Add", f"{p}eps_add", ms,
@@ -109,14 +109,14 @@ def _rms(g: _G, p: str, x: str) -> str:
     return g.op("Mul", f"{p}scaled", g.weight(f"{p}gain", HIDDEN), g.op("Mul", f"{p}normed", x, r))
 
 
-def _heads(g: _G, p: str, x: str, heads: int) -> str:
+def _heads(g: GraphBuilder, p: str, x: str, heads: int) -> str:
     w = g.weight(f"{p}w", HIDDEN, heads * HEAD)
     split = g.op("Reshape", f"{p}split", g.op("MatMul", f"{p}proj", x, w),
                  g.const(f"{p}shape", np.array([0, 0, heads, HEAD])))
     return g.op("Transpose", f"{p}heads", split, perm=[0, 2, 1, 3])
 
 
-def _repeat(g: _G, p: str, t: str) -> str:
+def _repeat(g: GraphBuilder, p: str, t: str) -> str:
     """repeat_kv: (B, KV, S, H) -> (B, KV, rep, S, H) -> (B, KV rep, S, H)."""
     u = g.op("Unsqueeze", f"{p}rep_u", t, g.const(f"{p}rep_ax", np.array([2])))
     e = g.op("Expand", f"{p}rep_e", u, g.const(f"{p}rep_shape", np.array([1, 1, HEADS // KV_HEADS, 1, 1])))
@@ -125,7 +125,7 @@ def _repeat(g: _G, p: str, t: str) -> str:
 
 def llama_block(spelling: str = "sdpa", table: str = "computed") -> onnx.ModelProto:
     """One pre-norm decoder block (see the module doc); ``spelling`` "sdpa" or "eager"."""
-    g = _G(1)
+    g = GraphBuilder(1)
     h = _rms(g, "ln1_", "x")
     cos, sin = _tables(g, "", table, 1, HEAD, SEQ, 1.0, 1)
     q = rotate(g, "q_", _heads(g, "q_", h, HEADS), cos, sin, HEAD)

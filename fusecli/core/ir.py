@@ -155,6 +155,16 @@ def distinct(items: Iterable[T]) -> list[T]:
     return list({id(x): x for x in items}.values())
 
 
+def redirect(readers: Iterable[Node], old: Tensor, new: Tensor) -> None:
+    """``readers`` read ``new`` wherever they read ``old``; both tensors' consumer lists follow."""
+    readers = distinct(readers)
+    for r in readers:
+        r.inputs = [new if u is old else u for u in r.inputs]
+    moved = {id(r) for r in readers}
+    old.consumers[:] = [c for c in old.consumers if id(c) not in moved]
+    new.consumers.extend(readers)
+
+
 def unique_name(base: str, taken) -> str:
     """``base`` if not in ``taken``, else ``base_1``, ``base_2``, ..."""
     name, i = base, 0

@@ -21,7 +21,7 @@ it (a view's base), or to None (never allocated); a tensor not in the map is its
 
 from __future__ import annotations
 
-from ..core.ir import Graph, Node, Tensor, unique_name
+from ..core.ir import Graph, Node, Tensor, redirect, unique_name
 from ..core.scopes import node_scope
 from .layout import Layouts
 from .torch_export import made_each_step as folded_each_step
@@ -86,7 +86,7 @@ def storages(joint: Graph, profile) -> dict[Tensor, Tensor | None]:
                     out[t] = base
             if node.kind == "matmul" and node.outputs and node.outputs[0] is not None:
                 y = node.outputs[0]
-                if y not in saved and y not in outputs and _bias_added(y):
+                if y not in saved and y not in outputs and linear_bias_add(y) is not None:
                     out[y] = None
         elif node.op_type in _BACKWARD_VIEWS or node.op_type == _ACCUMULATE:
             x = node.inputs[0] if node.inputs else None
@@ -197,9 +197,7 @@ def per_call_casts(graph: Graph, profile) -> list[str]:
             copy = graph.add_node(Node(graph.unique_node_name(f"{node.name}.call{i}"), node.op_type,
                                        node.kind, [x], [t], dict(node.attrs), node.domain, "forward",
                                        {"per_call_of": node.name}))
-            reader.inputs = [t if u is y else u for u in reader.inputs]
-            y.consumers[:] = [c for c in y.consumers if c is not reader]
-            t.consumers.append(reader)
+            redirect([reader], y, t)
             copies.setdefault(id(node), []).append(copy)
     if copies:
         made = {id(c) for cs in copies.values() for c in cs}
@@ -230,15 +228,17 @@ def _weight_view(node, views: frozenset[str]) -> bool:
     return index is not None and index.shape == ()
 
 
-def _bias_added(y: Tensor) -> bool:
-    """``y`` is read once, by an Add of a parameter vector (linear's bias): addmm writes y + b at once."""
+def linear_bias_add(y: Tensor) -> Node | None:
+    """The Add of a parameter vector that is linear's bias, when it reads ``y`` (a matmul's output) and
+    nothing else does: addmm writes y + b at once."""
     if len(y.consumers) != 1:
-        return False
+        return None
     add = y.consumers[0]
     if add.kind not in _BIAS_KINDS or len(add.inputs) != 2:
-        return False
+        return None
     other = add.inputs[1] if add.inputs[0] is y else add.inputs[0]
-    return other is not None and other.kind in _RESIDENT and other.shape is not None and len(other.shape) == 1
+    ok = other is not None and other.kind in _RESIDENT and other.shape is not None and len(other.shape) == 1
+    return add if ok else None
 
 
 def _read_by_backward(joint: Graph) -> set[Tensor]:

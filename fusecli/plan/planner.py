@@ -21,7 +21,8 @@ from ..core.units import format_bytes
 from ..memory.formulas import INT64_SAFE, max_text, peak_polys
 from ..memory.liveness import Liveness
 from ..memory.sizes import model_variables, tensor_formula
-from ..precision import precision_entry
+from ..precision import PRECISIONS
+from ..precision.transform import precision_entry
 from .candidates import (
     Candidate,
     Interval,
@@ -36,7 +37,6 @@ from .candidates import (
 OPTIMIZERS = {"adamw": (2, "AdamW: two moments (m, v)"), "adam": (2, "Adam: two moments (m, v)"),
               "sgd": (0, "SGD without momentum: none"), "sgd-momentum": (1, "SGD with momentum: one buffer"),
               "none": (0, "none")}
-PRECISIONS = ("fp32", "bf16", "fp16", "amp-bf16", "amp-fp16")
 MAX_SOLVE = 1 << 40  # the largest dim value the solver tries
 
 

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..core.ir import FLOAT_DTYPES, Graph, Node, Tensor, unique_name
+from ..core.ir import FLOAT_DTYPES, Graph, Node, Tensor, redirect, unique_name
+from ..grad.storage import linear_bias_add
+from . import PRECISIONS
 from .autocast import LISTS
 
-PRECISIONS = ("fp32", "bf16", "fp16", "amp-bf16", "amp-fp16")
 _LOWER = {"bf16": "bfloat16", "fp16": "float16"}
 _MATMULS = frozenset({"matmul", "gemm"})
-_BIAS_KINDS = frozenset({"add", "bias_add"})
 
 
 @dataclass
@@ -83,10 +83,7 @@ class _Rewrite:
         y = g.tensor(unique_name(base, g.tensors), dtype=dtype, shape=x.shape, kind="activation")
         node = g.add_node(Node(g.unique_node_name(f"precision/{base}"), "Cast", "cast", [x], [y],
                                {"to": _ONNX_DTYPES[dtype]}, meta={"precision_cast": True}))
-        for r in readers:
-            r.inputs = [y if u is x else u for u in r.inputs]
-        x.consumers[:] = [c for c in x.consumers if all(c is not r for r in readers)]
-        y.consumers.extend(readers)
+        redirect(readers, x, y)
         first = min(readers, key=lambda r: self.position.get(id(r), len(self.position)))
         self.before.setdefault(id(first), []).append(node)
         self.count += 1
@@ -168,9 +165,7 @@ def _autocast(graph: Graph, rw: _Rewrite, low: str, device: str, p: Precision) -
                 if y is None:
                     y = weight_copies[id(x)] = rw.cast(x, dtype, [node])
                 else:
-                    node.inputs = [y if u is x else u for u in node.inputs]
-                    x.consumers[:] = [c for c in x.consumers if c is not node]
-                    y.consumers.append(node)
+                    redirect([node], x, y)
             else:
                 rw.cast(x, dtype, [node])
 
@@ -184,7 +179,7 @@ def _autocast(graph: Graph, rw: _Rewrite, low: str, device: str, p: Precision) -
             cast_in(node, low)
             _set_outputs(node, low)
             y = node.outputs[0] if node.kind in _MATMULS and node.outputs else None
-            add = _bias_add(y) if y is not None else None
+            add = linear_bias_add(y) if y is not None else None
             if add is not None:
                 linear_adds.add(id(add))
         elif node.kind in fp32:
@@ -209,19 +204,6 @@ def _value_inputs(node: Node) -> list[Tensor | None]:
     if node.kind == "where":
         return node.inputs[1:]
     return node.inputs
-
-
-def _bias_add(y: Tensor) -> Node | None:
-    """The Add of a parameter vector that is linear's bias (addmm), reading ``y`` only."""
-    if len(y.consumers) != 1:
-        return None
-    add = y.consumers[0]
-    if add.kind not in _BIAS_KINDS or len(add.inputs) != 2:
-        return None
-    other = add.inputs[1] if add.inputs[0] is y else add.inputs[0]
-    ok = other is not None and other.kind in ("parameter", "constant") and other.shape is not None \
-        and len(other.shape) == 1
-    return add if ok else None
 
 
 def _model_cast(graph: Graph, rw: _Rewrite, low: str, p: Precision) -> None:

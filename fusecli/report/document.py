@@ -10,7 +10,7 @@ from ..load.routing import routers_of
 from ..memory.formulas import formula_text, memory_formulas
 from ..memory.liveness import Saved
 from ..pipeline import Analysis
-from ..precision import precision_entry
+from ..precision.transform import precision_entry
 from ..spellings.attention import AttentionForm, read_attention
 from .peak import peak_entry
 

@@ -21,7 +21,7 @@ from ..fusion.match import Match
 from ..fusion.recompute import recompute_all
 from ..memory.formulas import fold_opaque, grouped_total, memory_formulas
 from ..pipeline import Analysis
-from ..precision import precision_entry
+from ..precision.transform import precision_entry
 from .peak import peak_entry, peak_not_counted
 
 MIN_WIDTH, MAX_WIDTH = 60, 200

@@ -135,23 +135,29 @@ def _absorb_bias(ctx: Context, m: Match, x: Tensor, inits: list) -> tuple[Tensor
     return None if bias is None else (y, bias, p.name)
 
 
+def _norm_over_last_axis(m: Match, ctx: Context, x: Tensor | None) -> _Norm | None:
+    """The match's LayerNorm over the last axis: the LayerNormalization op reading ``x`` (its Mean and
+    InvStdDev unread), or, with ``x`` None, the written-out form; None on another axis."""
+    if x is None:
+        norm = _decomposed(m, ctx)
+        return norm if norm is not None and norm.axis == len(norm.x.shape) - 1 else None
+    ln = m.roles["layer_norm"]
+    p = ctx.protos[ln.name]
+    if x.shape is None or attr_value(p, "axis", -1) % len(x.shape) != len(x.shape) - 1 \
+            or not unused_extra_outputs(ln, ctx):
+        return None
+    return _Norm(x, len(x.shape) - 1, float(attr_value(p, "epsilon", 1e-5)), ln.inputs[1], ln.input(2))
+
+
 def skip_layer_norm(m: Match, ctx: Context) -> Emission | None:
     if dtype_of(m) != "float32" or "skip_layout" in m.roles:
         return None  # a Reshape between the sum and the norm: the kernel's sum output has another shape
     inits: list = []
-    if "add" in m.roles:  # Add + LayerNormalization op
-        add, ln = m.roles["add"], m.roles["layer_norm"]
-        p = ctx.protos[ln.name]
-        x = add.outputs[0]
-        if x.shape is None or attr_value(p, "axis", -1) % len(x.shape) != len(x.shape) - 1 \
-                or not unused_extra_outputs(ln, ctx):
-            return None
-        norm = _Norm(x, len(x.shape) - 1, float(attr_value(p, "epsilon", 1e-5)), ln.inputs[1], ln.input(2))
-    else:
-        norm = _decomposed(m, ctx)
-        if norm is None or norm.axis != len(norm.x.shape) - 1:
-            return None
-        add = norm.x.producer
+    add = m.roles.get("add")  # Add + LayerNormalization op
+    norm = _norm_over_last_axis(m, ctx, None if add is None else add.outputs[0])
+    if norm is None:
+        return None
+    add = add or norm.x.producer
     operands = skip_operands(add)
     gamma = affine_param(ctx, norm.gamma, norm.x, norm.axis, 1.0, inits)
     beta = affine_param(ctx, norm.beta, norm.x, norm.axis, None, inits)
@@ -212,17 +218,9 @@ def embed_layer_norm(m: Match, ctx: Context) -> Emission | None:
     if dtype_of(m) != "float32" or "skip_layout" in m.roles:
         return None
     x = m.bound["x"]
-    if "add" in m.roles:  # the LayerNormalization op
-        ln = m.roles["layer_norm"]
-        p = ctx.protos[ln.name]
-        if x.shape is None or attr_value(p, "axis", -1) % len(x.shape) != len(x.shape) - 1 \
-                or not unused_extra_outputs(ln, ctx):
-            return None
-        norm = _Norm(x, len(x.shape) - 1, float(attr_value(p, "epsilon", 1e-5)), ln.inputs[1], ln.input(2))
-    else:
-        norm = _decomposed(m, ctx)
-        if norm is None or norm.axis != len(norm.x.shape) - 1:
-            return None
+    norm = _norm_over_last_axis(m, ctx, x if "add" in m.roles else None)  # "add": the LayerNormalization op
+    if norm is None:
+        return None
     parts = embedding_sum(x)
     inside = {id(n) for n in m.nodes}
     if parts is None or x.name in ctx.graph_outputs or any(id(c) not in inside for c in x.consumers):

@@ -18,30 +18,15 @@ from fusecli.rewrite.verify import ROUNDING_FACTOR, OutputCheck, Verification, e
 from fusecli.spellings.attention import read_attention
 from tests.conftest import make_model
 from tests.rewrite.helpers import assert_same_outputs, ort_run
+from tests.transformer_graphs import GraphBuilder
 
 MS = "com.microsoft."
 HIDDEN, HEADS, HEAD = 16, 2, 8
 DIMS = {"batch": 2, "seq": 5}
 
 
-class G:
-    """Nodes and seeded initializers under construction."""
-
-    def __init__(self, seed: int = 0):
-        self.rng = np.random.default_rng(seed)
-        self.nodes: list[onnx.NodeProto] = []
-        self.inits: list[onnx.TensorProto] = []
-
-    def const(self, name: str, value) -> str:
-        self.inits.append(numpy_helper.from_array(np.asarray(value), name))
-        return name
-
-    def weight(self, name: str, *shape: int) -> str:
-        return self.const(name, (self.rng.standard_normal(shape) * 0.3).astype(np.float32))
-
-    def op(self, op_type: str, name: str, *inputs: str, **attrs) -> str:
-        self.nodes.append(helper.make_node(op_type, list(inputs), [name], name, **attrs))
-        return name
+class G(GraphBuilder):
+    """A hand-built graph that becomes a checked model."""
 
     def model(self, inputs: list, *outputs: str, opset: int = 17) -> onnx.ModelProto:
         outs = [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs]
