@@ -25,7 +25,8 @@ sys.path.insert(0, str(ROOT))
 from tests import hf_models as hf  # noqa: E402
 
 WORK = ROOT / "benchmarks" / "work" / "precision"
-MODELS = ("gpt2", "llama", "qwen2", "mistral", "gemma", "gpt_neox", "opt", "bert", "roberta", "bart", "vit")
+MODELS = ("gpt2", "llama", "qwen2", "mistral", "gemma", "gpt_neox", "opt", "bert", "roberta", "bart", "vit",
+          "olmo")
 PRECISIONS = ("fp32", "amp-bf16", "bf16")
 BATCH, SEQ = 2, 32
 

@@ -4,8 +4,8 @@ the casts it makes as Cast nodes (so that backward keeps them where the framewor
 - ``fp32`` / ``bf16`` / ``fp16``: the model cast (``model.to(dtype)``; DeepSpeed and Megatron bf16, FSDP's
   param_dtype): parameters, float inputs and every op in that dtype, except where transformers' code
   computes in float32, which an fp32 export cannot show: RMSNorm (x cast up, its statistics and
-  x * rstd in float32, cast down before the weight) and LayerNorm's saved statistics (float32, as
-  PyTorch's CPU kernel and ONNX's stash_type keep them).
+  x * rstd in float32, cast down before the weight), LayerNorm run on ``x.to(float32)`` (OLMo) and
+  LayerNorm's saved statistics (float32, as PyTorch's CPU kernel and ONNX's stash_type keep them).
 - ``amp-bf16`` / ``amp-fp16``: ``torch.autocast`` on ``--device`` (precision.autocast's lists): float32
   parameters; a lower-precision op casts its float32 inputs (a weight once per forward, any other
   tensor at each call), an fp32-list op casts lower-precision inputs up, every other op runs in its
@@ -216,6 +216,16 @@ def _model_cast(graph: Graph, rw: _Rewrite, low: str, p: Precision) -> None:
         return
     norms = _rms_norms(graph)
     inside = {id(n) for norm in norms for n in norm.nodes}
+    upcast_norms = _upcast_layer_norms(graph)
+    kept_up = {id(c) for _, c in upcast_norms if c is not None}
+    for ln, up in upcast_norms:  # F.layer_norm(x.to(float32), ...).to(x.dtype)
+        if up is None:  # the export dropped the no-op cast: the module's class says it
+            rw.cast(ln.inputs[0], "float32", [ln])
+        else:  # x.to(float32) of an fp32 x is x itself, which a trace then reads for x everywhere
+            redirect([c for c in up.outputs[0].consumers if c is not ln], up.outputs[0], up.inputs[0])
+        readers = [c for c in dict.fromkeys(ln.outputs[0].consumers) if c.kind != "cast"]
+        if readers:
+            rw.cast(ln.outputs[0], low, readers)
     for norm in norms:  # x.to(float32) ... (weight *) hidden.to(input_dtype)
         rw.cast(norm.x, "float32", [c for c in dict.fromkeys(norm.x.consumers) if id(c) in inside])
         if norm.weight_param is not None and norm.weight_param_reader is not None:  # Gemma: 1 + w.float()
@@ -233,7 +243,7 @@ def _model_cast(graph: Graph, rw: _Rewrite, low: str, p: Precision) -> None:
         elif node.kind == "cast":
             src = node.inputs[0] if node.inputs else None
             if src is not None:  # an int or bool made float is made in the model's dtype
-                _set_outputs(node, low)
+                _set_outputs(node, "float32" if id(node) in kept_up else low)
         else:
             _set_outputs(node, _widest(_floats(_value_inputs(node))) or low)
             if node.kind == "layer_norm":
@@ -243,8 +253,35 @@ def _model_cast(graph: Graph, rw: _Rewrite, low: str, p: Precision) -> None:
         p.assumed.append(f"{len(norms)} RMSNorm(s) compute in float32 as transformers' RMSNorm does "
                          "(x cast up; cast down before the weight" +
                          (f", or after it where the weight is 1 + w: {gemma})" if gemma else ")"))
+    if upcast_norms:
+        p.assumed.append(f"{len(upcast_norms)} LayerNorm(s) compute in float32: their input is cast to "
+                         "float32 in the export, or their module is one of transformers' float32 LayerNorms "
+                         f"({', '.join(sorted(UPCASTING_LAYER_NORMS))})")
     p.assumed.append(f"model.to({low}): parameters, float inputs and ops in {low}; the export's own casts "
                      f"to float32 are taken as casts to {low}")
+
+
+# transformers' LayerNorm modules whose forward runs F.layer_norm on x.to(float32) and casts the result
+# back (transformers 5.x source; Cohere's float32 LayerNorm is written out op by op, no layer_norm node)
+UPCASTING_LAYER_NORMS = frozenset({"OlmoLayerNorm", "ChameleonLayerNorm"})
+
+
+def _upcast_layer_norms(graph: Graph) -> list[tuple[Node, Node | None]]:
+    """Each LayerNorm that computes in float32 under a model cast, with the export's Cast to float32 of
+    its input where the export kept that (a float-to-float Cast in an fp32 export: ``x.to(float32)``,
+    TorchScript), or None where the module's class says it (dynamo drops the no-op cast)."""
+    out = []
+    for node in graph.nodes:
+        if node.kind != "layer_norm" or not node.inputs or node.inputs[0] is None:
+            continue
+        x = node.inputs[0]
+        up = x.producer
+        if up is not None and up.kind == "cast" and up.attrs.get("to") == _ONNX_DTYPES["float32"] \
+                and up.inputs and up.inputs[0] is not None and up.inputs[0].dtype in FLOAT_DTYPES:
+            out.append((node, up))
+        elif node.meta.get("torch_classes", ("",))[-1] in UPCASTING_LAYER_NORMS:
+            out.append((node, None))
+    return out
 
 
 @dataclass
