@@ -218,6 +218,12 @@ def _precision_option(f):
                              "forward). Said in the report and the JSON.")(f)
 
 
+def _device_option(f):
+    return click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+                        help="Where PyTorch trains: its scaled_dot_product_attention kernels (and so what "
+                             "they keep for backward) and autocast's op lists differ.")(f)
+
+
 def _common_options(f):
     """--batch, --dim and --signature, shared by the commands that load and size a model."""
     f = click.option("--signature", default=None, metavar="NAME",
@@ -247,9 +253,7 @@ def main() -> None:
 @_patterns_option
 @_constant_weights_option
 @_autodiff_option
-@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
-              help="Where PyTorch trains: its scaled_dot_product_attention kernels, and so what they "
-                   "keep for backward, differ.")
+@_device_option
 @_routing_option
 @_precision_option
 @click.option("-v", "--verbose", is_flag=True, help="List every saved tensor and every match.")
@@ -334,13 +338,14 @@ def analyze(model: str, as_json: bool, batch: int | None, dims: tuple[str, ...],
 @_patterns_option
 @_constant_weights_option
 @_autodiff_option
+@_device_option
 @_precision_option
 def render(model: str, view: str, as_dot: bool, output: str | None, mode: str, focus: str | None,
            hops: int,
            collapse: int, unfold: bool, shape_ops: bool, max_nodes: int, batch: int | None,
            dims: tuple[str, ...], signature: str | None,
            wrt: str, patterns: tuple[str, ...], constant_weights: str, autodiff: str | None,
-           precision: str | None) -> None:
+           device: str, precision: str | None) -> None:
     """Draw MODEL's before / after / backward view (Graphviz)."""
     from .core import progress
     from .core.output import atomic_write, check_output
@@ -368,7 +373,7 @@ def render(model: str, view: str, as_dot: bool, output: str | None, mode: str, f
     options = Options(batch=batch, dims=_parse_dims(dims), wrt_inputs=wrt == "inputs",
                       signature=signature, patterns=patterns,
                       constant_weights=constant_weights == "parameters", autodiff=autodiff,
-                      precision=precision)
+                      device=device, precision=precision)
     with progress.stages() as stage:
         result = run_analysis(model, options)
         for w in result.warnings:
@@ -469,9 +474,10 @@ BAD_INPUT_EXIT = 3  # diff: 1 means a regression, so a model that cannot be read
 @click.option("--wrt", type=click.Choice(["parameters", "inputs"]), default="parameters",
               show_default=True,
               help="Differentiate w.r.t. the trainable parameters, or the float graph inputs too.")
+@_device_option
 @_precision_option
 def diff_command(old: str, new: str, as_json: bool, batch: int | None, dims: tuple[str, ...],
-                 signature: str | None, fail_on: str, tolerance: str, wrt: str,
+                 signature: str | None, fail_on: str, tolerance: str, wrt: str, device: str,
                  precision: str | None) -> None:
     """Compare two exports of one model (OLD, NEW): fusions, verdicts, memory, ops. Exit 0: no
     regression; 1: a regression of a kind in --fail-on; 2: usage; 3: a model could not be read."""
@@ -481,7 +487,7 @@ def diff_command(old: str, new: str, as_json: bool, batch: int | None, dims: tup
     parsed = _parse_dims(dims)
     try:
         a, b, options.notes, options.dim_rename = analyze_pair(old, new, batch, parsed, signature,
-                                                               wrt == "inputs", precision)
+                                                               wrt == "inputs", precision, device)
         doc = compare(a, b, options)
     except UsageError:
         raise
@@ -526,6 +532,7 @@ def _parse_budget(ctx, param, value: str) -> int:
 @click.option("--optimizer", type=click.Choice(["adamw", "adam", "sgd", "sgd-momentum", "none"]),
               default="adamw", show_default=True,
               help="Optimizer state: Adam(W) two moments, sgd none (sgd-momentum one buffer).")
+@_device_option
 @_precision_option
 @click.option("--solve", type=click.Choice(["batch", "seq"]), default="batch", show_default=True,
               help="Which dim the largest-that-fits answer solves for.")
@@ -539,8 +546,8 @@ def _parse_budget(ctx, param, value: str) -> int:
 @click.option("--emit-pytorch", "emit_path", default=None, metavar="FILE.py",
               help="Write a helper module whose apply(model) checkpoints the planned submodules.")
 def plan_command(model: str, budget: int, batch: int | None, dims: tuple[str, ...], signature: str | None,
-                 optimizer: str, precision: str | None, solve: str, recompute: str, as_json: bool,
-                 plot_path: str | None, emit_path: str | None) -> None:
+                 optimizer: str, device: str, precision: str | None, solve: str, recompute: str,
+                 as_json: bool, plot_path: str | None, emit_path: str | None) -> None:
     """Fit MODEL's training step into --budget: its memory as formulas, the largest batch that fits,
     and what to recompute (checkpoint) when it does not. Exit 1 when it cannot fit."""
     from .core import progress
@@ -558,7 +565,8 @@ def plan_command(model: str, budget: int, batch: int | None, dims: tuple[str, ..
             raise UsageError("--emit-pytorch writes torch.utils.checkpoint calls, which recompute blocks "
                              "only: use --recompute blocks (the default with --emit-pytorch)")
     recompute = recompute or ("blocks" if emit_path else "all")
-    options = Options(batch=batch, dims=_parse_dims(dims), signature=signature, precision=precision)
+    options = Options(batch=batch, dims=_parse_dims(dims), signature=signature, device=device,
+                      precision=precision)
     with progress.stages() as stage:
         result = run_analysis(model, options)
         stage("planning")

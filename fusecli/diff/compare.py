@@ -36,11 +36,11 @@ TOP_SAVED = 5  # groups of saved tensors listed as appeared / vanished, per side
 # ---- loading both at the same dims ------------------------------------------------------------------
 
 def analyze_pair(old: str, new: str, batch: int | None, dims: dict[str, int], signature: str | None = None,
-                 wrt_inputs: bool = False, precision: str | None = None,
+                 wrt_inputs: bool = False, precision: str | None = None, device: str = "cpu",
                  ) -> tuple[Analysis, Analysis, list[str], dict[str, str]]:
-    """Both models analyzed at the same --batch / --dim (and --precision); a --dim only one model has is
-    applied to that one (a note says so), a --dim neither has is a UsageError. ``signature`` applies to
-    SavedModels.
+    """Both models analyzed at the same --batch / --dim (and --precision, --device); a --dim only one
+    model has is applied to that one (a note says so), a --dim neither has is a UsageError.
+    ``signature`` applies to SavedModels.
     Also returns NEW's batch dim name -> OLD's where the two differ (tf2onnx's ``unk__16`` and a
     SavedModel's ``batch``), so that their formulas compare term by term."""
     import os
@@ -71,7 +71,8 @@ def analyze_pair(old: str, new: str, batch: int | None, dims: dict[str, int], si
         out = []
         for path, graph, have in zip((old, new), graphs, names, strict=True):
             options = Options(batch=batch, dims={d: v for d, v in dims.items() if d in have},
-                              signature=signature, wrt_inputs=wrt_inputs, precision=precision)
+                              signature=signature, wrt_inputs=wrt_inputs, precision=precision,
+                              device=device)
             out.append(analyze_graph(path, graph, options))
     return out[0], out[1], notes, rename
 

@@ -178,3 +178,33 @@ def test_plan_help_imports_no_framework():
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def softmax_mlp() -> onnx.ModelProto:
+    """x W1 -> Softmax -> W2: autocast keeps softmax in float32 on CUDA (its fp32 list), not on CPU."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((WIDTH, WIDTH)).astype(np.float32), n)
+             for n in ("w1", "w2")]
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"], name="fc1/MatMul"),
+             helper.make_node("Softmax", ["h"], ["p"], axis=-1, name="Softmax"),
+             helper.make_node("MatMul", ["p", "w2"], ["y"], name="fc2/MatMul")]
+    io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["batch", "seq", WIDTH]) for n in "xy"]
+    model = helper.make_model(helper.make_graph(nodes, "softmax_mlp", io[:1], io[1:], inits),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    model.producer_name = "pytorch"
+    return model
+
+
+def test_device_picks_autocasts_lists_as_analyze_does(tmp_path):
+    path = str(tmp_path / "softmax_mlp.onnx")
+    onnx.save(softmax_mlp(), path)
+    saved = {}
+    for device in ("cpu", "cuda"):
+        doc = plan_json(path, "1TiB", "--precision", "amp-bf16", "--device", device)[1]
+        assert doc["precision"]["device"] == device
+        saved[device] = doc["memory"]["saved_activations"]["bytes"]
+        r = CliRunner().invoke(main, ["analyze", path, "--batch", "8", "--dim", "seq=32", "--json",
+                                      "--precision", "amp-bf16", "--device", device])
+        assert r.exit_code == 0, r.output
+        assert json.loads(r.stdout)["memory"]["saved_activation_bytes"] == saved[device]
+    assert saved["cuda"] > saved["cpu"]  # the float32 softmax output on CUDA, bf16 on CPU
