@@ -256,3 +256,13 @@ def sdpa_region(node: Node, rg: set[str], memo: dict[int, bool], device: str = "
         q_copied = _dropped_cat(form.roles["pv"], 0, form.q)  # a contiguous q, whatever the export shows
         out.meta["sdpa_layout"] = ("contiguous" if q_copied else form.q) if device == "cpu" else "bshd"
     return form, choice
+
+
+def flash_backward_work_bytes(queries: int, keys: int, dtype: str) -> int:
+    """Bytes per intra-op thread of the work buffers aten's CPU flash attention backward allocates
+    (FlashAttentionKernel.cpp): the scores and their gradient for one query block by one key block in
+    float32, and again in q's dtype when that is bf16/fp16; query blocks of 256, 64 or 32 rows (query
+    length >= 768, >= 192, else), key blocks of 512."""
+    q_split = min(queries, 256 if queries >= 768 else 64 if queries >= 192 else 32)
+    reduced = 2 if dtype in ("bfloat16", "float16") else 0
+    return 2 * q_split * min(keys, 512) * (4 + reduced)

@@ -7,7 +7,8 @@ it made by constant folding with ``folded_from`` (the values and nodes it folded
 is a parameter when it was folded from one (a transposed weight, an expanded class token), else a value
 computed at export time from buffers and constants (rotary cos/sin from ``inv_freq``), which PyTorch
 never differentiates. The loader keeps these notes in ``graph.meta["export"]`` and ``tensor.meta["export"]``.
-Without a signature (TorchScript exports) every float initializer stays a parameter.
+Without a signature (TorchScript exports) every float initializer stays a parameter but an RMSNorm's weight
+TorchScript folded (``torchscript_norm_weights``).
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def made_each_step(graph: Graph) -> set[str]:
     ``_to_copy_1``); a weight's transpose, view or slice (``t``, ``view``, ``slice``) stays a weight."""
     signature = (graph.meta.get("export") or {}).get(SIGNATURE)
     if not signature:
-        return set()
+        return torchscript_norm_weights(graph)
     params = {n for name, kind, target in _INPUT.findall(signature) if kind == "PARAMETER"
               for n in (name, target)}
     frozen = frozen_parameters(graph)
@@ -73,6 +74,27 @@ def made_each_step(graph: Graph) -> set[str]:
         computed = any(_computes(s) for s in (t.name, *folded) if s not in params)
         if computed and any(s in params for s in folded):
             out.add(t.name)
+    return out
+
+
+def torchscript_norm_weights(graph: Graph) -> set[str]:
+    """Names of the RMSNorm weights of a TorchScript export that eager PyTorch computes from a parameter at
+    every step: TorchScript keeps a parameter read as it is under its own name and names a value it folded
+    for its reader (``onnx::Mul_569``), so a norm weight so named was computed (Gemma's ``1 + w``); a
+    matmul's folded weight is its transpose, a view."""
+    if graph.meta.get("producer") != "pytorch":
+        return set()
+    from .composites import PYTORCH_COMPOSITES, find_regions
+
+    out = set()
+    for r in find_regions(graph, tuple(c for c in PYTORCH_COMPOSITES if c.name == "rms_norm")):
+        root = r.nodes[-1]
+        normed = r.reads[2] if len(r.reads) > 2 else root.outputs[0]
+        if normed is root.outputs[0]:  # no weight
+            continue
+        w = root.inputs[1] if root.inputs[0] is normed else root.inputs[0]
+        if w is not None and w.producer is None and w.kind == "parameter" and w.name.startswith("onnx::"):
+            out.add(w.name)
     return out
 
 

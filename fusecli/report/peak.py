@@ -3,6 +3,8 @@ counted and what the framework allocates that it leaves out."""
 
 from __future__ import annotations
 
+from ..core.units import format_bytes
+from ..grad.sdpa import flash_backward_work_bytes
 from ..pipeline import Analysis
 
 
@@ -50,4 +52,29 @@ def peak_not_counted(a: Analysis) -> list[str]:
         out.append("the scratchpad oneDNN takes in a convolution's backward on CPU (its size is the "
                    "library's choice: a tiny ConvNeXt's depthwise convolutions took 1.6 MiB beside 0.3 MiB "
                    "of everything else)")
+    per_thread = cpu_flash_work_bytes(a)
+    if per_thread:
+        out.append("the CPU flash attention kernel's work buffers in its backward, "
+                   f"{format_bytes(per_thread)} per intra-op thread (torch.get_num_threads(), the cores by "
+                   "default) at these sizes: "
+                   "2 blocks of scores of query block x key block (32, 64 or 256 rows by query length, up "
+                   "to 512 keys) in float32, and again in the lower dtype for bf16/fp16 (where it takes "
+                   "up to 20% more)")
     return out
+
+
+def cpu_flash_work_bytes(a: Analysis) -> int:
+    """Bytes per thread of the largest work buffer the CPU flash attention backward allocates in this
+    step (grad.sdpa.flash_backward_work_bytes), 0 where no sdpa runs that kernel or its sizes are unknown."""
+    if a.profile is None or a.profile.device != "cpu":
+        return 0
+    most = 0
+    for node in a.joint.nodes:  # the sdpa calls' P @ V, marked by grad.sdpa with the output's layout
+        out = node.outputs[0] if node.outputs else None
+        if out is None or "sdpa_layout" not in out.meta or not node.inputs or node.inputs[0] is None:
+            continue
+        shape = a.sizes.shape(node.inputs[0])  # P: (..., queries, keys)
+        if not shape or len(shape) < 2:
+            continue
+        most = max(most, flash_backward_work_bytes(shape[-2], shape[-1], out.dtype))
+    return most
