@@ -233,3 +233,22 @@ def test_kv_cache_attention_becomes_multi_head_attention(exporter, tmp_path):
     r = rewrite(path, RewriteOptions(batch=2, dims={"seq": 8, "past": 4}))
     assert r.kernel_counts() == {"MultiHeadAttention": 1} and r.verification.ok
     assert not [w for w in r.warnings if w.startswith("not rewritten")], r.warnings
+
+
+def test_hubert_unnamed_copies_of_one_dim_are_one_dim(hf_onnx):
+    """HuBERT's sdpa attention exported by dynamo: the frame count after the feature convolutions has no
+    name, and shape inference gives each copy its own (K (B, N, unk46, H), its merge (unk54, unk55, H), K^T
+    split back to (B, N, H, unk58)); they are one dim, equal at the analysis's sizes, so K^T is read as
+    K's transpose and each layer's attention becomes MultiHeadAttention; verified by rewrite, equal to
+    PyTorch, and verified again at another batch and length."""
+    path = hf_onnx("hubert", "dynamo", attn="default")
+    r = rewrite(path, RewriteOptions(batch=2, dims={"samples": 400}))
+    assert r.ops_after.get(MS + "MultiHeadAttention") == 2 and "Softmax" not in r.ops_after, r.warnings
+    assert not [w for w in r.warnings if "attention" in w], r.warnings
+    # every attention region checked on its own (some skip-LayerNorms' inputs are unsized: the whole model)
+    assert r.verification.ok and r.verification.checks
+    assert not [u for u in r.verification.uncut if "attention" in u], r.verification.uncut
+    _torch_matches("hubert", r.model, attn="default")
+    other = rewrite(path, RewriteOptions(batch=3, dims={"samples": 730}))
+    assert other.ops_after.get(MS + "MultiHeadAttention") == 2
+    assert other.verification.ok and other.verification.checks
