@@ -20,13 +20,18 @@ def is_safe(m: Match, mode: str) -> bool:
 def plan(matches: list[Match], ctx: Context) -> list[Emission]:
     """fusion.select's choice among the safe matches, each taken where a kernel fits: a match no kernel
     fits is passed over, and the smaller matches inside it (the report's dominated ones: attention's scaled
-    Q K^T) are tried instead."""
+    Q K^T) are tried instead. Every match passed over so gets a line in ``ctx.skipped`` saying why (the
+    emitter's reason, or that no kernel takes it as written), unless its emitter said one already."""
     chosen: list[Emission] = []
+    refused: list[tuple[Match, str | None]] = []
     ctx.by_root = {m.root.name: m for m in matches}  # an emitter may take a neighbour match in (rotary)
 
     def take(m: Match) -> list[str] | None:
         e = _emission(m, ctx)
-        if e is None or any(name in ctx.claimed for name in e.remove):
+        if isinstance(e, str) or e is None:
+            refused.append((m, e))
+            return None
+        if any(name in ctx.claimed for name in e.remove):
             return None
         e.at = m.root.name
         chosen.append(e)
@@ -36,10 +41,19 @@ def plan(matches: list[Match], ctx: Context) -> list[Emission]:
         return is_safe(m, ctx.mode) and f"{m.pattern.name} at {m.root.name}" not in ctx.excluded
 
     select(matches, usable, take, ctx.claimed)
+    for m, why in refused:
+        at = f"{m.pattern.name} at {m.root.name}"
+        if not any(s == at or s.startswith((f"{at}:", f"{at} (")) for s in ctx.skipped):
+            ctx.skipped.append(f"{at}: {why or _no_kernel(m, ctx)}")
     return chosen
 
 
-def _emission(m: Match, ctx: Context) -> Emission | None:
+def _no_kernel(m: Match, ctx: Context) -> str:
+    """The line for a match whose emitter gave no reason."""
+    return f"no {m.pattern.kernel} kernel on target {ctx.target} takes it as written"
+
+
+def _emission(m: Match, ctx: Context) -> Emission | str | None:
     try:
         return emit(m, ctx)
     except (ValueError, IndexError, KeyError, TypeError, NotImplementedError, ArithmeticError) as err:
