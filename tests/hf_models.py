@@ -37,7 +37,9 @@ GQA = ("llama_gqa", "qwen2_gqa", "llama_gqa_padded", "mistral_gqa")  # Mistral: 
 # "seq" step); the dynamo export's conv output lengths are unnamed dims (unk..), one per copy
 SPEECH = ("hubert",)
 SAMPLES_PER_STEP = 25  # seq 16 -> 400 samples -> 39 frames after the two convolutions (strides 5, 2)
-REWRITE_TEXT = ("olmo",)  # a Cast after each LayerNorm that the next residual reads too: the rewrite tests
+REWRITE_TEXT = ("olmo",)
+# rotary on interleaved pairs (GPT-J's rotate_every_two: x[..., ::2], x[..., 1::2] stacked and flattened)
+INTERLEAVED = ("cohere",)  # a Cast after each LayerNorm that the next residual reads too: the rewrite tests
 MORE_VISION = ("beit",)
 ATTENTION = ("eager", "default")  # default: whatever transformers picks (sdpa where the model supports it)
 IMAGE_SIZE = 32
@@ -54,7 +56,7 @@ def spec(name: str) -> Spec:
     if name in ("bert", "distilbert", "roberta", "opt", "llama_gqa_padded", "deberta_v2"):
         return Spec(("input_ids", "attention_mask"), True)
     if name in TEXT or name in MORE_TEXT or name in MOE or name in SHAPE_READS or name in REWRITE_TEXT \
-            or name in GQA:
+            or name in GQA or name in INTERLEAVED:
         return Spec(("input_ids",), True)
     if name in AUDIO:
         return Spec(("input_features",), False)
@@ -120,6 +122,9 @@ def _config(name: str):
     if name == "olmo":  # LayerNorm without weights, cast to float32 and back around it
         return tr.OlmoConfig(vocab_size=100, max_position_embeddings=256, pad_token_id=1, bos_token_id=0,
                              eos_token_id=0, **small)
+    if name == "cohere":  # parallel attention and MLP, LayerNorm without bias, interleaved rotary
+        return tr.CohereConfig(vocab_size=100, max_position_embeddings=256, num_key_value_heads=2,
+                               pad_token_id=0, bos_token_id=1, eos_token_id=2, **small)
     if name == "hubert":  # conv feature encoder, conv position embedding, post-norm encoder
         return tr.HubertConfig(vocab_size=32, conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3),
                                num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2, **small)

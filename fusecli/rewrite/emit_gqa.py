@@ -293,7 +293,7 @@ def _build(ctx: Context, m: Match, attrs: dict, qkv: tuple[Tensor, Tensor, Tenso
         b.nodes += rotary.nodes
         b.inits += rotary.inits
         caches = rotary.caches
-        attrs = dict(attrs, do_rotary=1, rotary_interleaved=0)
+        attrs = dict(attrs, do_rotary=1, rotary_interleaved=int(rotary.interleaved))
     q3 = b.packed(qkv[0], [0, 2, 1, 3], heads * size)
     k3 = b.packed(qkv[1], [0, 2, 1, 3], kv_heads * size)
     v3 = b.packed(qkv[2], [0, 2, 1, 3], kv_heads * size)
