@@ -6,8 +6,11 @@ position_ids, cos_cache, sin_cache; interleaved=0) reads the tables as (rows, D/
 for position s when position_ids is the 1D [p]: it computes the same when the tables' two halves are
 equal (cos = c(concat(f, f)) with c elementwise) and they vary along S alone. The caches are then
 c(f) reshaped to (S, D/2), computed from the export's own angle table f, or the first half of a folded
-constant table (whose halves are checked equal), with position_ids [0]. Anything else (interleaved
-pairs, a (B, S, N, D) layout, a table with a batch axis, an odd or unknown head size) stays unfused.
+constant table (whose halves are checked equal), with position_ids [0]. GPT-J's interleaved rotation
+(rotate_every_two: pairs (x0, x1), (x2, x3), ...) is interleaved=1, whose kernel reads the same (S, D/2)
+caches: the export's tables must repeat each angle twice in a row (repeat_interleave: Unsqueeze, Expand or
+Tile by 2 on the new last axis, Reshape; a folded table is checked pair by pair). Anything else (a
+(B, S, N, D) layout, a table with a batch axis, an odd or unknown head size) stays unfused.
 """
 
 from __future__ import annotations
