@@ -8,6 +8,8 @@ from ..fusion.select import select
 from .emit import emit
 from .kit import Context, Emission
 
+NO_KERNEL = "no kernel takes it"  # the 'not rewritten' line of a match its emitter refused
+
 
 def is_safe(m: Match, mode: str) -> bool:
     """Forward matches safe for ``mode`` (training: the verdict's training_safe, else inference_safe)."""
@@ -44,13 +46,9 @@ def plan(matches: list[Match], ctx: Context) -> list[Emission]:
     for m, why in refused:
         at = f"{m.pattern.name} at {m.root.name}"
         if not any(s == at or s.startswith((f"{at}:", f"{at} (")) for s in ctx.skipped):
-            ctx.skipped.append(f"{at}: {why or _no_kernel(m, ctx)}")
+            ctx.skipped.append(f"{at}: {NO_KERNEL} ({why})" if why else
+                               f"{at}: {NO_KERNEL} as written ({m.pattern.kernel}, target {ctx.target})")
     return chosen
-
-
-def _no_kernel(m: Match, ctx: Context) -> str:
-    """The line for a match whose emitter gave no reason."""
-    return f"no {m.pattern.kernel} kernel on target {ctx.target} takes it as written"
 
 
 def _emission(m: Match, ctx: Context) -> Emission | str | None:
