@@ -33,7 +33,13 @@ SHAPE_READS = ("falcon", "codegen")
 # grouped-query decoders, 4 query heads sharing 2 K/V heads (GroupQueryAttention's rewrite tests); the
 # "_padded" one takes an attention_mask (a padding mask from the inputs' values)
 GQA = ("llama_gqa", "qwen2_gqa", "llama_gqa_padded", "mistral_gqa")  # Mistral: a sliding window of 8 keys
-REWRITE_TEXT = ("olmo",)  # a Cast after each LayerNorm that the next residual reads too: the rewrite tests
+# speech encoders read raw samples (input_values, its axis 1 named "samples": SAMPLES_PER_STEP samples per
+# "seq" step); the dynamo export's conv output lengths are unnamed dims (unk..), one per copy
+SPEECH = ("hubert",)
+SAMPLES_PER_STEP = 25  # seq 16 -> 400 samples -> 39 frames after the two convolutions (strides 5, 2)
+REWRITE_TEXT = ("olmo",)
+# rotary on interleaved pairs (GPT-J's rotate_every_two: x[..., ::2], x[..., 1::2] stacked and flattened)
+INTERLEAVED = ("cohere",)  # a Cast after each LayerNorm that the next residual reads too: the rewrite tests
 MORE_VISION = ("beit",)
 ATTENTION = ("eager", "default")  # default: whatever transformers picks (sdpa where the model supports it)
 IMAGE_SIZE = 32
@@ -50,10 +56,12 @@ def spec(name: str) -> Spec:
     if name in ("bert", "distilbert", "roberta", "opt", "llama_gqa_padded", "deberta_v2"):
         return Spec(("input_ids", "attention_mask"), True)
     if name in TEXT or name in MORE_TEXT or name in MOE or name in SHAPE_READS or name in REWRITE_TEXT \
-            or name in GQA:
+            or name in GQA or name in INTERLEAVED:
         return Spec(("input_ids",), True)
     if name in AUDIO:
         return Spec(("input_features",), False)
+    if name in SPEECH:
+        return Spec(("input_values",), True)
     return Spec(("pixel_values",), False)
 
 
@@ -114,6 +122,12 @@ def _config(name: str):
     if name == "olmo":  # LayerNorm without weights, cast to float32 and back around it
         return tr.OlmoConfig(vocab_size=100, max_position_embeddings=256, pad_token_id=1, bos_token_id=0,
                              eos_token_id=0, **small)
+    if name == "cohere":  # parallel attention and MLP, LayerNorm without bias, interleaved rotary
+        return tr.CohereConfig(vocab_size=100, max_position_embeddings=256, num_key_value_heads=2,
+                               pad_token_id=0, bos_token_id=1, eos_token_id=2, **small)
+    if name == "hubert":  # conv feature encoder, conv position embedding, post-norm encoder
+        return tr.HubertConfig(vocab_size=32, conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3),
+                               num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2, **small)
     if name == "bloom":  # ALiBi position bias
         return tr.BloomConfig(vocab_size=100, hidden_size=64, n_layer=2, n_head=2)
     if name == "bart":  # encoder-decoder: the decoder's cross-attention reads the encoder's output
@@ -223,6 +237,8 @@ def example_inputs(name: str, batch: int = 2, seq: int = 16, seed: int = 0):
             mask[0, seq // 2:] = 0  # a padded row: the additive mask is not all zeros
             return ids, mask
         return (ids,)
+    if s.inputs[0] == "input_values":
+        return (torch.randn(batch, SAMPLES_PER_STEP * seq, generator=g),)
     if s.inputs[0] == "input_features":
         return (torch.randn(batch, WHISPER_MELS, WHISPER_FRAMES, generator=g),)
     return (torch.randn(batch, 3, IMAGE_SIZE, IMAGE_SIZE, generator=g),)
@@ -243,7 +259,8 @@ def export(name: str, path: str, exporter: str = "torchscript", dynamic: bool = 
 
     model, s = build(name, attn=attn, layers=layers, kv_heads=kv_heads, cache=cache), spec(name)
     model, args = at_precision(model, example_inputs(name, batch, seq), precision)
-    axes = {0: "batch", 1: "seq"} if s.seq_axis else {0: "batch"}
+    second = "samples" if name in SPEECH else "seq"
+    axes = {0: "batch", 1: second} if s.seq_axis else {0: "batch"}
     with warnings.catch_warnings(), autocast_of(precision):
         warnings.simplefilter("ignore")
         if exporter == "torchscript":
@@ -254,7 +271,9 @@ def export(name: str, path: str, exporter: str = "torchscript", dynamic: bool = 
             shapes = None
             if dynamic:
                 dims = {0: torch.export.Dim("batch", min=1, max=64)}
-                if s.seq_axis:
+                if s.seq_axis and name in SPEECH:
+                    dims[1] = torch.export.Dim("samples", min=4 * SAMPLES_PER_STEP, max=16000)
+                elif s.seq_axis:
                     dims[1] = torch.export.Dim("seq", min=2, max=256)
                 shapes = (tuple(dims for _ in s.inputs),)  # forward(*args): one entry, a tuple
             program = torch.onnx.export(model, args, dynamo=True, dynamic_shapes=shapes,

@@ -46,19 +46,25 @@ class GraphBuilder:
 
 
 def _tables(g: GraphBuilder, p: str, table: str, pos_batch: int, dim: int, seq: int, scale: float,
-            axis: int) -> tuple[str, str]:
-    """cos and sin, (1|B, 1, S, D) (``axis`` 1) or (1, S, 1, D) (``axis`` 2)."""
+            axis: int, interleaved: bool = False) -> tuple[str, str]:
+    """cos and sin, (1|B, 1, S, D) (``axis`` 1) or (1, S, 1, D) (``axis`` 2); ``interleaved``: each angle
+    twice in a row (repeat_interleave(f, 2, -1), as Cohere's tables), else the angles twice over."""
     inv = (1.0 / 10000 ** (np.arange(0, dim, 2) / dim)).astype(np.float32)
     if table == "constant":
         f = np.arange(seq, dtype=np.float32)[:, None] * inv[None, :]
-        emb = np.concatenate([f, f], -1) * scale
+        emb = (np.repeat(f, 2, -1) if interleaved else np.concatenate([f, f], -1)) * scale
         shape = (1, 1, seq, dim) if axis == 1 else (1, seq, 1, dim)
         return (g.const(f"{p}cos_table", np.cos(emb).reshape(shape).astype(np.float32)),
                 g.const(f"{p}sin_table", np.sin(emb).reshape(shape).astype(np.float32)))
     pos = g.op("Cast", f"{p}pos_f", g.op("Unsqueeze", f"{p}pos_u", "pos", g.const(f"{p}ax2", np.array([2]))),
                to=TensorProto.FLOAT)
     f = g.op("Mul", f"{p}freqs", pos, g.const(f"{p}inv_freq", inv))  # (1|B, S, D/2)
-    cat = g.op("Concat", f"{p}emb", f, f, axis=-1)
+    if interleaved:  # dynamo's repeat_interleave: Unsqueeze, Expand the new axis to 2, Reshape
+        f_u = g.op("Unsqueeze", f"{p}f_u", f, g.const(f"{p}ax3", np.array([3])))
+        pairs = g.op("Expand", f"{p}pairs", f_u, g.const(f"{p}two_each", np.array([1, 1, 1, 2])))
+        cat = g.op("Reshape", f"{p}emb", pairs, g.const(f"{p}emb_shape", np.array([0, -1, dim])))
+    else:
+        cat = g.op("Concat", f"{p}emb", f, f, axis=-1)
     out = []
     for fn in ("Cos", "Sin"):
         t = g.op(fn, f"{p}{fn.lower()}", cat)
@@ -87,13 +93,29 @@ def rotate(g: GraphBuilder, p: str, x: str, cos: str, sin: str, dim: int, bound:
     return g.op("Add", f"{p}rotary", g.op("Mul", f"{p}xcos", x, cos), g.op("Mul", f"{p}rsin", rot, sin))
 
 
+def rotate_pairs(g: GraphBuilder, p: str, x: str, cos: str, sin: str, swap: bool = False) -> str:
+    """x cos + rotate_every_two(x) sin (GPT-J, Cohere): stack(-x[..., 1::2], x[..., ::2], -1) flattened
+    back to x's shape, as the dynamo exporter writes it; ``swap``: stack(x[..., ::2], -x[..., 1::2]), the
+    other direction, which ORT's kernel does not compute."""
+    ax, two, end = g.const(f"{p}ax", np.array([-1])), g.const(f"{p}two", np.array([2])), \
+        g.const(f"{p}end", np.array([2**63 - 1]))
+    even = g.op("Slice", f"{p}even", x, g.const(f"{p}zero", np.array([0])), end, ax, two)
+    odd = g.op("Neg", f"{p}neg", g.op("Slice", f"{p}odd", x, g.const(f"{p}one", np.array([1])), end, ax, two))
+    pair = [g.op("Unsqueeze", f"{p}{n}_u", t, ax) for n, t in (("odd", odd), ("even", even))]
+    stacked = g.op("Concat", f"{p}stack", *(pair[::-1] if swap else pair), axis=-1)
+    rot = g.op("Reshape", f"{p}rot", stacked, g.op("Shape", f"{p}x_shape", x))
+    return g.op("Add", f"{p}rotary", g.op("Mul", f"{p}xcos", x, cos), g.op("Mul", f"{p}rsin", rot, sin))
+
+
 def rotary_model(table: str = "computed", bound: str = "constant", pos_batch: int = 1, scale: float = 1.0,
-                 swap: bool = False, layout: str = "bnsd", dim: int = HEAD) -> onnx.ModelProto:
+                 swap: bool = False, layout: str = "bnsd", dim: int = HEAD,
+                 interleaved: bool = False) -> onnx.ModelProto:
     """y = rotary(x) for x (batch, heads, S, D) (``layout`` "bsnd": (batch, S, heads, D)), positions ``pos``
-    (``pos_batch``, S) where the tables are computed."""
+    (``pos_batch``, S) where the tables are computed; ``interleaved``: GPT-J's rotate_every_two."""
     g = GraphBuilder()
-    cos, sin = _tables(g, "", table, pos_batch, dim, SEQ, scale, 1 if layout == "bnsd" else 2)
-    y = rotate(g, "q_", "x", cos, sin, dim, bound, swap)
+    cos, sin = _tables(g, "", table, pos_batch, dim, SEQ, scale, 1 if layout == "bnsd" else 2, interleaved)
+    y = rotate_pairs(g, "q_", "x", cos, sin, swap) if interleaved else \
+        rotate(g, "q_", "x", cos, sin, dim, bound, swap)
     shape = ["batch", HEADS, SEQ, dim] if layout == "bnsd" else ["batch", SEQ, HEADS, dim]
     inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)]
     if table == "computed":

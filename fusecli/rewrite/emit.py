@@ -1,4 +1,5 @@
-"""One match -> the ONNX Runtime nodes that replace it (an Emission), or None where no kernel fits.
+"""One match -> the ONNX Runtime nodes that replace it (an Emission), or why no kernel fits it (a string, or
+None where the emitter gives no reason: rewrite.plan says that no kernel takes it as written).
 
 The registry is the union of the fusion families' EMITTERS (fusion/families/); what an emitter reads and
 writes, and the helpers they share, are in ``kit``. ``--target cuda`` keeps to what the CUDA provider has;
@@ -14,8 +15,8 @@ from .kit import Context, Emission
 __all__ = ["EMITTERS", "emit"]
 
 
-def emit(m: Match, ctx: Context) -> Emission | None:
-    """The Emission for ``m`` on ctx's target and mode, or None."""
+def emit(m: Match, ctx: Context) -> Emission | str | None:
+    """The Emission for ``m`` on ctx's target and mode, or why not (None: no reason given)."""
     fn = EMITTERS.get(m.pattern.name)
     if fn is None or any(n.domain not in ("", "ai.onnx") or n.name not in ctx.protos for n in m.nodes):
         return None

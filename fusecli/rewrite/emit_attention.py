@@ -22,7 +22,7 @@ from ..core.ir import Node, Tensor
 from ..core.trees import is_noop
 from ..spellings.attention import LAYOUT, AttentionForm, read_attention, scalar_value
 from ..spellings.common import ADD
-from .kit import MS, Context, Emission, attr_value, dtype_of, make_node, new_initializer
+from .kit import MS, Context, Emission, attr_value, dtype_of, make_node, new_initializer, same_dims
 from .merged_heads import merged_terms, read_merged, write_shapes
 from .shape_values import int_value
 
@@ -443,8 +443,8 @@ def transposed_3d(t: Node, k: Tensor, ctx: Context) -> list[int] | None:
             or perm_of(ctx, t) != [0, 2, 1]:
         return None
     out = split[0].outputs[0].shape
-    if merged.shape is None or len(merged.shape) != 3 or tuple(merged.shape[1:]) != tuple(ks[2:]) \
-            or out is None or len(out) != 4 or tuple(out[1:]) != (ks[1], ks[3], ks[2]) or ks[2] is None:
+    if merged.shape is None or len(merged.shape) != 3 or not same_dims(merged.shape[1:], ks[2:], ctx.sizes) \
+            or out is None or not same_dims(out[1:], (ks[1], ks[3], ks[2]), ctx.sizes) or ks[2] is None:
         return None
     return [0, 1, 3, 2]
 

@@ -36,7 +36,7 @@ from .emit_attention import (
     write_output,
 )
 from .emit_rotary import RotaryParts, rotary_parts
-from .kit import MS, Context, Emission, attr_value
+from .kit import MS, Context, Emission, attr_value, make_node
 from .mask_band import causal_window
 from .shape_values import int_value
 
@@ -197,6 +197,34 @@ def _dead_readers(ctx: Context, removed: set[int], nodes: list[Node], kept: set[
     return out
 
 
+def _moved_shape_reads(ctx: Context, b: Builder, remove_nodes: list[Node], q: Tensor) -> list[Node]:
+    """Shape / Size nodes that stay and read a removed tensor of q's own shape (the repeated V whose
+    ``value.shape[-1]`` transformers' sdpa path reads): each made again reading ``q``, which the kernel
+    reads and keeps. Same shape: both are (B, N, S, H) by the shape inference's dims, symbol for symbol
+    (the repeat makes N heads of q's size from the keys of q's length). Returns the readers replaced."""
+    removed = {id(n) for n in remove_nodes}
+    shape = tuple(q.shape or ())
+    if len(shape) != 4 or any(d is None for d in shape):
+        return []
+    out: list[Node] = []
+    for n in remove_nodes:
+        for t in n.outputs:
+            if t is None or t.name in ctx.graph_outputs or tuple(t.shape or ()) != shape:
+                continue
+            readers = [c for c in t.consumers if id(c) not in removed]
+            if not readers or not all(c.op_type in ("Shape", "Size") and c.domain in ("", "ai.onnx")
+                                      and c.name in ctx.protos and c.name not in ctx.claimed
+                                      for c in readers):
+                continue
+            for c in readers:
+                p = ctx.protos[c.name]
+                b.nodes.append(make_node(p.op_type, [q.name], p.output[0], ctx.names.new(f"{c.name}_of_q"),
+                                         attrs=list(p.attribute)))
+                removed.add(id(c))
+                out.append(c)
+    return out
+
+
 def group_query_attention(m: Match, ctx: Context) -> Emission | str:
     """GroupQueryAttention for the match, or why its contract does not fit."""
     if ctx.target != "cpu":
@@ -265,7 +293,7 @@ def _build(ctx: Context, m: Match, attrs: dict, qkv: tuple[Tensor, Tensor, Tenso
         b.nodes += rotary.nodes
         b.inits += rotary.inits
         caches = rotary.caches
-        attrs = dict(attrs, do_rotary=1, rotary_interleaved=0)
+        attrs = dict(attrs, do_rotary=1, rotary_interleaved=int(rotary.interleaved))
     q3 = b.packed(qkv[0], [0, 2, 1, 3], heads * size)
     k3 = b.packed(qkv[1], [0, 2, 1, 3], kv_heads * size)
     v3 = b.packed(qkv[2], [0, 2, 1, 3], kv_heads * size)
@@ -277,6 +305,7 @@ def _build(ctx: Context, m: Match, attrs: dict, qkv: tuple[Tensor, Tensor, Tenso
     remove_nodes = [*m.nodes, *taken]
     removed = {id(n) for n in remove_nodes}
     remove_nodes += _dead_readers(ctx, removed, remove_nodes, {i for n in b.nodes for i in n.input})
+    remove_nodes += _moved_shape_reads(ctx, b, remove_nodes, qkv[0])
     remove = [n.name for n in remove_nodes]
     write_output(m, ctx, b, o3, heads, size, remove)
     removed = {id(n) for n in remove_nodes} | {id(n) for n in pv.outputs[0].consumers if n.name in remove}

@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # annotations only: fusion's families import these emitters
 
 
 # -- MatMul family: matmul_bias(_act) -> Gemm / FusedGemm, matmul_scale -> FusedMatMul ----------------------
-def matmul_family(m: Match, ctx: Context) -> Emission | None:
+def matmul_family(m: Match, ctx: Context) -> Emission | str | None:
     if "act_gate" in m.roles:
         return None  # a silu-family act spans two nodes: no FusedGemm activation for it
     mm, act, bias = m.roles["matmul"], m.roles.get("act"), m.roles.get("bias")
@@ -55,8 +55,9 @@ def matmul_family(m: Match, ctx: Context) -> Emission | None:
             op = "FastGelu" if tanh else "BiasGelu"
             node = make_node(op, [out_name(mm), vec], out_name(m.root), act.name, MS)
             return Emission(m.pattern.name, op, [bias.name, act.name], [node], inits)
-    if not two_d:
-        return None
+    if not two_d:  # said: analyze counts the match, and ONNX Runtime's MatMulAddFusion takes 2-D too
+        rank = None if a.shape is None else len(a.shape)
+        return f"x @ w + b with a rank-{rank} x: Gemm takes 2-D operands" if rank != 2 else None
     node = make_node("Gemm", inputs, out_name(bias), mm.name)
     return Emission(m.pattern.name, "Gemm", [mm.name, bias.name], [node])
 

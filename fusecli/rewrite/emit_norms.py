@@ -30,24 +30,24 @@ if TYPE_CHECKING:  # annotations only: fusion's families import these emitters
     from ..fusion.match import Match
 
 
-def _rms_parts(m: Match, ctx: Context) -> tuple[Tensor, float, Tensor | None] | None:
-    """(x, eps, gain) of a float32 RMSNorm match normalizing x's last axis; None for any other one."""
+def _rms_parts(m: Match, ctx: Context) -> tuple[Tensor, float, Tensor | None] | str:
+    """(x, eps, gain) of a float32 RMSNorm match normalizing x's last axis; why not for any other one."""
     if dtype_of(m) != "float32":
-        return None
+        return f"the kernel here runs float32 only, not {dtype_of(m)}"
     x = m.bound.get("x")
     mean = next((n for n in m.nodes if n.kind == "reduce_mean"), None)
     if x is None or mean is None or x.shape is None or not x.shape:
-        return None
+        return "x's rank is unknown"
     axes = reduce_axes(mean, ctx)
     if axes is None or [a % len(x.shape) for a in axes] != [len(x.shape) - 1]:
-        return None
+        return f"the mean is over axes {axes}, not the last axis alone"
     eps_add = next((n for n in m.nodes if n.kind in ADD and mean.outputs[0] in n.inputs), None)
     if eps_add is None:
-        return None
+        return "no epsilon is added to the mean"
     eps_t = next((t for t in eps_add.inputs if t is not mean.outputs[0]), None)
     eps = None if eps_t is None else ctx.weights.value(eps_t.name)
     if eps is None or np.size(eps) != 1:
-        return None
+        return "epsilon is not one constant"
     gain = None
     affine = m.roles.get("rms_norm")
     if affine is not None:
@@ -56,24 +56,27 @@ def _rms_parts(m: Match, ctx: Context) -> tuple[Tensor, float, Tensor | None] | 
     return x, float(np.reshape(eps, -1)[0]), gain
 
 
-def rms_norm(m: Match, ctx: Context) -> Emission | None:
+NO_SCALE = "the gain is no constant of the normalized axis's size (or that axis's size is unknown)"
+
+
+def rms_norm(m: Match, ctx: Context) -> Emission | str:
     parts = _rms_parts(m, ctx)
-    if parts is None:
-        return None
+    if isinstance(parts, str):
+        return parts
     x, eps, gain = parts
     inits: list = []
     scale = affine_param(ctx, gain, x, len(x.shape) - 1, 1.0, inits)
     if not scale:
-        return None
+        return NO_SCALE
     node = make_node("SimplifiedLayerNormalization", [x.name, scale], out_name(m.root), m.root.name, axis=-1,
                  epsilon=eps)
     return Emission(m.pattern.name, "SimplifiedLayerNormalization", [n.name for n in m.nodes], [node], inits)
 
 
-def skip_rms_norm(m: Match, ctx: Context) -> Emission | None:
+def skip_rms_norm(m: Match, ctx: Context) -> Emission | str:
     parts = _rms_parts(m, ctx)
-    if parts is None:
-        return None
+    if isinstance(parts, str):
+        return parts
     x, eps, gain = parts
     inside = {id(n) for n in m.nodes}
     chain = [x]  # the sum and the no-op casts of it the matcher looked through: all one value
@@ -83,12 +86,15 @@ def skip_rms_norm(m: Match, ctx: Context) -> Emission | None:
     x = chain[-1]
     add = x.producer
     if add is None or add.kind not in ADD or id(add) not in inside:
-        return None
+        return "the normalized value is not the residual sum the match read"
     operands = skip_operands(add)
+    if operands is None:
+        return ("the residual sum's operands are not (B, S, H) and (B|1, S, H) or (S, H), the shapes the "
+                "kernel's input and skip take")
     inits: list = []
     scale = affine_param(ctx, gain, x, len(x.shape) - 1, 1.0, inits)
-    if operands is None or not scale:
-        return None
+    if not scale:
+        return NO_SCALE
     inp, skip = operands
     node = make_node("SkipSimplifiedLayerNormalization", [inp.name, skip.name, scale], out_name(m.root),
                      m.root.name, MS, epsilon=eps)

@@ -6,8 +6,11 @@ position_ids, cos_cache, sin_cache; interleaved=0) reads the tables as (rows, D/
 for position s when position_ids is the 1D [p]: it computes the same when the tables' two halves are
 equal (cos = c(concat(f, f)) with c elementwise) and they vary along S alone. The caches are then
 c(f) reshaped to (S, D/2), computed from the export's own angle table f, or the first half of a folded
-constant table (whose halves are checked equal), with position_ids [0]. Anything else (interleaved
-pairs, a (B, S, N, D) layout, a table with a batch axis, an odd or unknown head size) stays unfused.
+constant table (whose halves are checked equal), with position_ids [0]. GPT-J's interleaved rotation
+(rotate_every_two: pairs (x0, x1), (x2, x3), ...) is interleaved=1, whose kernel reads the same (S, D/2)
+caches: the export's tables must repeat each angle twice in a row (repeat_interleave: Unsqueeze, Expand or
+Tile by 2 on the new last axis, Reshape; a folded table is checked pair by pair). Anything else (a
+(B, S, N, D) layout, a table with a batch axis, an odd or unknown head size) stays unfused.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import onnx
 
 from ..core.ir import Node, Tensor
 from ..core.trees import through_noops
-from .kit import MS, Context, Emission, attr_value, make_node, new_initializer
+from .kit import MS, Context, Emission, attr_value, make_node, new_initializer, same_dims
 from .shape_values import int_value
 
 if TYPE_CHECKING:  # annotations only: fusion's families import these emitters
@@ -38,6 +41,13 @@ def _const_ints(ctx: Context, node: Node, i: int) -> list[int] | None:
 
 def _slice_range(ctx: Context, node: Node, rank: int, size: int) -> tuple[int, int] | None:
     """[start, end) a one-axis, step-1 Slice of the last axis takes (clamped to [0, size]), else None."""
+    r = _strided_range(ctx, node, rank, size)
+    return None if r is None or r[2] != 1 else r[:2]
+
+
+def _strided_range(ctx: Context, node: Node, rank: int, size: int) -> tuple[int, int, int] | None:
+    """(start, end, step) of a one-axis Slice of the last axis with a positive step (start and end clamped
+    to [0, size]), else None."""
     p = ctx.protos.get(node.name)
     if p is None or p.op_type != "Slice":
         return None
@@ -53,14 +63,15 @@ def _slice_range(ctx: Context, node: Node, rank: int, size: int) -> tuple[int, i
     if starts is None or ends is None or len(starts) != 1 or len(ends) != 1:
         return None
     axis = axes[0] if axes else 0
-    if (axes is not None and len(axes) != 1) or (steps is not None and steps != [1]) \
-            or not -rank <= axis < rank or axis % rank != rank - 1:
+    step = 1 if steps is None else steps[0] if len(steps) == 1 else 0
+    if (axes is not None and len(axes) != 1) or step < 1 or not -rank <= axis < rank \
+            or axis % rank != rank - 1:
         return None
 
     def clamp(v: int) -> int:
         return min(max(v + size if v < 0 else v, 0), size)
 
-    return clamp(starts[0]), clamp(min(ends[0], INT_MAX))
+    return clamp(starts[0]), clamp(min(ends[0], INT_MAX)), step
 
 
 def _rotate_half(m: Match, ctx: Context, x: Tensor, d: int) -> bool:
@@ -80,6 +91,34 @@ def _rotate_half(m: Match, ctx: Context, x: Tensor, d: int) -> bool:
     return _slice_range(ctx, hi, 4, d) == (d // 2, d) and _slice_range(ctx, lo, 4, d) == (0, d // 2)
 
 
+def _rotate_pairs(m: Match, ctx: Context, x: Tensor, d: int) -> bool:
+    """rotate_every_two is Reshape(Concat(Unsqueeze(-x[..., 1::2]), Unsqueeze(x[..., ::2])) on a new last
+    axis) back to x's shape, reading the x the match scales: (-x1, x0, -x3, x2, ...)."""
+    concat, flat = m.roles["rotate_pairs"], m.roles["pairs_flat"]
+    cp = ctx.protos.get(concat.name)
+    if cp is None or len(concat.inputs) != 2 or attr_value(cp, "axis", 0) % 5 != 4 \
+            or not same_dims(flat.outputs[0].shape, x.shape, ctx.sizes):
+        return False
+    ends = []
+    for t in concat.inputs:
+        u = t.producer
+        if u is None or u.kind != "unsqueeze" or u.name not in ctx.protos:
+            return False
+        axes = attr_value(ctx.protos[u.name], "axes") if ctx.opset < 13 else _const_ints(ctx, u, 1)
+        if axes is None or [a % 5 for a in axes] != [4]:
+            return False
+        ends.append(through_noops(u.inputs[0]).producer)
+    neg, even = ends
+    odd = None if neg is None or neg.kind != "neg" else through_noops(neg.inputs[0]).producer
+    if odd is None or even is None or odd.kind != "slice" or even.kind != "slice":
+        return False
+    source = through_noops(x)
+    if through_noops(odd.inputs[0]) is not source or through_noops(even.inputs[0]) is not source:
+        return False
+    return _strided_range(ctx, odd, 4, d) in ((1, d, 2), (1, d - 1, 2)) \
+        and _strided_range(ctx, even, 4, d) in ((0, d, 2), (0, d - 1, 2))
+
+
 def _table_shape_fits(t: Tensor, x: Tensor, d: int) -> bool:
     """The table broadcasts against x (B, N, S, D) varying along S and D alone, with x's S."""
     s = t.shape
@@ -88,9 +127,32 @@ def _table_shape_fits(t: Tensor, x: Tensor, d: int) -> bool:
     return s[-2] is not None and s[-2] == x.shape[-2]
 
 
-def _computed_cache(ctx: Context, t: Tensor, d: int, nodes: list[onnx.NodeProto], inits: list) -> str | None:
-    """The (S, D/2) cache of a table computed as c(concat(f, f)) on its last axis (Unsqueeze, no-op casts
-    and scalar scales around it): the same elementwise ops applied to f, reshaped; None when not so."""
+def _pairs_source(ctx: Context, node: Node, d: int) -> str | None:
+    """f where ``node`` is Reshape(Expand|Tile(Unsqueeze(f, last axis), 2 on that axis), (..., D)): every
+    entry of f twice in a row (repeat_interleave(f, 2, -1)); else None."""
+    if node.op_type != "Reshape" or node.outputs[0].shape is None or node.outputs[0].shape[-1] != d:
+        return None
+    rep = node.inputs[0].producer
+    if rep is None or rep.op_type not in ("Expand", "Tile") or rep.outputs[0].shape is None:
+        return None
+    times = _const_ints(ctx, rep, 1)
+    u = rep.inputs[0].producer
+    if times is None or u is None or u.op_type != "Unsqueeze" or u.name not in ctx.protos \
+            or len(times) != len(rep.outputs[0].shape) or times[-1] != 2 or any(v != 1 for v in times[:-1]):
+        return None  # Expand by (1, ..., 1, 2) or Tile by the same: the new axis doubled, nothing else
+    rank = len(rep.outputs[0].shape)
+    axes = attr_value(ctx.protos[u.name], "axes") if ctx.opset < 13 else _const_ints(ctx, u, 1)
+    f = u.inputs[0]
+    if axes is None or [a % rank for a in axes] != [rank - 1] or f.shape is None or f.shape[-1] != d // 2:
+        return None
+    return f.name
+
+
+def _computed_cache(ctx: Context, t: Tensor, d: int, nodes: list[onnx.NodeProto], inits: list,
+                    interleaved: bool = False) -> str | None:
+    """The (S, D/2) cache of a table computed as c(concat(f, f)) on its last axis (``interleaved``: as
+    c(repeat_interleave(f, 2, -1))) (Unsqueeze, no-op casts and scalar scales around it): the same
+    elementwise ops applied to f, reshaped; None when not so."""
     steps: list[onnx.NodeProto] = []
     cur = t
     for _ in range(16):
@@ -98,7 +160,12 @@ def _computed_cache(ctx: Context, t: Tensor, d: int, nodes: list[onnx.NodeProto]
         p = None if node is None else ctx.protos.get(node.name)
         if p is None:
             return None
-        if p.op_type == "Concat":
+        if interleaved and p.op_type == "Reshape":
+            f = _pairs_source(ctx, node, d)
+            if f is None:
+                return None
+            break
+        if p.op_type == "Concat" and not interleaved:
             if len(p.input) != 2 or p.input[0] != p.input[1] or cur.shape is None \
                     or attr_value(p, "axis", 0) % len(cur.shape) != len(cur.shape) - 1:
                 return None
@@ -146,15 +213,17 @@ def _data_input(ctx: Context, p: onnx.NodeProto) -> int:
     return 1 if v is not None and np.size(v) == 1 else 0
 
 
-def _constant_cache(ctx: Context, t: Tensor, d: int, inits: list) -> str | None:
-    """A folded table's first half as an (S, D/2) initializer, when its halves are equal."""
+def _constant_cache(ctx: Context, t: Tensor, d: int, inits: list, interleaved: bool = False) -> str | None:
+    """A folded table's first half as an (S, D/2) initializer, when its halves are equal (``interleaved``:
+    its even entries, when each equals the odd one after it)."""
     v = ctx.weights.value(t.name)
     if v is None or v.dtype != np.float32 or v.shape[-1:] != (d,):
         return None
     rows = v.reshape(-1, d)
-    if not np.array_equal(rows[:, : d // 2], rows[:, d // 2:]):
+    first, second = (rows[:, 0::2], rows[:, 1::2]) if interleaved else (rows[:, : d // 2], rows[:, d // 2:])
+    if not np.array_equal(first, second):
         return None
-    return new_initializer(ctx, f"{t.name}_cache", np.ascontiguousarray(rows[:, : d // 2]), inits)
+    return new_initializer(ctx, f"{t.name}_cache", np.ascontiguousarray(first), inits)
 
 
 def _interior_private(m: Match, ctx: Context) -> bool:
@@ -175,6 +244,7 @@ class RotaryParts:
     caches: list[str]
     nodes: list[onnx.NodeProto]
     inits: list[onnx.TensorProto]
+    interleaved: bool = False  # the pairs rotated are (x0, x1), (x2, x3), ... (GPT-J), not (x_i, x_i+D/2)
 
 
 def rotary_parts(m: Match, ctx: Context) -> RotaryParts | None:
@@ -185,8 +255,10 @@ def rotary_parts(m: Match, ctx: Context) -> RotaryParts | None:
             or len(x.shape) != 4 or m.root.outputs[0].dtype != "float32":
         return None
     d = x.shape[-1]
-    if not isinstance(d, int) or d < 2 or d % 2 or not _rotate_half(m, ctx, x, d) \
-            or not _interior_private(m, ctx) or tuple(m.root.outputs[0].shape or ()) != tuple(x.shape):
+    interleaved = "rotate_pairs" in m.roles
+    rotated = _rotate_pairs if interleaved else _rotate_half
+    if not isinstance(d, int) or d < 2 or d % 2 or not rotated(m, ctx, x, d) \
+            or not _interior_private(m, ctx) or not same_dims(m.root.outputs[0].shape, x.shape, ctx.sizes):
         return None
     if not _table_shape_fits(cos, x, d) or not _table_shape_fits(sin, x, d):
         return None
@@ -194,12 +266,12 @@ def rotary_parts(m: Match, ctx: Context) -> RotaryParts | None:
     inits: list[onnx.TensorProto] = []
     caches = []
     for t in (cos, sin):
-        cache = _constant_cache(ctx, t, d, inits) if ctx.weights.is_constant(t.name) \
-            else _computed_cache(ctx, t, d, nodes, inits)
+        cache = _constant_cache(ctx, t, d, inits, interleaved) if ctx.weights.is_constant(t.name) \
+            else _computed_cache(ctx, t, d, nodes, inits, interleaved)
         if cache is None:
             return None
         caches.append(cache)
-    return RotaryParts(x, cos, sin, caches, nodes, inits)
+    return RotaryParts(x, cos, sin, caches, nodes, inits, interleaved)
 
 
 def rotary(m: Match, ctx: Context) -> Emission | None:
@@ -209,5 +281,5 @@ def rotary(m: Match, ctx: Context) -> Emission | None:
     nodes, inits = parts.nodes, parts.inits
     pos = new_initializer(ctx, f"{m.root.name}_position_offset", np.zeros(1, np.int64), inits)
     nodes.append(make_node("RotaryEmbedding", [parts.x.name, pos, *parts.caches], m.root.outputs[0].name,
-                           m.root.name, MS, interleaved=0))
+                           m.root.name, MS, interleaved=int(parts.interleaved)))
     return Emission(m.pattern.name, "RotaryEmbedding", [n.name for n in m.nodes], nodes, inits)

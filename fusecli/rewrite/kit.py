@@ -4,6 +4,7 @@ initializer helpers every kernel family shares. It imports no emitter, so any fa
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -39,6 +40,7 @@ class Context:
     skipped: list[str] = field(default_factory=list)  # matches an emitter could not rewrite, and why
     by_root: dict[str, Match] = field(default_factory=dict)  # this pass's matches by root node name
     excluded: set[str] = field(default_factory=set)  # "pattern at root" failed verification: left unfused
+    sizes: Mapping[str, int] = field(default_factory=dict)  # the analysis's dim values (unk symbols too)
 
 
 @dataclass
@@ -51,6 +53,18 @@ class Emission:
     nodes: list[onnx.NodeProto]
     initializers: list[onnx.TensorProto] = field(default_factory=list)
     at: str = ""  # the match's root node (set by plan), for the messages
+
+
+def same_dims(a: Sequence | None, b: Sequence | None, sizes: Mapping[str, int]) -> bool:
+    """Two shapes of one rank whose dims are equal: the same number or symbol, or two symbols (a dynamo
+    export's unnamed copies of one dim: unk54, unk58) whose values at the analysis's sizes are equal."""
+    if a is None or b is None or len(a) != len(b):
+        return False
+
+    def value(d):
+        return d if isinstance(d, int) else sizes.get(d) if isinstance(d, str) else None
+
+    return all(x == y or (value(x) is not None and value(x) == value(y)) for x, y in zip(a, b, strict=True))
 
 
 # -- reading and writing nodes -----------------------------------------------------------------------------

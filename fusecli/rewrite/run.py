@@ -161,6 +161,7 @@ def rewrite_passes(model: onnx.ModelProto, first: Analysis, options: RewriteOpti
         weights = Weights(model, os.path.dirname(os.path.abspath(label)), dtype_of)
         ctx = Context(options.target, options.mode, opset_of(model), weights, Names(model), protos, outputs)
         ctx.excluded = set(excluded)
+        ctx.sizes = analysis.sizes
         emissions = plan(analysis.matches, ctx)
         made = {o for e in emissions for name in e.remove for o in protos[name].output if o}
         cast_likes_to_casts(model, lambda name: _ELEM_TYPE.get(dtype_of(name)), made)

@@ -22,6 +22,14 @@ def ops(model: onnx.ModelProto) -> Counter:
                    for n in model.graph.node)
 
 
+def left_unfused(warnings: list[str]) -> list[str]:
+    """The 'not rewritten' lines of regions left out (a check failed, a tensor still read, a broken graph),
+    not those of matches no kernel takes (rewrite.plan.NO_KERNEL: said, never emitted)."""
+    from fusecli.rewrite.plan import NO_KERNEL
+
+    return [w for w in warnings if w.startswith("not rewritten") and f": {NO_KERNEL}" not in w]
+
+
 def nodes(model: onnx.ModelProto, op_type: str) -> list[onnx.NodeProto]:
     return [n for n in model.graph.node if n.op_type == op_type]
 

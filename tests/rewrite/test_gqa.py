@@ -117,6 +117,18 @@ def test_sliding_window_becomes_local_window_size(hf_onnx):
     assert _max_diff_vs_torch("mistral_gqa", r.model, "default") < 1e-4
 
 
+def test_shape_read_of_the_repeated_value_moves_to_the_query(hf_onnx):
+    """Mistral's sdpa with its sliding-window mask, TorchScript: a mask is given, so transformers repeats
+    K/V itself (repeat_kv, not enable_gqa) and reads value.shape[-1] of the repeated V for the output's
+    Reshape. That Shape reads q instead (both (B, N, S, H)), and GroupQueryAttention replaces the repeat,
+    as on the dynamo export; verified by rewrite and against PyTorch at three lengths."""
+    r = _rewrite(hf_onnx("mistral_gqa", "torchscript", attn="default"))
+    assert r.ops_after.get(GQA) == 2 and MS + "MultiHeadAttention" not in r.ops_after
+    assert not [w for w in r.warnings if "GroupQueryAttention" in w]
+    assert r.verification.ok and r.verification.uncut == [] and r.left_out == 0
+    assert _max_diff_vs_torch("mistral_gqa", r.model, "default") < 1e-4
+
+
 def _grouped_attention(mask: np.ndarray | None):
     """softmax(q repeat_kv(k)^T / 4 + mask) repeat_kv(v): 4 query heads, 2 K/V heads of 16, 8 tokens; the
     mask a constant (8, 8) table, or none."""

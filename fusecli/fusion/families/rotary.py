@@ -1,4 +1,4 @@
-"""Rotary embeddings x cos + rotate_half(x) sin."""
+"""Rotary embeddings x cos + rotate_half(x) sin, or GPT-J's rotate_every_two(x) sin on interleaved pairs."""
 
 from __future__ import annotations
 
