@@ -121,7 +121,7 @@ LAYERS = {
     "precision": {"core", "spellings", "grad"},
     "fusion": {"core", "memory", "spellings", "rewrite"},
     "pipeline": {"core", "load", "spellings", "grad", "memory", "precision", "fusion"},
-    "report": {"fusecli", "core", "load", "spellings", "memory", "precision", "fusion", "pipeline"},
+    "report": {"fusecli", "core", "load", "spellings", "grad", "memory", "precision", "fusion", "pipeline"},
     "render": {"core", "fusion", "pipeline"},
     "rewrite": {"fusecli", "core", "load", "spellings", "memory", "fusion", "pipeline"},
     "plan": {"core", "memory", "precision", "fusion"},
