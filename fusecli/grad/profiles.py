@@ -41,6 +41,9 @@ class Profile:
     composites: tuple = ()  # grad.composites.Composite: decomposed ops judged as one backward node
     keeps_for_shape: Callable[[Tensor, Node], bool] | None = None  # liveness: a shape read keeps t
     views: frozenset[str] = frozenset()  # kinds whose output shares its input's storage (PyTorch views)
+    # a framework that runs its weight-only ops at every step (TensorFlow's graph), without PyTorch's
+    # storage habits: the kinds whose output is its input's buffer under a new name (grad.storage)
+    weight_views: frozenset[str] = frozenset()
     frozen: Callable[[Graph], set[str]] | None = None  # parameters the framework does not differentiate
     device: str = "cpu"  # where the framework runs: its fused attention kernels differ (grad/sdpa.py)
     dims: Mapping[str, int] = field(default_factory=dict)  # the analysis sizes (a sliding-window mask's fate)
@@ -79,7 +82,10 @@ OPS = Profile("ops", "the plain per-op rules table, each ONNX op differentiated 
 TENSORFLOW = Profile(
     "tensorflow", "TensorFlow's graph-mode gradient functions (tf.GradientTape in a tf.function)",
     zeros_like_unused=True, constant_operands=True, custom_gradients=True, function_inputs=True,
-    keeps_for_shape=tensorflow_keeps_for_shape)
+    keeps_for_shape=tensorflow_keeps_for_shape,
+    # Reshape, Squeeze, ExpandDims, Identity forward their input's buffer (Tensor::CopyFrom); a Cast to
+    # another dtype, Mul, Transpose... allocate: a Keras policy's float16 copy of a float32 variable
+    weight_views=frozenset({"reshape", "squeeze", "unsqueeze", "identity"}))
 
 
 def _pytorch() -> Profile:

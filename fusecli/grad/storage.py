@@ -141,24 +141,38 @@ def made_each_step(graph: Graph, profile) -> list[str]:
     """Eager PyTorch runs every forward op at each step, so a float tensor an op computes from parameters
     (a weight's bf16 copy under autocast, Gemma's ``1 + w``, a weight-normalised conv weight) is a new
     storage: an activation, which backward may keep and through which the gradient reaches its
-    parameters. A view of a weight (its transpose, ``w[e]``) stays a weight. Re-kinds those tensors of
-    ``graph`` (the joint's copy of forward, before differentiation) and lets backward differentiate their
-    nodes; returns their names (none for a framework without these habits)."""
-    if not profile.views:
+    parameters. A view of a weight (its transpose, ``w[e]``) stays a weight. TensorFlow's graph runs its
+    weight-only ops at each step too (``profile.weight_views``: its ops that forward a buffer): a Keras
+    mixed policy's ``Cast`` of a float32 variable to float16, which the layer's matmul keeps for
+    backward, is an activation. Re-kinds those tensors of ``graph`` (the joint's copy of forward, before
+    differentiation) and lets backward differentiate their nodes; returns their names (none for a
+    framework without these habits)."""
+    views = profile.views or profile.weight_views
+    if not views:
         return []
     made: set[int] = set()
     for name in folded_each_step(graph):  # folded at export time, made at each step: a leaf of its own
         t = graph.tensors[name]
         t.kind, t.meta["from_parameter"], t.meta["weight_copy"] = "activation", True, True
         made.add(id(t))
+    # TensorFlow differentiates every variable a function reads (``function_inputs``): a tensor computed
+    # from a non-trainable one (BatchNorm's rsqrt(moving_variance + eps)), or from a view of one, is made
+    # at each step as well
+    every = profile.function_inputs and not profile.views
+    variables = {id(t) for t in graph.tensors.values() if every and "variable" in t.meta}
     for node in graph.nodes:
         if not node.meta.get("constant"):
             continue
         ins = [t for t in node.inputs if t is not None]
-        if not any(id(t) in made for t in ins) and (_weight_view(node, profile.views)
-                                                     or not any(t.kind == "parameter" for t in ins)):
-            continue
-        outs = [t for t in node.outputs if t is not None and t.kind == "parameter"]
+        if not any(id(t) in made for t in ins):
+            if _weight_view(node, views, bool(profile.views)):
+                if ins and id(ins[0]) in variables:  # a variable's buffer under another name
+                    variables.update(id(t) for t in node.outputs if t is not None)
+                continue
+            if not any(t.kind == "parameter" or id(t) in variables for t in ins):
+                continue
+        outs = [t for t in node.outputs if t is not None
+                and (t.kind == "parameter" or (every and t.kind == "constant" and t.is_float))]
         if not outs:
             continue
         del node.meta["constant"]
@@ -216,13 +230,17 @@ def _under_autocast(matmul: Node, x: Tensor) -> bool:
     return False
 
 
-def _weight_view(node, views: frozenset[str]) -> bool:
-    """``node`` views its first input: a view kind (a cast to another dtype copies), a slice, or a gather
-    of one index (``w[e]``: select)."""
+def _weight_view(node, views: frozenset[str], selects: bool = True) -> bool:
+    """``node`` views its first input: a view kind (a cast to another dtype copies), or, with ``selects``
+    (PyTorch's), a slice or a gather of one index (``w[e]``: select)."""
     if node.kind == "cast":
         x, y = (node.inputs[0] if node.inputs else None), (node.outputs[0] if node.outputs else None)
         return x is not None and y is not None and x.dtype == y.dtype
-    if node.kind in views or node.kind == "slice":
+    if node.kind in views:
+        return True
+    if not selects:
+        return False
+    if node.kind == "slice":
         return True
     index = node.inputs[1] if node.kind == "gather" and len(node.inputs) == 2 else None
     return index is not None and index.shape == ()

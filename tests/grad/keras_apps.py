@@ -76,3 +76,51 @@ def saved_encoder(activation: str = "relu", seq: int | None = None, blocks: int 
     path = os.path.join(_root(), f"encoder_{activation}_{seq or 'dynamic'}")
     keras.Model(inp, x).export(path, verbose=False)
     return path
+
+
+POLICIES = ("mixed_float16", "mixed_bfloat16")
+
+
+def _mixed_cnn(keras):
+    """Conv2D + BatchNormalization + ReLU twice, global pooling, Dense: 32x32x3 in, 10 out."""
+    layers = keras.layers
+    x = inp = keras.Input((SIZE, SIZE, 3), name="x")
+    for _ in range(2):
+        x = layers.ReLU()(layers.BatchNormalization()(layers.Conv2D(8, 3, padding="same")(x)))
+    x = layers.GlobalAveragePooling2D()(x)
+    return keras.Model(inp, layers.Dense(10)(x))
+
+
+def _mixed_encoder(keras):
+    """One encoder block, sequence 16, width 32: MultiHeadAttention (4 heads of 8) + residual +
+    LayerNormalization, a GELU Dense FFN (64) + residual + LayerNormalization."""
+    layers = keras.layers
+    x = inp = keras.Input((16, 32), name="x")
+    h = layers.MultiHeadAttention(num_heads=4, key_dim=8)(x, x)
+    x = layers.LayerNormalization()(layers.Add()([x, h]))
+    f = layers.Dense(32)(layers.Dense(64, activation="gelu")(x))
+    return keras.Model(inp, layers.LayerNormalization()(layers.Add()([x, f])))
+
+
+MIXED = {"cnn": _mixed_cnn, "encoder": _mixed_encoder}
+
+
+@functools.cache
+def saved_mixed(model: str, policy: str) -> str:
+    """Keras 3 model ``model`` (``MIXED``) built under the global dtype policy ``policy`` and exported
+    with ``model.export``; the policy in force before is restored. Keras 3's ``clear_session`` resets the
+    policy, so it is set after."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import keras
+
+    keras.backend.clear_session()
+    keras.utils.set_random_seed(0)
+    before = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        built = MIXED[model](keras)
+    finally:
+        keras.mixed_precision.set_global_policy(before)
+    path = os.path.join(_root(), f"{model}_{policy}")
+    built.export(path, verbose=False)
+    return path
