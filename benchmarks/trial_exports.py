@@ -40,7 +40,18 @@ ARCHS = {  # model_type -> config overrides (transformers' AutoConfig.for_model)
     "qwen2_moe": dict(num_key_value_heads=2, moe_intermediate_size=64, shared_expert_intermediate_size=64,
                       num_experts=4, num_experts_per_tok=2),
     "olmoe": dict(num_key_value_heads=2, num_experts=4, num_experts_per_tok=2),
+    # ESM-2's rotary (a non-persistent inv_freq buffer TorchScript writes as a float initializer)
+    "esm": dict(position_embedding_type="rotary", pad_token_id=1, mask_token_id=2),
+    # multi-head latent attention (k = new_empty + two slice copy_: ScatterND in TorchScript), a dense
+    # first layer then routed experts
+    "deepseek_v3": dict(num_key_value_heads=2, q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8,
+                        qk_nope_head_dim=16, v_head_dim=16, moe_intermediate_size=32, n_routed_experts=4,
+                        num_experts_per_tok=2, n_group=1, topk_group=1, first_k_dense_replace=1),
+    # FalconConfig's default: one K/V head for every query head (multi_query), the old decoder
+    "falcon_multi_query": dict(model_type="falcon"),
+    "gpt_neox": dict(rotary_pct=0.5),  # q, k, v split from one projection's output
 }
+MOE_TYPES = ("qwen2_moe", "olmoe", "deepseek_v3")  # built with transformers' eager experts
 BATCH, SEQ = 2, 32
 
 
@@ -49,8 +60,9 @@ def build(model_type: str):
     import transformers as tr
 
     torch.manual_seed(0)
-    config = tr.AutoConfig.for_model(model_type, **{**SMALL, **ARCHS[model_type]})
-    kw = {"experts_implementation": "eager"} if "experts" in ARCHS[model_type] or "moe" in model_type else {}
+    overrides = dict(ARCHS[model_type])
+    config = tr.AutoConfig.for_model(overrides.pop("model_type", model_type), **{**SMALL, **overrides})
+    kw = {"experts_implementation": "eager"} if model_type in MOE_TYPES else {}
     inner = tr.AutoModel.from_config(config, **kw).eval()
     hf_models.perturb_vectors(inner)  # as the tests' models: identical norms would merge in a dynamo export
 

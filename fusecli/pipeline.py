@@ -6,12 +6,13 @@ from dataclasses import dataclass, field, replace
 
 from .core import progress
 from .core.ir import Graph, Node, gc_paused
-from .core.kinds import data_dependent_origins
+from .core.kinds import DATA_DEPENDENT_KINDS, data_dependent_origins
 from .fusion import find_fusions, select_patterns
 from .fusion.match import Match
 from .grad.backward import build_backward
 from .grad.profiles import OPS, Profile, choose_profile
 from .grad.storage import held_to_boundary, storages, transients
+from .grad.torch_export import frequency_note
 from .load import load_model, resolve_sizes
 from .load.constant_weights import no_parameter_warning
 from .load.routing import ROUTER_OPS, routers_of
@@ -98,13 +99,25 @@ def size_graph(graph: Graph, options: Options) -> tuple[Sizes, list[str], dict[s
         more = f" and {len(origins) - 3} more" if len(origins) > 3 else ""
         routes = options.routing is None and any(n.op_type in ROUTER_OPS for n in graph.nodes)
         warnings.append(f"{_tensors(dependent)} a data-dependent size (after {where}{more}): not counted in "
-                        "the byte totals; no --dim can size them"
-                        + ("; --routing balanced sizes the tokens a mixture-of-experts router sends to each "
-                           "expert, assuming it spreads them evenly" if routes else ""))
+                        "the byte totals; no --dim can size them" + (f"; {ROUTING_HINT}" if routes else ""))
     if open_:
         warnings.append(f"{_tensors(open_, 'with unknown dims')} not counted in the byte totals; "
                         + _dims_advice(graph, options))
     return sizes, warnings, unknown
+
+
+ROUTING_HINT = ("--routing balanced sizes the tokens a mixture-of-experts router sends to each expert, "
+                "assuming it spreads them evenly")
+
+
+def routing_hint(a: Analysis) -> str | None:
+    """ROUTING_HINT where it applies: no --routing, a router, and tensors a data-dependent op left unsized
+    (the report's '?' bytes)."""
+    if a.options.routing is not None or not any(n.op_type in ROUTER_OPS for n in a.graph.nodes):
+        return None
+    unsized = any(n.kind in DATA_DEPENDENT_KINDS and any(o is not None and o.nbytes(a.sizes) is None
+                                                         for o in n.outputs) for n in a.graph.nodes)
+    return ROUTING_HINT if unsized else None
 
 
 def _dims_advice(graph: Graph, options: Options) -> str:
@@ -169,6 +182,9 @@ def analyze_graph(path: str, graph: Graph, options: Options) -> Analysis:
         found = {id(m.roles["softmax"]) for m in matches if m.pattern.name == "attention"}
         misses = near_misses(graph, found)
     warnings = [*graph.meta.get("warnings", []), *warnings]
+    buffers = frequency_note(graph) if profile.frozen is not None else None
+    if buffers:
+        warnings.append(buffers)
     no_params = None if options.wrt_inputs else no_parameter_warning(graph)
     if no_params:
         warnings.append(no_params)

@@ -23,7 +23,7 @@ ALL = TEXT + VISION + AUDIO
 # without grouped-query attention, ALiBi (BLOOM), soft-capping (Gemma2), cross-attention (BART), a
 # relative-position bias (BEiT)
 MORE_TEXT = ("roberta", "opt", "gpt_neox", "gemma", "gemma2", "gemma3_text", "bloom", "bart", "phi3",
-             "deberta_v2")
+             "deberta_v2", "esm", "deepseek_v3", "falcon_mq")
 # mixture-of-experts with transformers' eager experts (a loop over experts, each fed the tokens
 # nonzero(one_hot(topk(router)))[e] picks): its default, grouped_mm, has no TorchScript export (aten::histc)
 MOE = ("mixtral",)
@@ -116,6 +116,16 @@ def _config(name: str):
     if name == "falcon":  # new decoder architecture: q, k, v from one projection, rotary, parallel MLP
         return tr.FalconConfig(vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
                                new_decoder_architecture=True, num_kv_heads=2, max_position_embeddings=256)
+    if name == "falcon_mq":  # FalconConfig's default: multi-query (one K/V head sdpa broadcasts), old decoder
+        return tr.FalconConfig(vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                               max_position_embeddings=256)
+    if name == "esm":  # rotary frequencies a persistent buffer (nn.Buffer): TorchScript writes an initializer
+        return tr.EsmConfig(vocab_size=100, max_position_embeddings=256, position_embedding_type="rotary",
+                            pad_token_id=1, mask_token_id=2, **small)
+    if name == "deepseek_v3":  # multi-head latent attention (k: new_empty and two slice copy_), dense layers
+        return tr.DeepseekV3Config(vocab_size=100, max_position_embeddings=256, num_key_value_heads=2,
+                                   q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16,
+                                   v_head_dim=16, first_k_dense_replace=2, **small)
     if name == "codegen":  # rotary on part of the head; k transposed before its Cast
         return tr.CodeGenConfig(vocab_size=100, n_embd=64, n_layer=2, n_head=2, rotary_dim=16,
                                 n_positions=256, n_ctx=256, bos_token_id=0, eos_token_id=0)

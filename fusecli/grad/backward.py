@@ -384,6 +384,18 @@ def _parse_read(read: str) -> tuple[bool, bool | None, int]:
     return (shape_only, None, 0) if ref == "*" else (shape_only, ref[0] == "x", int(ref[1:]))
 
 
+def _region_storage(b: _Builder, region: Region, t: Tensor, profile: Profile) -> Tensor:
+    """The storage a composite's backward keeps for its read ``t``: the view's base, but for an operand
+    of sdpa's math kernel, whose aten matmuls fold q, k^T and v to 3-D with ``reshape``: where the batch
+    and head dims cannot merge (DeepSeek-V3's v, a split of kv_b_proj's output transposed), bmm saves
+    that copy, not the base."""
+    base = profile.storage_of(t, b.layouts)
+    if base is not t and b.layouts is not None and (region.kernel or {}).get("kernel") == "math" \
+            and any(n.kind == "matmul" and b.layouts.matmul_copies(n, t) for n in region.nodes):
+        return t
+    return base
+
+
 def _composite(b: _Builder, region: Region, dys: list[Tensor], rg: set[str], profile: Profile) -> None:
     """One backward node for a composite region: it reads what the framework's formula reads and
     makes the gradients of the region's outside inputs that need one."""
@@ -392,7 +404,7 @@ def _composite(b: _Builder, region: Region, dys: list[Tensor], rg: set[str], pro
         return
     if profile.zeros_like_unused:  # the pass-through outputs get no gradient: ZerosLike reads them
         dys = dys + [b.node(t.name, "ZerosLike", [t], [t])[0] for t in region.passthrough if t.is_float]
-    reads = list({id(t): t for t in (profile.storage_of(r, b.layouts) for r in region.reads)
+    reads = list({id(t): t for t in (_region_storage(b, region, r, profile) for r in region.reads)
                   if t.producer is None or t.producer.phase == "forward"}.values())
     for name, dtype, shape in region.new:  # made by the framework's kernel, not in the export (logsumexp)
         t = b.joint.tensor(name, dtype=dtype, shape=shape, kind="activation")

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..core.ir import Graph, Node, Tensor
+from ..core.kinds import reads_values
 from ..core.trees import Op, match_at
 from ..spellings import acts, gelu, norms, softmax
 from ..spellings.common import TORCH, select
@@ -132,6 +133,18 @@ def index_add_match(root: Node):
     return None
 
 
+def slice_copy_match(root: Node):
+    """``x[..., a:b] = y`` or ``x[:, i] = v`` (``copy_`` into a slice or select view of x) as both torch
+    exporters write it: ScatterND(x, index, y) with an index computed from shapes and constants alone (a
+    Range grid of the slice's positions). PyTorch runs it as CopySlices over the view's geometry, whose
+    backward (dx: dy with the slice zeroed; dy: dy's slice) keeps no tensor, the index least of all. An
+    index read from values (``x[idx] = v``: index_put_, which saves idx) is not this spelling."""
+    if root.op_type != "ScatterND" or len(root.inputs) != 3 or any(t is None for t in root.inputs) \
+            or root.attrs.get("reduction", "none") != "none" or reads_values(root.inputs[1]):
+        return None
+    return [root], []
+
+
 def _index_leaves(t: Tensor, out: list[Tensor], depth: int = 0) -> bool:
     """The index tensors of a linearised multi-tensor index ``i0 * stride + i1 (+ ...)``, into ``out``;
     False where ``t`` is not spelled so."""
@@ -217,6 +230,10 @@ PYTORCH_COMPOSITES: tuple[Composite, ...] = (
     Composite("index", (), "IndexBackward0", None,
               "x[i0, i1] (aten::index with several index tensors): saves the indices, not the linear index "
               "the export computes", match=multi_index_match, roots=frozenset({"gather"})),
+    Composite("slice_copy", (), "CopySlices", None,
+              "x[..., a:b] = y (copy_ into a view): keeps nothing, the ScatterND's index grid least of all "
+              "(DeepSeek-V3's key built by new_empty and two slice copies)", match=slice_copy_match,
+              roots=frozenset({"scatter_nd"})),
 )
 
 

@@ -153,6 +153,21 @@ def _needs_grad(t: Tensor, rg: set[str]) -> bool:
     return t.name in rg
 
 
+def _broadcast_heads(form: AttentionForm) -> bool:
+    """K or V enters sdpa with fewer heads than q, broadcast by the call (multi-query Falcon's one K/V head
+    for every query head), not repeated: PyTorch's fused kernels need as many (or enable_gqa). Read from the
+    two matmuls' operands, (b, h, s, d) as sdpa's math writes them: their head dims differ."""
+    return any(_heads(m.inputs[0]) is not None and _heads(m.inputs[1]) is not None
+               and _heads(m.inputs[0]) != _heads(m.inputs[1])
+               for m in (form.roles["qk"], form.roles["pv"]) if m.kind == "matmul" and len(m.inputs) == 2)
+
+
+def _heads(t: Tensor | None) -> int | None:
+    """Axis 1 of a 4-D operand, where it is a number."""
+    shape = t.shape if t is not None else None
+    return shape[1] if shape is not None and len(shape) == 4 and isinstance(shape[1], int) else None
+
+
 def _math_reason(form: AttentionForm, data_masks: list[Tensor], grad_terms: list[Tensor],
                  device: str) -> str | None:
     """Why PyTorch's selection rules leave only the math kernel, or None."""
@@ -164,6 +179,8 @@ def _math_reason(form: AttentionForm, data_masks: list[Tensor], grad_terms: list
         return "q, k or v is not 4-D"
     if form.v.shape[-1] != form.q.shape[-1] and device == "cpu":
         return "v's head size differs from q's"
+    if _broadcast_heads(form):
+        return "K and V have fewer heads than q, broadcast (no enable_gqa): no fused kernel takes them"
     if form.softcap is not None:
         return "soft-capped scores: sdpa has no soft-cap"
     return None
@@ -190,7 +207,15 @@ def choose(form: AttentionForm, rg: set[str], memo: dict[int, bool], device: str
     if why_math is not None:
         qk, sm = form.roles["qk"], form.roles["softmax"]
         reads = [qk.inputs[0], qk.inputs[1], sm.outputs[0], pv.inputs[1]]
-        return KernelChoice("math", f"math kernel: {why_math}; it saves P", reads, [])
+        new = []
+        if _broadcast_heads(form):  # its matmuls expand k^T and v to q's heads and fold them: copies it saves
+            for index, role, other in ((1, "key", qk.inputs[0]), (3, "value", sm.outputs[0])):
+                t, heads = reads[index], _heads(other)
+                if heads is not None and _heads(t) is not None and _heads(t) != heads:
+                    reads[index] = None
+                    new.append((f"{pv.name}.{role}_expanded", t.dtype, (t.shape[0], heads, *t.shape[2:])))
+        reads = [t for t in reads if t is not None]
+        return KernelChoice("math", f"math kernel: {why_math}; it saves P", reads, new)
     grouped = form.k_kv is not None and form.v_kv is not None and not data_masks
     cast_copies: list[tuple[str, str, tuple | None]] = []
     k, v = (form.k_kv, form.v_kv) if grouped else (form.k, form.v)

@@ -7,8 +7,13 @@ it made by constant folding with ``folded_from`` (the values and nodes it folded
 is a parameter when it was folded from one (a transposed weight, an expanded class token), else a value
 computed at export time from buffers and constants (rotary cos/sin from ``inv_freq``), which PyTorch
 never differentiates. The loader keeps these notes in ``graph.meta["export"]`` and ``tensor.meta["export"]``.
-Without a signature (TorchScript exports) every float initializer stays a parameter but an RMSNorm's weight
-TorchScript folded (``torchscript_norm_weights``).
+Without a signature (TorchScript exports) a float initializer stays a parameter, but for two rules: an
+RMSNorm's weight TorchScript folded is made each step (``torchscript_norm_weights``); and, as the TorchScript
+exporter writes a buffer as it writes a parameter (both are in the state_dict; a value it folds from either
+is named ``onnx::Op_N``), so only what the model does with it can tell, a float initializer that reaches the
+model's data only through Cos or Sin of values computed from shapes and constants (``frequency_tables``:
+rotary ``inv_freq`` times the positions, ESM's persistent ``nn.Buffer``) is taken for a buffer; a learned
+frequency would be misread so, and the analysis says it assumed this.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import ast
 import re
 
 from ..core.ir import Graph, Tensor
+from ..core.kinds import DATA_DEPENDENT_KINDS, value_inputs
 
 SIGNATURE = "pkg.torch.export.ExportedProgram.graph_signature"
 KIND = "pkg.torch.export.graph_signature.InputSpec.kind"
@@ -28,7 +34,7 @@ def frozen_parameters(graph: Graph) -> set[str]:
     """Names of the graph's parameters that torch.export says are not PyTorch parameters."""
     signature = (graph.meta.get("export") or {}).get(SIGNATURE)
     if not signature:
-        return set()
+        return frequency_tables(graph)
     params = {n for name, kind, target in _INPUT.findall(signature) if kind == "PARAMETER"
               for n in (name, target)}
     verdict: dict[str, bool] = {}
@@ -120,3 +126,66 @@ def _sources(folded: str | None) -> list[str] | None:
     except (ValueError, SyntaxError):
         return None
     return [str(s) for s in value] if isinstance(value, list | tuple) else None
+
+
+_TRIG = frozenset({"Cos", "Sin"})
+_MAX_CONE = 256  # nodes followed from one initializer; past that it is taken as a parameter
+
+
+def frequency_tables(graph: Graph) -> set[str]:
+    """Names of the float initializers (no producer) every path of which to the model's data passes
+    through a Cos or Sin before meeting a value computed from the inputs' values (sin/cos(pos * f), pos
+    from shapes: rotary and sinusoidal frequencies), with at least one such path: buffers, not parameters,
+    where no graph signature says (TorchScript)."""
+    values = _reads_values(graph)
+    outputs = {id(t) for t in graph.outputs}
+    return {t.name for t in graph.tensors.values() if t.kind == "parameter" and t.is_float
+            and t.producer is None and _through_trig(t, values, outputs)}
+
+
+def frequency_note(graph: Graph) -> str | None:
+    """What ``frequency_tables`` assumed, said out loud (None where a signature says, or it found none)."""
+    if (graph.meta.get("export") or {}).get(SIGNATURE):
+        return None
+    found = sorted(frequency_tables(graph))
+    if not found:
+        return None
+    names = ", ".join(repr(n) for n in found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+    many = len(found) > 1
+    what, reach = ("buffers", "they reach") if many else ("a buffer", "it reaches")
+    return (f"assumed: {len(found)} float initializer{'s' if many else ''} ({names}) taken for {what}, "
+            f"not trained: {reach} the model only through Cos/Sin of positions (rotary frequencies), and a "
+            "TorchScript export does not say which initializers are buffers")
+
+
+def _through_trig(t: Tensor, values: set[int], outputs: set[int]) -> bool:
+    """Whether every path from ``t`` meets a Cos or Sin before a node that reads ``values`` (and one does)."""
+    stack, seen, trig = [t], set(), False
+    while stack:
+        u = stack.pop()
+        if id(u) in outputs or len(seen) > _MAX_CONE:
+            return False
+        for c in u.consumers:
+            if id(c) in seen:
+                continue
+            seen.add(id(c))
+            if c.op_type in _TRIG:
+                trig = True
+            elif c.kind not in ("shape", "size"):
+                if any(x is not None and id(x) in values for x in c.inputs):
+                    return False  # meets the data without a Cos or Sin: a weight
+                stack.extend(o for o in c.outputs if o is not None)
+    return trig
+
+
+def _reads_values(graph: Graph) -> set[int]:
+    """ids of the tensors computed from the graph inputs' values (not only from their shapes), in one
+    pass over the nodes in topological order (core.kinds.reads_values, forward)."""
+    out = {id(t) for t in graph.inputs}
+    for node in graph.nodes:
+        if node.kind in ("shape", "size"):
+            continue
+        ins = node.inputs if node.kind in DATA_DEPENDENT_KINDS else value_inputs(node.op_type, node.inputs)
+        if any(x is not None and id(x) in out for x in ins):
+            out.update(id(o) for o in node.outputs if o is not None)
+    return out

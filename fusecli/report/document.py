@@ -9,7 +9,7 @@ from ..fusion.recompute import saved_if_recomputed
 from ..load.routing import routers_of
 from ..memory.formulas import formula_text, memory_formulas
 from ..memory.liveness import Saved
-from ..pipeline import Analysis
+from ..pipeline import Analysis, routing_hint
 from ..precision.transform import precision_entry
 from ..spellings.attention import AttentionForm, read_attention
 from .peak import peak_entry
@@ -54,9 +54,11 @@ def _document(a: Analysis) -> dict:
 
 
 def routing_entry(a: Analysis) -> dict | None:
-    """--routing: the assumption, the routers it applied to, and the token counts it gave (null without)."""
+    """--routing: the assumption, the routers it applied to, and the token counts it gave; without it, null,
+    or where a router's choices left tensors unsized, no assumption and what --routing balanced would do."""
     if a.options.routing is None:
-        return None
+        hint = routing_hint(a)
+        return None if hint is None else {"assumption": None, "hint": hint}
     return {"assumption": a.options.routing, "routers": routers_of(a.graph, a.sizes),
             "tokens_per_expert": {n: v for n, v in a.sizes.opaque.items() if n.startswith("routed")}}
 

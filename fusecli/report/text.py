@@ -20,7 +20,7 @@ from ..core.units import format_bytes, format_shape, sum_bytes
 from ..fusion.match import Match
 from ..fusion.recompute import recompute_all
 from ..memory.formulas import fold_opaque, grouped_total, memory_formulas
-from ..pipeline import Analysis
+from ..pipeline import Analysis, routing_hint
 from ..precision.transform import precision_entry
 from .peak import peak_entry, peak_not_counted
 
@@ -180,6 +180,10 @@ def header_lines(a: Analysis, namer: Namer, width: int) -> list[str]:
              *wrap(f"{g.format}: {len(g.nodes)} forward ops, {len(a.joint.backward_nodes())} backward ops; "
                    f"{dims_text(a)}", width, ""),
              cut_end("tensors: " + ", ".join(f"{kinds[k]} {k}" for k in sorted(kinds)), width)]
+    hint = routing_hint(a)
+    if hint is not None:  # the '?' bytes below, said where a reader starts
+        lines += wrap(f"routing: not assumed, so tensors sized by the router's choices count as '?'; {hint}",
+                      width, "  ")
     if a.profile is not None:
         lines += wrap(f"autodiff: {a.profile.name} ({a.profile_reason})", width, "  ")
     if a.precision is not None:

@@ -35,9 +35,13 @@ MODELS = {
     "gemma": (2, "flash"), "gemma3_text": (2, "flash"),  # q/k norms (Gemma3), sqrt(hidden)-scaled embeddings
     "deberta_v2": (2, "eager"),  # disentangled attention (c2p, p2c gathers): eager only
     "falcon": (2, "flash"),  # hands sdpa its causal mask (allow_is_causal_skip=False): saved per layer
+    "falcon_mq": (2, "math"),  # one K/V head sdpa broadcasts: no fused kernel takes it
+    "deepseek_v3": (2, "math"),  # v's head size differs from q's; k built by two slice copies (ScatterND)
+    "esm": (2, "flash"),  # rotary inv_freq a persistent buffer, an initializer in the TorchScript export
 }
-# default attention only: DeBERTa-v2 has no other, and eager Gemma adds no form the others lack
-DEFAULT_ONLY = ("gemma", "gemma3_text", "deberta_v2")
+# default attention only: DeBERTa-v2 has no other, and eager Gemma adds no form the others lack; the last
+# three for what PyTorch keeps of their default (sdpa) attention, eager would add only export time
+DEFAULT_ONLY = ("gemma", "gemma3_text", "deberta_v2", "falcon_mq", "deepseek_v3", "esm")
 # torch.onnx cannot export these (said by the exporter itself)
 NO_EXPORT = {  # grouped-query decoders: TorchScript cannot convert sdpa's enable_gqa
     **{(n, "torchscript"): "TorchScript: conversion of scaled_dot_product_attention with enable_gqa"

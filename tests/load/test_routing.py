@@ -13,6 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 from fusecli.load.routing import balanced, find_routers
 from fusecli.pipeline import Options, analyze
 from fusecli.report.document import to_json
+from fusecli.report.text import report_lines
 from tests import hf_models
 from tests.conftest import make_model, vi
 
@@ -77,9 +78,13 @@ def test_routed_tensors_sized_only_under_the_assumption(save_model, router, toke
     plain = analyze(path, Options(dims={"tokens": tokens}))
     assert _x_e_bytes(plain) is None
     assert any("data-dependent size" in w and "--routing balanced" in w for w in plain.warnings)
-    assert to_json(plain)["routing"] is None
+    hint = to_json(plain)["routing"]  # the '?' bytes explained in the JSON, and in the report's first lines
+    assert hint["assumption"] is None and "--routing balanced" in hint["hint"]
+    head = "\n".join(report_lines(plain)[:8])
+    assert "--routing balanced sizes" in " ".join(head.split()), head
 
     a = analyze(path, Options(dims={"tokens": tokens}, routing="balanced"))
+    assert "routing: not assumed" not in "\n".join(report_lines(a))
     per_expert = -(-tokens * k // E)  # expert 0 gets the one more choice where E does not divide them
     assert _x_e_bytes(a) == per_expert * D * 4
     doc = to_json(a)
