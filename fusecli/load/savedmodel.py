@@ -219,6 +219,14 @@ def load_savedmodel(path: str, signature: str = "serving_default") -> Graph:
         sys.setrecursionlimit(old_limit)
 
 
+def _name_ends(name: str):
+    """``name``, then what follows each of its ``_`` in turn: longest first."""
+    yield name
+    for i, c in enumerate(name):
+        if c == "_":
+            yield name[i + 1:]
+
+
 def _split_ref(ref: str) -> tuple[str, str | None, int]:
     """``node:out_arg:k`` -> (node, out_arg, k); ``node:k`` -> (node, None, k); ``name`` -> (name, None, 0)"""
     parts = ref.split(":")
@@ -399,20 +407,24 @@ class _Loader:
                 raise self.dangling(reader, fname, ref, f"{name!r} has {len(outs)} outputs")
             return outs[i]
 
+        local: dict[str, str] | None = None
         for nd in self.order(body, rets):
             ins = [resolve(r, f"node {nd.name!r}") for r in self.data_inputs(nd)]
             layout, dtypes = self.layout(nd)
             layouts[nd.name] = layout
             outputs[nd.name] = self.emit(nd, prefix, ins, dtypes)
             if nd.op == "IdentityN" and "_gradient_op_type" in nd.attr:
-                self.custom_gradient(nd, ins, resolve, [*body, *(a.name for a in sig.input_arg)])
+                if local is None:  # the body's names as a gradient's arguments spell them, made once
+                    local = {re.sub(r"\W", "_", n.lower()): n
+                             for n in [*body, *(a.name for a in sig.input_arg)]}
+                self.custom_gradient(nd, ins, resolve, local)
         self.stack.pop()
         return [resolve(r, "its return value") for r in rets]
 
     def dangling(self, reader: str, fname: str, ref: str, why: str) -> FuseError:
         return self.fail(f"{reader} of function {fname!r} reads {ref!r}, which does not exist ({why})")
 
-    def custom_gradient(self, nd, ins: list, resolve, local_names: list[str]) -> None:
+    def custom_gradient(self, nd, ins: list, resolve, names: dict[str, str]) -> None:
         """Record a ``tf.custom_gradient``: ``IdentityN(results..., inputs...)`` whose
         ``_gradient_op_type`` names a registered gradient function. That function takes one gradient per
         IdentityN output, then the forward tensors it captured, each an argument named after its
@@ -422,11 +434,10 @@ class _Loader:
         n_inputs = len(fdef.signature.output_arg) if fdef is not None else 0
         if not 0 < n_inputs < len(ins) or not all(isinstance(v, Tensor) for v in ins):
             return
-        names = {re.sub(r"\W", "_", n.lower()): n for n in local_names}
         reads = []
         for arg in fdef.signature.input_arg[len(ins):]:
-            best = max((k for k in names if arg.name == k or arg.name.endswith("_" + k)), key=len,
-                       default=None)
+            # the longest name that is the argument's name or its end after a '_'
+            best = next((k for k in _name_ends(arg.name) if k in names), None)
             try:
                 value = None if best is None else resolve(names[best], f"the custom gradient of {nd.name!r}")
             except FuseError:  # not a value of this function: leave the ops to their own rules

@@ -13,20 +13,23 @@ messages.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from ..core.dims import dim_value
-from ..core.ir import Graph
+from ..core.ir import Graph, Node
 from . import tf_proto
 from .savedmodel import dtype_enum
 
 
-def flat_graphdef(graph: Graph, values: Mapping[str, int]) -> tuple[bytes, dict[str, tuple[str, int]]]:
-    """The serialized GraphDef of ``graph`` with every producer-less tensor's dims evaluated at
-    ``values`` (-1 where a dim has no value), and IR tensor name -> (GraphDef node name, output index)
-    for every output of an IR node."""
+def flat_graphdef(graph: Graph, values: Mapping[str, int],
+                  nodes: Sequence[Node] | None = None) -> tuple[bytes, dict[str, tuple[str, int]]]:
+    """The serialized GraphDef of ``graph`` (of its ``nodes`` only, when given: what they read from
+    other nodes becomes placeholders too) with every producer-less tensor's dims evaluated at ``values``
+    (-1 where a dim has no value), and IR tensor name -> (GraphDef node name, output index) for every
+    output of an IR node."""
+    nodes = graph.nodes if nodes is None else nodes
     structure, library = graph.meta["tf_structure"]
     gd = tf_proto.message_class("GraphDef")()
     refs: dict[str, str] = {}
@@ -63,12 +66,12 @@ def flat_graphdef(graph: Graph, values: Mapping[str, int]) -> tuple[bytes, dict[
             _set_shape(node.attr["shape"].shape, t.shape, values)
         return refs[x]
 
-    for k, n in enumerate(graph.nodes):
+    for k, n in enumerate(nodes):
         for i, t in enumerate(n.outputs):
             if t is not None:
                 refs[t.name] = f"n{k}:{i}"
                 where[t.name] = (f"n{k}", i)
-    for k, n in enumerate(graph.nodes):
+    for k, n in enumerate(nodes):
         nd, inputs = structure[n.name]
         node = gd.node.add(name=f"n{k}", op=nd.op)
         for key, value in nd.attr.items():

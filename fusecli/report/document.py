@@ -31,6 +31,7 @@ def _document(a: Analysis) -> dict:
         "dims": {n: a.sizes[n] for n in a.sizes.variables},
         "resolved_dims": dict(a.sizes.opaque),
         "routing": routing_entry(a),
+        "tensorflow": tensorflow_entry(g),
         "forward": {"nodes": len(g.nodes), "tensors": len(g.tensors),
                     "constant_weights": g.meta.get("constant_weights", 0)},
         "backward": {"nodes": len(a.joint.backward_nodes())},
@@ -51,6 +52,15 @@ def _document(a: Analysis) -> dict:
         "unsupported": [{"op": op, "count": c}
                         for op, c in sorted(a.unsupported().items(), key=lambda kv: (-kv[1], kv[0]))],
     }
+
+
+def tensorflow_entry(g) -> dict | None:
+    """A SavedModel's sizes: whether TensorFlow was imported for them and the tensors its shape inference
+    sized (``load.tf_sizes``; the rest the native rules of ``load.tf_shapes`` sized); null for ONNX."""
+    if g.format != "savedmodel":
+        return None
+    record = g.meta.get("tensorflow_sizes") or {}
+    return {"imported": bool(record.get("imported")), "sized": list(record.get("tensors", []))}
 
 
 def routing_entry(a: Analysis) -> dict | None:

@@ -194,6 +194,10 @@ def header_lines(a: Analysis, namer: Namer, width: int) -> list[str]:
         dtypes = precision_entry(g, None)["parameter_dtypes"]
         lines += wrap(f"precision: as exported ({', '.join(dtypes) or 'no float'} parameters; "
                       "--precision for bf16 or AMP)", width, "  ")
+    record = g.meta.get("tensorflow_sizes")
+    if record and record.get("imported"):  # only then: a SavedModel the native rules size says nothing
+        lines += wrap(f"sizes: TensorFlow imported for {len(record['tensors'])} tensors the native shape "
+                      "rules left open", width, "")
     if g.meta.get("constant_weights"):
         lines.append(f"weights: {g.meta['constant_weights']} parameters read from Constant nodes")
     for label, tensors in (("input", g.inputs), ("output", g.outputs)):

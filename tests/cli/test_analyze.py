@@ -10,8 +10,8 @@ from click.testing import CliRunner
 from fusecli import __version__
 from fusecli.cli import main
 
-CONTRACT_KEYS = {"fusecli", "model", "format", "batch", "dims", "resolved_dims", "routing", "forward",
-                 "backward", "precision", "autodiff", "saved", "memory", "patterns", "near_misses",
+CONTRACT_KEYS = {"fusecli", "model", "format", "batch", "dims", "resolved_dims", "routing", "tensorflow",
+                 "forward", "backward", "precision", "autodiff", "saved", "memory", "patterns", "near_misses",
                  "unsupported"}
 
 
@@ -28,6 +28,7 @@ def test_json_contract_on_conv_bias_relu(sample):
     assert doc["fusecli"] == __version__ and doc["model"] == path and doc["format"] == "onnx"
     assert doc["batch"] == 4 and doc["dims"] == {"N": 4} and doc["resolved_dims"] == {}
     assert doc["routing"] is None  # no --routing: no assumption made
+    assert doc["tensorflow"] is None  # an ONNX model: no TensorFlow sizes
     assert doc["forward"] == {"nodes": 3, "tensors": 6, "constant_weights": 0}
     assert set(doc["memory"]) == {"saved_bytes", "saved_activation_bytes", "peak_bytes", "peak", "formula",
                                   "incomplete", "unknown_tensors", "saved_bytes_if_recomputed"}

@@ -21,6 +21,14 @@ APPS = {  # name -> (package, application)
     "tf_keras_efficientnetb0": ("tf_keras", "EfficientNetB0"),
     "tf_keras_efficientnetv2b0": ("tf_keras", "EfficientNetV2B0"),
 }
+MORE_APPS = {  # networks whose dims fusecli's own shape rules size (tests/load/test_tf_shapes.py)
+    "keras3_resnet50": ("keras", "ResNet50"),
+    "keras3_mobilenetv2": ("keras", "MobileNetV2"),
+    "keras3_densenet121": ("keras", "DenseNet121"),
+    "tf_keras_resnet50": ("tf_keras", "ResNet50"),
+    "tf_keras_mobilenetv2": ("tf_keras", "MobileNetV2"),
+    "tf_keras_densenet121": ("tf_keras", "DenseNet121"),
+}
 SIZE = 32
 
 
@@ -39,7 +47,7 @@ def saved_app(name: str) -> str:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import tensorflow as tf
 
-    package, app = APPS[name]
+    package, app = {**APPS, **MORE_APPS}[name]
     keras = importlib.import_module(package)
     keras.backend.clear_session()
     keras.utils.set_random_seed(0)
@@ -56,24 +64,36 @@ ENCODER_DIM = 64  # the model width; 4 heads of 16, an FFN of 4 * 64
 
 
 @functools.cache
-def saved_encoder(activation: str = "relu", seq: int | None = None, blocks: int = 2) -> str:
+def saved_encoder(activation: str = "relu", seq: int | None = None, blocks: int = 2,
+                  positions: bool = False) -> str:
     """A Keras 3 transformer encoder built the usual way, exported with ``model.export``: input
     ``keras.Input((seq, 64), name="x")`` (``seq`` None: a dynamic sequence), then per block
     MultiHeadAttention + residual + LayerNormalization and a Dense FFN (``activation``) + residual +
-    LayerNormalization."""
+    LayerNormalization. ``positions``: a learned position embedding added first, read at
+    ``arange(shape(x)[1])`` (a Range whose size only TensorFlow's shape inference evaluates)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import keras
 
     layers = keras.layers
     keras.backend.clear_session()
     keras.utils.set_random_seed(0)
+
+    class Positions(layers.Layer):
+        def build(self, shape):
+            self.table = self.add_weight(shape=(512, shape[-1]), name="table")
+
+        def call(self, x):
+            return x + keras.ops.take(self.table, keras.ops.arange(keras.ops.shape(x)[1]), axis=0)
+
     x = inp = keras.Input((seq, ENCODER_DIM), name="x")
+    if positions:
+        x = Positions()(x)
     for _ in range(blocks):
         h = layers.MultiHeadAttention(num_heads=4, key_dim=ENCODER_DIM // 4)(x, x)
         x = layers.LayerNormalization()(layers.Add()([x, h]))
         f = layers.Dense(ENCODER_DIM)(layers.Dense(4 * ENCODER_DIM, activation=activation)(x))
         x = layers.LayerNormalization()(layers.Add()([x, f]))
-    path = os.path.join(_root(), f"encoder_{activation}_{seq or 'dynamic'}")
+    path = os.path.join(_root(), f"encoder_{activation}_{seq or 'dynamic'}_{blocks}{'_pos' * positions}")
     keras.Model(inp, x).export(path, verbose=False)
     return path
 

@@ -104,7 +104,7 @@ def test_fixed_sequence_sizes_the_tensordot_reshapes():
 
 
 def test_without_tensorflow_the_dims_stay_unknown_and_a_warning_says_why(monkeypatch):
-    path = saved_encoder("relu")
+    path = saved_encoder("relu", positions=True)  # a Range of the sequence: no rule of tf_shapes sizes it
     monkeypatch.setitem(sys.modules, "tensorflow", None)  # 'import tensorflow' raises ImportError
     a = analyze(path, Options(batch=2, dims={"x_dim1": 32}))
     assert a.unknown_sizes
@@ -116,5 +116,5 @@ def test_without_tensorflow_the_dims_stay_unknown_and_a_warning_says_why(monkeyp
 
 def test_tensorflow_shape_inference_can_be_turned_off(monkeypatch):
     monkeypatch.setenv("FUSECLI_TENSORFLOW_SHAPES", "0")
-    a = analyze(saved_encoder("relu"), Options(batch=2, dims={"x_dim1": 32}))
+    a = analyze(saved_encoder("relu", positions=True), Options(batch=2, dims={"x_dim1": 32}))
     assert a.unknown_sizes and any("FUSECLI_TENSORFLOW_SHAPES=0" in w for w in a.warnings), a.warnings
