@@ -445,8 +445,14 @@ def _pad(p: _Pass, n: Node) -> list[Shape]:
 
 
 def _batch_norm(p: _Pass, n: Node) -> list[Shape]:
-    """FusedBatchNorm(V2, V3): y is x's shape; the statistics are as recorded."""
-    return [p.shape(n.inputs[0])]
+    """FusedBatchNorm(V2, V3): y is x's shape; the statistics are as recorded. V3's reserve_space_3 in
+    inference (is_training false, the serving signature's BatchNorm) is an empty dummy: shape [0] as
+    TensorFlow's CPU kernel makes it (measured), a 0-d dummy in the GPU kernel; in training the GPU
+    kernel hands cuDNN's reserve space there, whose size cuDNN chooses: left open."""
+    y = p.shape(n.inputs[0])
+    if len(n.outputs) == 6 and n.attrs.get("is_training") is False:
+        return [y, None, None, None, None, (_c(0),)]
+    return [y]
 
 
 def _bias_add(p: _Pass, n: Node) -> list[Shape]:
