@@ -183,7 +183,7 @@ def apply_keras_policy(graph: Graph, name: str, low: str, rw: Rewrite, p: Precis
     mixed = name.startswith("amp-")
     policy = ("mixed_" if mixed else "") + low
     if low == "float32":
-        p.assumed.append("Keras policy float32: the graph as exported")
+        p.assumed.append("Keras float32 policy: the graph as exported; --device plays no part")
         return
     regions = float32_regions(graph)
     f32 = {id(n) for _, nodes, _ in regions for n in nodes}
@@ -229,4 +229,4 @@ def apply_keras_policy(graph: Graph, name: str, low: str, rw: Rewrite, p: Precis
             _cast(rw, out, low, readers)
     p.assumed.append(f"Keras {policy} policy: variables {'float32' if mixed else low}, cast to {low} at "
                      f"each read; layer inputs cast to {low}; {len(regions)} BatchNorm, LayerNorm, "
-                     "softmax and mean op(s) compute in float32 (cast up, cast back)")
+                     "softmax and mean op(s) compute in float32 (cast up, cast back); --device plays no part")
