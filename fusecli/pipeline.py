@@ -167,7 +167,8 @@ def analyze_graph(path: str, graph: Graph, options: Options) -> Analysis:
     profile, reason = choose_profile(graph, options.autodiff)
     precision = None
     if options.precision is not None:
-        precision = apply_precision(graph, options.precision, options.device)  # said in the report
+        precision = apply_precision(graph, options.precision, options.device,
+                                    keras=profile.name == "tensorflow")  # said in the report
     profile = replace(profile, device=options.device, dims=dict(sizes))
     progress.stage("backward")
     joint = build_backward(graph, wrt_inputs=options.wrt_inputs, profile=profile)

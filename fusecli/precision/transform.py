@@ -13,34 +13,22 @@ the casts it makes as Cast nodes (so that backward keeps them where the framewor
   part of addmm; sdpa gets q, k and v cast and its float mask converted inside the kernel.
 An export already in the lower dtype, or traced under autocast, carries its casts: leave ``--precision``
 out (as exported).
+A TensorFlow graph (the TensorFlow profile) gets Keras's dtype policies instead (precision.keras).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from ..core.ir import FLOAT_DTYPES, Graph, Node, Tensor, redirect, unique_name
+from ..core.ir import FLOAT_DTYPES, Graph, Node, Tensor, redirect
 from ..grad.storage import linear_bias_add
 from . import PRECISIONS
 from .autocast import LISTS
+from .keras import apply_keras_policy
+from .rewrite import ONNX_DTYPES, Precision, Rewrite
 
 _LOWER = {"bf16": "bfloat16", "fp16": "float16"}
 _MATMULS = frozenset({"matmul", "gemm"})
-
-
-@dataclass
-class Precision:
-    """What ``--precision`` applied, for the report and JSON."""
-
-    name: str  # one of PRECISIONS
-    device: str
-    dtype: str  # the lower (or only) float dtype
-    casts: int = 0  # Cast nodes added
-    assumed: list[str] = field(default_factory=list)
-
-    def to_json(self) -> dict:
-        return {"precision": self.name, "device": self.device, "dtype": self.dtype, "casts_added": self.casts,
-                "assumed": self.assumed}
 
 
 def precision_entry(graph: Graph, applied: Precision | None) -> dict:
@@ -51,53 +39,23 @@ def precision_entry(graph: Graph, applied: Precision | None) -> dict:
     return {"precision": "as exported", "parameter_dtypes": dtypes}
 
 
-def apply_precision(graph: Graph, name: str, device: str = "cpu") -> Precision:
-    """Rewrite ``graph`` (a forward graph, in place) to run at precision ``name`` on ``device``."""
+def apply_precision(graph: Graph, name: str, device: str = "cpu", keras: bool = False) -> Precision:
+    """Rewrite ``graph`` (a forward graph, in place) to run at precision ``name`` on ``device``; ``keras``:
+    a TensorFlow graph, run under Keras's dtype policy of that name (precision.keras)."""
     if name not in PRECISIONS:
         raise ValueError(f"unknown precision {name!r}")
     amp = name.startswith("amp-")
     low = "float32" if name == "fp32" else _LOWER[name.removeprefix("amp-")]
     p = Precision(name, device, low)
-    rewrite = _Rewrite(graph)
-    if amp:
+    rewrite = Rewrite(graph)
+    if keras:
+        apply_keras_policy(graph, name, low, rewrite, p)
+    elif amp:
         _autocast(graph, rewrite, low, device, p)
     else:
         _model_cast(graph, rewrite, low, p)
     p.casts = rewrite.finish()
     return p
-
-
-class _Rewrite:
-    """New Cast nodes, each placed right before the first node that reads it (eager casts on the call)."""
-
-    def __init__(self, graph: Graph) -> None:
-        self.graph = graph
-        self.position = {id(n): i for i, n in enumerate(graph.nodes)}
-        self.before: dict[int, list[Node]] = {}
-        self.count = 0
-
-    def cast(self, x: Tensor, dtype: str, readers: list[Node]) -> Tensor:
-        """A new tensor, ``x`` cast to ``dtype``, that ``readers`` read instead of ``x``."""
-        g = self.graph
-        base = f"{x.name}.{dtype}"
-        y = g.tensor(unique_name(base, g.tensors), dtype=dtype, shape=x.shape, kind="activation")
-        node = g.add_node(Node(g.unique_node_name(f"precision/{base}"), "Cast", "cast", [x], [y],
-                               {"to": _ONNX_DTYPES[dtype]}, meta={"precision_cast": True}))
-        redirect(readers, x, y)
-        first = min(readers, key=lambda r: self.position.get(id(r), len(self.position)))
-        self.before.setdefault(id(first), []).append(node)
-        self.count += 1
-        return y
-
-    def finish(self) -> int:
-        added = {id(n) for ns in self.before.values() for n in ns}
-        if added:
-            nodes = [n for n in self.graph.nodes if id(n) not in added]
-            self.graph.nodes = [m for n in nodes for m in (*self.before.get(id(n), ()), n)]
-        return self.count
-
-
-_ONNX_DTYPES = {"float32": 1, "float16": 10, "bfloat16": 16}
 
 
 def _floats(ts) -> list[Tensor]:
@@ -143,7 +101,7 @@ def _sdpa_forms(graph: Graph):
     return out
 
 
-def _autocast(graph: Graph, rw: _Rewrite, low: str, device: str, p: Precision) -> None:
+def _autocast(graph: Graph, rw: Rewrite, low: str, device: str, p: Precision) -> None:
     lower, fp32 = LISTS[device]
     forms = _sdpa_forms(graph)
     interior = {id(n): f for f in forms for n in f.nodes}
@@ -206,7 +164,7 @@ def _value_inputs(node: Node) -> list[Tensor | None]:
     return node.inputs
 
 
-def _model_cast(graph: Graph, rw: _Rewrite, low: str, p: Precision) -> None:
+def _model_cast(graph: Graph, rw: Rewrite, low: str, p: Precision) -> None:
     for t in graph.tensors.values():  # model.to(dtype) and inputs in that dtype
         if t.dtype in FLOAT_DTYPES and t.producer is None and t.kind in ("parameter", "constant", "input"):
             t.dtype = low
@@ -276,7 +234,7 @@ def _upcast_layer_norms(graph: Graph) -> list[tuple[Node, Node | None]]:
             continue
         x = node.inputs[0]
         up = x.producer
-        if up is not None and up.kind == "cast" and up.attrs.get("to") == _ONNX_DTYPES["float32"] \
+        if up is not None and up.kind == "cast" and up.attrs.get("to") == ONNX_DTYPES["float32"] \
                 and up.inputs and up.inputs[0] is not None and up.inputs[0].dtype in FLOAT_DTYPES:
             out.append((node, up))
         elif node.meta.get("torch_classes", ("",))[-1] in UPCASTING_LAYER_NORMS:
