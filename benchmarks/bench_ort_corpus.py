@@ -13,10 +13,11 @@ Per graph:
   opt_level 0, CPU) with each model type the case lists (heads / hidden from the builder's constants or the
   config); the model type whose optimized model runs and has the most fused kernels is kept ("ORT's best").
   Its fused kernels are counted by ``peers.fused``; "ORT runs" = that model loads and runs in onnxruntime
-  (CPU); its outputs are compared with the original's on the same random inputs (relative L2 > 1e-3:
-  flagged, ORT fused wrongly).
-- fusecli: ``rewrite`` (verification on, CPU target), the written file loaded in onnxruntime and run; its
-  fused kernels counted by the same ``peers.fused``.
+  (CPU); its outputs are compared with the original's on the same random inputs (integer inputs drawn
+  from {0, 1}; relative L2 > 1e-3: flagged, ORT fused wrongly, and measured again with every integer input
+  1, to tell a mask read differently from a wrong computation).
+- fusecli: ``rewrite`` (verification on, CPU target), the written file loaded in onnxruntime and run on the
+  same inputs (compared with the original too); its fused kernels counted by the same ``peers.fused``.
 - Verdict: for every kernel family ORT wrote (FAMILY below), fusecli wrote at least as many: "fusecli >= ORT";
   else the families fusecli misses, with fusecli's 'not rewritten' lines.
 """
@@ -99,10 +100,12 @@ class Row:
     ort_runs: bool = False
     ort_error: str = ""
     ort_diff: float | None = None
+    ort_diff_ones: float | None = None  # where ort_diff > WRONG: again with every integer input all 1
     original_runs: bool = False
     fuse: Counter = field(default_factory=Counter)
     fuse_error: str = ""
     fuse_loads: bool | None = None
+    fuse_diff: float | None = None  # the written model against the original, on the same random inputs
     fuse_load_error: str = ""
     fuse_said: list[str] = field(default_factory=list)
     seconds: float = 0.0
@@ -294,6 +297,10 @@ def run_case(case: Case, folder: str) -> Row:
             best = (key, t, kernels, runs, diff, err)
     if best is not None:
         _, row.ort_type, row.ort, row.ort_runs, row.ort_diff, err = best
+        if row.ort_diff is not None and row.ort_diff > WRONG:  # masks and ids all 1: no padding, no holes
+            ones = {k: np.ones_like(v) if v.dtype.kind == "i" else v for k, v in feeds.items()}
+            opt = peers.ort_transformers(path, row.ort_type, case.heads, case.hidden)
+            row.ort_diff_ones = rel_l2(_runs(path, ones)[1], _runs(opt, ones)[1])
         row.ort_error = err or ("" if row.ort_runs else row.ort_error)
     out = os.path.join(folder, f"{safe}.fused.onnx")
     try:
@@ -307,8 +314,9 @@ def run_case(case: Case, folder: str) -> Row:
         else:
             row.fuse = peers.fused(onnx.load(written), original)
             try:
-                _runs(written, feeds, dims=case.dims)
+                _, got = _runs(written, feeds, dims=case.dims)
                 row.fuse_loads = True
+                row.fuse_diff = rel_l2(want, got) if want is not None else None
             except Exception as e:  # noqa: BLE001
                 row.fuse_loads, row.fuse_load_error = False, str(e).splitlines()[0][:200]
     except FuseError as e:
@@ -323,11 +331,12 @@ def _fmt(c: Counter) -> str:
 
 def table(rows: list[Row]) -> list[str]:
     lines = ["| # | graph | ORT type | ORT fused kernels | ORT runs | ORT vs original (rel L2) | "
-             "fusecli fused kernels | fusecli written loads | verdict |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "fusecli fused kernels | fusecli written loads | fusecli vs original (rel L2) | verdict |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for i, r in enumerate(rows, 1):
         diff = "-" if r.ort_diff is None else \
-            f"{r.ort_diff:.1e}" + (" **WRONG**" if r.ort_diff > WRONG else "")
+            f"{r.ort_diff:.1e}" + (" **WRONG**" if r.ort_diff > WRONG else "") + \
+            (f" ({r.ort_diff_ones:.1e} with integer inputs all 1)" if r.ort_diff_ones is not None else "")
         loads = {True: "yes", False: f"**NO**: {r.fuse_load_error}", None: f"nothing written ({r.fuse_error})"
                  if r.fuse_error else "nothing written"}[r.fuse_loads]
         if not r.original_runs:
@@ -341,7 +350,8 @@ def table(rows: list[Row]) -> list[str]:
                 f"{k} ({f} < {o})" for k, (f, o) in miss.items())
         ort_runs = "yes" if r.ort_runs else f"no ({r.ort_error})"
         lines.append(f"| {i} | {r.case.name} | {r.ort_type or '-'} | {_fmt(r.ort)} | {ort_runs} | {diff} | "
-                     f"{_fmt(r.fuse)} | {loads} | {verdict} |")
+                     f"{_fmt(r.fuse)} | {loads} | {'-' if r.fuse_diff is None else f'{r.fuse_diff:.1e}'} | "
+                     f"{verdict} |")
     return lines
 
 
@@ -376,6 +386,18 @@ def findings(rows: list[Row]) -> list[str]:
             out.append(f"  - {w[:400]}")
         if len(said) > 8:
             out.append(f"  - ... {len(said) - 8} more 'not rewritten' lines")
+    wrong = [r for r in rows if r.ort_diff is not None and r.ort_diff > WRONG]
+    out += ["", f"## ORT's optimized model against the original (relative L2 > {WRONG:g})", ""]
+    out += [f"- **{r.case.name}** (model type {r.ort_type}, fused {_fmt(r.ort)}): {r.ort_diff:.1e} on random "
+            f"inputs (integer inputs drawn from {{0, 1}}: masks with holes and fully masked rows); "
+            f"{r.ort_diff_ones:.1e} with every integer input 1 (no padding)"
+            + (": it agrees only where nothing is masked" if r.ort_diff_ones <= WRONG
+               else ": it differs even then")
+            for r in wrong] or ["None."]
+    off = [r for r in rows if r.fuse_diff is not None and r.fuse_diff > WRONG]
+    out += ["", f"fusecli's written model against the original on the same inputs: worst relative L2 "
+            f"{max((r.fuse_diff for r in rows if r.fuse_diff is not None), default=0):.1e}"
+            + (f"; above {WRONG:g} on " + ", ".join(r.case.name for r in off) if off else "") + "."]
     extra = [r for r in rows if r.fuse_error and r not in misses]
     if extra:
         out += ["", "## fusecli errors / refusals on other graphs", ""]
