@@ -149,7 +149,7 @@ def _norm_over_last_axis(m: Match, ctx: Context, x: Tensor | None) -> _Norm | No
     return _Norm(x, len(x.shape) - 1, float(attr_value(p, "epsilon", 1e-5)), ln.inputs[1], ln.input(2))
 
 
-def skip_layer_norm(m: Match, ctx: Context) -> Emission | None:
+def skip_layer_norm(m: Match, ctx: Context) -> Emission | str | None:
     if dtype_of(m) != "float32" or "skip_layout" in m.roles:
         return None  # a Reshape between the sum and the norm: the kernel's sum output has another shape
     inits: list = []
@@ -158,14 +158,15 @@ def skip_layer_norm(m: Match, ctx: Context) -> Emission | None:
     if norm is None:
         return None
     add = add or norm.x.producer
-    operands = skip_operands(add)
+    operands = skip_operands(add, ctx.sizes)
     gamma = affine_param(ctx, norm.gamma, norm.x, norm.axis, 1.0, inits)
     beta = affine_param(ctx, norm.beta, norm.x, norm.axis, None, inits)
     if gamma is None or beta is None:
         return None
     if operands is None:  # shapes do not prove the skip's broadcast: LayerNorm alone, the Add kept
-        if "add" in m.roles:
-            return None  # already a LayerNormalization op
+        if "add" in m.roles:  # already a LayerNormalization op
+            return ("the residual sum's operands are not (B, S, H) and (B|1, S, H) or (S, H) by their dims "
+                    "(at the analysis's sizes), the shapes the kernel's input and skip take")
         node = make_node("LayerNormalization", [norm.x.name, gamma, beta], out_name(m.root), m.root.name,
                      axis=-1, epsilon=norm.eps)
         return Emission(m.pattern.name, "LayerNormalization", [n.name for n in m.nodes if n is not add],

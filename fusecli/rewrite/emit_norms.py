@@ -87,7 +87,7 @@ def skip_rms_norm(m: Match, ctx: Context) -> Emission | str:
     add = x.producer
     if add is None or add.kind not in ADD or id(add) not in inside:
         return "the normalized value is not the residual sum the match read"
-    operands = skip_operands(add)
+    operands = skip_operands(add, ctx.sizes)
     if operands is None:
         return ("the residual sum's operands are not (B, S, H) and (B|1, S, H) or (S, H), the shapes the "
                 "kernel's input and skip take")

@@ -246,14 +246,19 @@ def affine_param(ctx: Context, t: Tensor | None, x: Tensor, axis: int, fill: flo
     return new_initializer(ctx, f"{t.name}_ln", np.ascontiguousarray(full), inits)
 
 
-def skip_operands(add: Node) -> tuple[Tensor, Tensor] | None:
-    """(input, skip) of the residual Add: input has the full shape, skip the same or (1, S, H) / (S, H)."""
+def skip_operands(add: Node, sizes: Mapping[str, int] | None = None) -> tuple[Tensor, Tensor] | None:
+    """(input, skip) of the residual Add: input has the full shape, skip the same or (1, S, H) / (S, H);
+    dims equal by symbol, or by value at the analysis's ``sizes`` (a conv stack's frame count, which shape
+    inference names anew on each operand: unk105, unk3)."""
     out = add.outputs[0]
     a, b = add.inputs[0], add.inputs[1]
+    sizes = sizes or {}
     for x, s in ((a, b), (b, a)):
-        if not same_shape(x, out) or s.shape is None or not s.shape_known:
+        if not x.shape_known or not same_dims(x.shape, out.shape, sizes) or s.shape is None \
+                or not s.shape_known:
             continue
         full = tuple(out.shape)
-        if tuple(s.shape) == full or (len(full) == 3 and tuple(s.shape) in ((1, *full[1:]), full[1:])):
+        if same_dims(s.shape, full, sizes) or (len(full) == 3 and (same_dims(s.shape, (1, *full[1:]), sizes)
+                                                                   or same_dims(s.shape, full[1:], sizes))):
             return x, s
     return None
