@@ -80,15 +80,30 @@ def _rotate_half(m: Match, ctx: Context, x: Tensor, d: int) -> bool:
     cp = ctx.protos.get(concat.name)
     if cp is None or len(concat.inputs) != 2 or attr_value(cp, "axis", 0) % 4 != 3:
         return False
-    neg = through_noops(concat.inputs[0]).producer
-    lo = through_noops(concat.inputs[1]).producer
-    hi = None if neg is None or neg.kind != "neg" else through_noops(neg.inputs[0]).producer
-    if hi is None or lo is None or hi.kind != "slice" or lo.kind != "slice":
+    slices = _negated_and_plain_slices(x, through_noops(concat.inputs[0]).producer,
+                                       through_noops(concat.inputs[1]).producer)
+    if slices is None:
         return False
-    source = through_noops(x)
-    if through_noops(hi.inputs[0]) is not source or through_noops(lo.inputs[0]) is not source:
-        return False
+    hi, lo = slices
     return _slice_range(ctx, hi, 4, d) == (d // 2, d) and _slice_range(ctx, lo, 4, d) == (0, d // 2)
+
+
+def _negated_and_plain_slices(x: Tensor, negated: Node | None,
+                              plain: Node | None) -> tuple[Node, Node] | None:
+    """The two Slices of x that rotate_half and rotate_every_two join: (s1, s2) where ``negated`` is
+    Neg(s1) and ``plain`` is s2, both slicing the x the match scales (no-op casts looked through)."""
+    inner = None if negated is None or negated.kind != "neg" else through_noops(negated.inputs[0]).producer
+    if inner is None or plain is None or inner.kind != "slice" or plain.kind != "slice":
+        return None
+    source = through_noops(x)
+    if through_noops(inner.inputs[0]) is not source or through_noops(plain.inputs[0]) is not source:
+        return None
+    return inner, plain
+
+
+def _unsqueeze_axes(ctx: Context, node: Node) -> list[int] | None:
+    """An Unsqueeze's axes: its attribute before opset 13, its constant second input since."""
+    return attr_value(ctx.protos[node.name], "axes") if ctx.opset < 13 else _const_ints(ctx, node, 1)
 
 
 def _rotate_pairs(m: Match, ctx: Context, x: Tensor, d: int) -> bool:
@@ -104,17 +119,14 @@ def _rotate_pairs(m: Match, ctx: Context, x: Tensor, d: int) -> bool:
         u = t.producer
         if u is None or u.kind != "unsqueeze" or u.name not in ctx.protos:
             return False
-        axes = attr_value(ctx.protos[u.name], "axes") if ctx.opset < 13 else _const_ints(ctx, u, 1)
+        axes = _unsqueeze_axes(ctx, u)
         if axes is None or [a % 5 for a in axes] != [4]:
             return False
         ends.append(through_noops(u.inputs[0]).producer)
-    neg, even = ends
-    odd = None if neg is None or neg.kind != "neg" else through_noops(neg.inputs[0]).producer
-    if odd is None or even is None or odd.kind != "slice" or even.kind != "slice":
+    slices = _negated_and_plain_slices(x, *ends)
+    if slices is None:
         return False
-    source = through_noops(x)
-    if through_noops(odd.inputs[0]) is not source or through_noops(even.inputs[0]) is not source:
-        return False
+    odd, even = slices
     return _strided_range(ctx, odd, 4, d) in ((1, d, 2), (1, d - 1, 2)) \
         and _strided_range(ctx, even, 4, d) in ((0, d, 2), (0, d - 1, 2))
 
@@ -141,7 +153,7 @@ def _pairs_source(ctx: Context, node: Node, d: int) -> str | None:
             or len(times) != len(rep.outputs[0].shape) or times[-1] != 2 or any(v != 1 for v in times[:-1]):
         return None  # Expand by (1, ..., 1, 2) or Tile by the same: the new axis doubled, nothing else
     rank = len(rep.outputs[0].shape)
-    axes = attr_value(ctx.protos[u.name], "axes") if ctx.opset < 13 else _const_ints(ctx, u, 1)
+    axes = _unsqueeze_axes(ctx, u)
     f = u.inputs[0]
     if axes is None or [a % rank for a in axes] != [rank - 1] or f.shape is None or f.shape[-1] != d // 2:
         return None
@@ -172,7 +184,7 @@ def _computed_cache(ctx: Context, t: Tensor, d: int, nodes: list[onnx.NodeProto]
             f = p.input[0]
             break
         if p.op_type == "Unsqueeze":
-            axes = attr_value(p, "axes") if ctx.opset < 13 else _const_ints(ctx, node, 1)
+            axes = _unsqueeze_axes(ctx, node)
             rank = len(cur.shape or ())
             if axes is None or not rank or any(a % rank == rank - 1 for a in axes):
                 return None  # a new last axis would move D
