@@ -1,7 +1,9 @@
 """A trial on architectures the tests do not build: what a new user gets from `fusecli analyze`.
 
 Each architecture is a small `transformers` model (2 layers, hidden 64, random weights) with its DEFAULT
-attention, exported by both torch exporters (TorchScript with dynamic axes, dynamo). Per export: attention
+attention, fed what a user feeds it (KINDS: an attention_mask with a padded row for encoders, pixel_values,
+input_values, decoder_input_ids for encoder-decoders), exported by both torch exporters (TorchScript
+with dynamic axes, dynamo). Per export: attention
 blocks found, near misses, ops without a gradient rule, tensors of unknown size, and saved-activation
 bytes against PyTorch's own `saved_tensors_hooks` at batch 2, seq 32.
 
@@ -21,35 +23,90 @@ from tests import hf_models  # noqa: E402
 
 SMALL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
              vocab_size=100, max_position_embeddings=256)
-ARCHS = {  # model_type -> config overrides (transformers' AutoConfig.for_model)
-    "falcon": dict(new_decoder_architecture=True, num_kv_heads=2),
-    "qwen3": dict(num_key_value_heads=2, head_dim=32),
-    "gemma": dict(num_key_value_heads=2, head_dim=32),
-    "gemma3_text": dict(num_key_value_heads=2, head_dim=32, sliding_window=8),
-    "olmo": dict(num_key_value_heads=2),
-    "olmo2": dict(num_key_value_heads=2),
-    "stablelm": dict(num_key_value_heads=2),
-    "gptj": dict(n_embd=64, n_layer=2, n_head=2, rotary_dim=16, n_positions=256),
-    "codegen": dict(n_embd=64, n_layer=2, n_head=2, rotary_dim=16, n_positions=256, n_ctx=256),
-    "granite": dict(num_key_value_heads=2),
-    "starcoder2": dict(num_key_value_heads=2),
-    "phi": dict(num_key_value_heads=2),
-    "xlm-roberta": dict(pad_token_id=1, max_position_embeddings=260),
-    "electra": dict(embedding_size=64),
-    "albert": dict(embedding_size=32),
-    "qwen2_moe": dict(num_key_value_heads=2, moe_intermediate_size=64, shared_expert_intermediate_size=64,
-                      num_experts=4, num_experts_per_tok=2),
-    "olmoe": dict(num_key_value_heads=2, num_experts=4, num_experts_per_tok=2),
+VISION_SMALL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
+                    image_size=32, patch_size=8)
+SEQ2SEQ_SMALL = dict(vocab_size=100, d_model=64, encoder_layers=2, decoder_layers=2,
+                     encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=128,
+                     decoder_ffn_dim=128, max_position_embeddings=256, pad_token_id=1, bos_token_id=0,
+                     eos_token_id=2, decoder_start_token_id=2)
+SPEECH_SMALL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
+                    vocab_size=32,
+                    conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16,
+                    num_conv_pos_embedding_groups=2)
+# what a user feeds each kind (KINDS: forward()'s inputs, in order):
+#   decoder: input_ids; encoder: input_ids and an attention_mask with a padded row; vision: pixel_values
+#   (3 x 32 x 32; stages: a hierarchical model's own config); speech: input_values (raw samples);
+#   seq2seq: input_ids, attention_mask (a padded row) and decoder_input_ids
+#   whisper: input_features (mel frames) and decoder_input_ids
+KINDS = {"decoder": ("input_ids",), "encoder": ("input_ids", "attention_mask"), "vision": ("pixel_values",),
+         "stages": ("pixel_values",),
+         "speech": ("input_values",), "seq2seq": ("input_ids", "attention_mask", "decoder_input_ids"),
+         "whisper": ("input_features", "decoder_input_ids")}
+BASE = {"decoder": SMALL, "encoder": SMALL, "vision": VISION_SMALL, "stages": dict(image_size=32),
+        "speech": SPEECH_SMALL, "seq2seq": SEQ2SEQ_SMALL, "whisper": {}}
+ARCHS = {  # model_type -> (kind, config overrides) (transformers' AutoConfig.for_model)
+    "falcon": ("decoder", dict(new_decoder_architecture=True, num_kv_heads=2)),
+    "qwen3": ("decoder", dict(num_key_value_heads=2, head_dim=32)),
+    "gemma": ("decoder", dict(num_key_value_heads=2, head_dim=32)),
+    "gemma3_text": ("decoder", dict(num_key_value_heads=2, head_dim=32, sliding_window=8)),
+    "olmo": ("decoder", dict(num_key_value_heads=2)),
+    "olmo2": ("decoder", dict(num_key_value_heads=2)),
+    "stablelm": ("decoder", dict(num_key_value_heads=2)),
+    "gptj": ("decoder", dict(n_embd=64, n_layer=2, n_head=2, rotary_dim=16, n_positions=256)),
+    "codegen": ("decoder", dict(n_embd=64, n_layer=2, n_head=2, rotary_dim=16, n_positions=256, n_ctx=256)),
+    "granite": ("decoder", dict(num_key_value_heads=2)),
+    "starcoder2": ("decoder", dict(num_key_value_heads=2)),
+    "phi": ("decoder", dict(num_key_value_heads=2)),
+    "xlm-roberta": ("encoder", dict(pad_token_id=1, max_position_embeddings=260)),
+    "electra": ("encoder", dict(embedding_size=64)),
+    "albert": ("encoder", dict(embedding_size=32)),
+    "qwen2_moe": ("decoder", dict(num_key_value_heads=2, moe_intermediate_size=64,
+                                  shared_expert_intermediate_size=64, num_experts=4, num_experts_per_tok=2)),
+    "olmoe": ("decoder", dict(num_key_value_heads=2, num_experts=4, num_experts_per_tok=2)),
     # ESM-2's rotary (a non-persistent inv_freq buffer TorchScript writes as a float initializer)
-    "esm": dict(position_embedding_type="rotary", pad_token_id=1, mask_token_id=2),
+    "esm": ("encoder", dict(position_embedding_type="rotary", pad_token_id=1, mask_token_id=2)),
     # multi-head latent attention (k = new_empty + two slice copy_: ScatterND in TorchScript), a dense
     # first layer then routed experts
-    "deepseek_v3": dict(num_key_value_heads=2, q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8,
-                        qk_nope_head_dim=16, v_head_dim=16, moe_intermediate_size=32, n_routed_experts=4,
-                        num_experts_per_tok=2, n_group=1, topk_group=1, first_k_dense_replace=1),
+    "deepseek_v3": ("decoder", dict(num_key_value_heads=2, q_lora_rank=32, kv_lora_rank=16,
+                                    qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
+                                    moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2,
+                                    n_group=1, topk_group=1, first_k_dense_replace=1)),
     # FalconConfig's default: one K/V head for every query head (multi_query), the old decoder
-    "falcon_multi_query": dict(model_type="falcon"),
-    "gpt_neox": dict(rotary_pct=0.5),  # q, k, v split from one projection's output
+    "falcon_multi_query": ("decoder", dict(model_type="falcon")),
+    "gpt_neox": ("decoder", dict(rotary_pct=0.5)),  # q, k, v split from one projection's output
+    # issue 43: encoders with a padded row, vision, speech and encoder-decoder models
+    "roberta": ("encoder", dict(pad_token_id=1, max_position_embeddings=260)),
+    "data2vec-text": ("encoder", dict(pad_token_id=1, max_position_embeddings=260)),
+    "mobilebert": ("encoder", dict(embedding_size=32, true_hidden_size=32, intra_bottleneck_size=32,
+                                   num_feedforward_networks=2)),  # bottlenecks, NoNorm
+    "gpt_bigcode": ("decoder", dict(n_embd=64, n_layer=2, n_head=2, n_positions=256, bos_token_id=0,
+                                    eos_token_id=0)),  # multi-query
+    "biogpt": ("decoder", {}),
+    "xglm": ("decoder", dict(d_model=64, num_layers=2, attention_heads=2, ffn_dim=128)),
+    "mpt": ("decoder", dict(d_model=64, n_heads=2, n_layers=2, expansion_ratio=2, max_seq_len=256)),  # ALiBi
+    "persimmon": ("decoder", {}),  # q/k LayerNorms, partial rotary
+    "nemotron": ("decoder", dict(num_key_value_heads=2, head_dim=32)),  # squared-ReLU MLP, partial rotary
+    "helium": ("decoder", dict(num_key_value_heads=2, head_dim=32)),
+    # interleaved partial rotary
+    "glm": ("decoder", dict(num_key_value_heads=2, head_dim=32, pad_token_id=0, eos_token_id=0)),
+    "deit": ("vision", {}),
+    "dinov2": ("vision", dict(mlp_ratio=2)),  # layer scale
+    "yolos": ("vision", dict(image_size=[32, 32], num_detection_tokens=4)),  # detection tokens, interpolated
+    "swinv2": ("stages", dict(patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 2], window_size=4)),
+    "levit": ("stages", dict(image_size=64, hidden_sizes=[32, 64], num_attention_heads=[2, 4], depths=[1, 1],
+                             key_dim=[8, 8], mlp_ratio=[2, 2], attention_ratio=[2, 2],
+                             down_ops=[["Subsample", 8, 4, 4, 2, 2]])),  # conv stem, attention subsampling
+    "wav2vec2": ("speech", {}),
+    "marian": ("seq2seq", dict(decoder_start_token_id=1)),
+    "pegasus": ("seq2seq", {}),
+    "mbart": ("seq2seq", {}),
+    "t5": ("seq2seq", dict(d_model=64, d_kv=32, d_ff=128, num_layers=2, num_heads=2, decoder_start_token_id=0,
+                           pad_token_id=0)),
+    "whisper": ("whisper", dict(vocab_size=100, d_model=64, encoder_layers=2, encoder_attention_heads=2,
+                                decoder_layers=2, decoder_attention_heads=2, encoder_ffn_dim=128,
+                                decoder_ffn_dim=128, num_mel_bins=hf_models.WHISPER_MELS,
+                                max_source_positions=hf_models.WHISPER_FRAMES // 2, max_target_positions=256,
+                                pad_token_id=0, bos_token_id=0, eos_token_id=0, decoder_start_token_id=0)),
 }
 MOE_TYPES = ("qwen2_moe", "olmoe", "deepseek_v3")  # built with transformers' eager experts
 BATCH, SEQ = 2, 32
@@ -60,45 +117,75 @@ def build(model_type: str):
     import transformers as tr
 
     torch.manual_seed(0)
-    overrides = dict(ARCHS[model_type])
-    config = tr.AutoConfig.for_model(overrides.pop("model_type", model_type), **{**SMALL, **overrides})
+    kind, overrides = ARCHS[model_type]
+    overrides = dict(overrides)
+    config = tr.AutoConfig.for_model(overrides.pop("model_type", model_type), **{**BASE[kind], **overrides})
     kw = {"experts_implementation": "eager"} if model_type in MOE_TYPES else {}
     inner = tr.AutoModel.from_config(config, **kw).eval()
     hf_models.perturb_vectors(inner)  # as the tests' models: identical norms would merge in a dynamo export
+    names = KINDS[kind]
 
     class Wrapped(torch.nn.Module):
         def __init__(self):
             super().__init__()
             self.inner = inner
 
-        def forward(self, ids):
-            return self.inner(input_ids=ids).last_hidden_state
+        def forward(self, *args):  # what the export outputs is what the judge differentiates
+            return self.inner(**dict(zip(names, args, strict=True))).last_hidden_state
 
     return Wrapped().eval(), inner.config._attn_implementation
 
 
-def export(model, path: str, exporter: str) -> None:
+def inputs(model_type: str):
+    """The example inputs, as a user runs the model (KINDS), and each one's dynamic axes."""
     import torch
 
-    ids = torch.randint(0, 100, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
+    g = torch.Generator().manual_seed(0)
+    kind = ARCHS[model_type][0]
+    text = {0: "batch", 1: "seq"}
+    ids = torch.randint(3, 100, (BATCH, SEQ), generator=g)
+    mask = torch.ones(BATCH, SEQ, dtype=torch.int64)
+    mask[0, SEQ // 2:] = 0  # a padded row: the additive mask is not all zeros
+    if kind == "decoder":
+        return (ids,), (text,)
+    if kind == "encoder":
+        return (ids, mask), (text, text)
+    if kind == "seq2seq":
+        return (ids, mask, torch.randint(3, 100, (BATCH, SEQ), generator=g)), (text, text, text)
+    if kind in ("vision", "stages"):
+        size = ARCHS[model_type][1].get("image_size", VISION_SMALL["image_size"])
+        size = size[0] if isinstance(size, list) else size
+        return (torch.randn(BATCH, 3, size, size, generator=g),), ({0: "batch"},)
+    if kind == "speech":  # SAMPLES_PER_STEP raw samples per seq step, as the tests' HuBERT
+        samples = torch.randn(BATCH, hf_models.SAMPLES_PER_STEP * SEQ, generator=g)
+        return (samples,), ({0: "batch", 1: "samples"},)
+    feats = torch.randn(BATCH, hf_models.WHISPER_MELS, hf_models.WHISPER_FRAMES, generator=g)
+    return (feats, torch.randint(3, 100, (BATCH, SEQ), generator=g)), ({0: "batch"}, text)
+
+
+def export(model, model_type: str, path: str, exporter: str) -> None:
+    import torch
+
+    args, axes = inputs(model_type)
+    names = list(KINDS[ARCHS[model_type][0]])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if exporter == "torchscript":
-            torch.onnx.export(model, (ids,), path, dynamo=False, opset_version=17, input_names=["input_ids"],
-                              output_names=["output"], dynamic_axes={"input_ids": {0: "batch", 1: "seq"}})
+            torch.onnx.export(model, args, path, dynamo=False, opset_version=17, input_names=names,
+                              output_names=["output"], dynamic_axes=dict(zip(names, axes, strict=True)))
         else:
-            dims = {0: torch.export.Dim("batch", min=1, max=64), 1: torch.export.Dim("seq", min=2, max=256)}
-            torch.onnx.export(model, (ids,), dynamo=True, dynamic_shapes=(dims,), input_names=["input_ids"],
+            dims = {"batch": torch.export.Dim("batch", min=1, max=64),
+                    "seq": torch.export.Dim("seq", min=2, max=256),
+                    "samples": torch.export.Dim("samples", min=4 * hf_models.SAMPLES_PER_STEP, max=16000)}
+            shapes = (tuple({i: dims[n] for i, n in a.items()} for a in axes),)  # forward(*args): one tuple
+            torch.onnx.export(model, args, dynamo=True, dynamic_shapes=shapes, input_names=names,
                               output_names=["output"], verbose=False).save(path)
 
 
-def pytorch_saved_bytes(model) -> int:
+def pytorch_saved_bytes(model, model_type: str) -> int:
     """The tests' judge (``hf_models.saved_storages``): distinct storages the autograd nodes of backward
-    keep, neither parameters, buffers nor the input."""
-    import torch
-
-    ids = torch.randint(0, 100, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
-    return sum(b for _, _, b in hf_models.saved_storages(model, (ids,)))
+    keep, neither parameters, buffers nor the input, of the same module and inputs as the export."""
+    return sum(b for _, _, b in hf_models.saved_storages(model, inputs(model_type)[0]))
 
 
 def trial(model_type: str, folder: str) -> list[str]:
@@ -107,15 +194,17 @@ def trial(model_type: str, folder: str) -> list[str]:
 
     rows = []
     model, attn = build(model_type)
-    pytorch = pytorch_saved_bytes(model)
+    pytorch = pytorch_saved_bytes(model, model_type)
     for exporter in ("torchscript", "dynamo"):
         path = os.path.join(folder, f"{model_type}_{exporter}.onnx")
         try:
-            export(model, path, exporter)
+            export(model, model_type, path, exporter)
         except Exception as e:  # the exporter's own refusal is a result too
             rows.append(f"| {model_type} | {attn} | {exporter} | export failed: {type(e).__name__} | | | | |")
             continue
-        a = analyze(path, Options(batch=BATCH, dims={"seq": SEQ}, routing="balanced"))
+        speech = ARCHS[model_type][0] == "speech"
+        dims = {"samples": hf_models.SAMPLES_PER_STEP * SEQ} if speech else {"seq": SEQ}
+        a = analyze(path, Options(batch=BATCH, dims=dims, routing="balanced"))
         doc = to_json(a)
         attention = sum(p["pattern"] == "attention" for p in doc["patterns"])
         unsupported = ", ".join(f"{u['op']} x{u['count']}" for u in doc["unsupported"]) or "-"
