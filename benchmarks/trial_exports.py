@@ -110,6 +110,8 @@ ARCHS = {  # model_type -> (kind, config overrides) (transformers' AutoConfig.fo
 }
 MOE_TYPES = ("qwen2_moe", "olmoe", "deepseek_v3")  # built with transformers' eager experts
 BATCH, SEQ = 2, 32
+# the named dims each kind's export has besides batch (images have none)
+DIMS = {"vision": {}, "stages": {}, "speech": {"samples": hf_models.SAMPLES_PER_STEP * SEQ}}
 
 
 def build(model_type: str):
@@ -202,8 +204,7 @@ def trial(model_type: str, folder: str) -> list[str]:
         except Exception as e:  # the exporter's own refusal is a result too
             rows.append(f"| {model_type} | {attn} | {exporter} | export failed: {type(e).__name__} | | | | |")
             continue
-        speech = ARCHS[model_type][0] == "speech"
-        dims = {"samples": hf_models.SAMPLES_PER_STEP * SEQ} if speech else {"seq": SEQ}
+        dims = DIMS.get(ARCHS[model_type][0], {"seq": SEQ})
         a = analyze(path, Options(batch=BATCH, dims=dims, routing="balanced"))
         doc = to_json(a)
         attention = sum(p["pattern"] == "attention" for p in doc["patterns"])
