@@ -12,6 +12,7 @@ bytes against PyTorch's own `saved_tensors_hooks` at batch 2, seq 32.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import tempfile
@@ -165,12 +166,39 @@ def inputs(model_type: str):
     return (feats, torch.randint(3, 100, (BATCH, SEQ), generator=g)), ({0: "batch"}, text)
 
 
+@contextlib.contextmanager
+def _stdout_to_stderr():
+    """The TorchScript exporter prints the traced graph to stdout when it fails: keep the table clean."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def runs(model_type: str, path: str) -> str | None:
+    """Why onnxruntime cannot run the export on the example inputs (one line), or None when it can."""
+    import onnxruntime as ort
+
+    args = inputs(model_type)[0]
+    try:
+        session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+        session.run(None, {i.name: a.numpy() for i, a in zip(session.get_inputs(), args, strict=True)})
+    except Exception as e:
+        return f"{type(e).__name__}: {str(e).split(chr(10))[0][:100]}"
+    return None
+
+
 def export(model, model_type: str, path: str, exporter: str) -> None:
     import torch
 
     args, axes = inputs(model_type)
     names = list(KINDS[ARCHS[model_type][0]])
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _stdout_to_stderr():
         warnings.simplefilter("ignore")
         if exporter == "torchscript":
             torch.onnx.export(model, args, path, dynamo=False, opset_version=17, input_names=names,
@@ -203,6 +231,12 @@ def trial(model_type: str, folder: str) -> list[str]:
             export(model, model_type, path, exporter)
         except Exception as e:  # the exporter's own refusal is a result too
             rows.append(f"| {model_type} | {attn} | {exporter} | export failed: {type(e).__name__} | | | | |")
+            continue
+        broken = runs(model_type, path)
+        if broken is not None:  # an export onnxruntime refuses is the exporter's failure, not fusecli's
+            rows.append(f"| {model_type} | {attn} | {exporter} | export invalid: onnxruntime refuses it | "
+                        f"| | | |")
+            print(f"{model_type} {exporter}: {broken}", file=sys.stderr)
             continue
         dims = DIMS.get(ARCHS[model_type][0], {"seq": SEQ})
         a = analyze(path, Options(batch=BATCH, dims=dims, routing="balanced"))
