@@ -7,7 +7,8 @@ with dynamic axes, dynamo). Per export: attention
 blocks found, near misses, ops without a gradient rule, tensors of unknown size, and saved-activation
 bytes against PyTorch's own `saved_tensors_hooks` at batch 2, seq 32.
 
-    python benchmarks/trial_exports.py [ARCH ...] > benchmarks/RESULTS-trial.md
+    python benchmarks/trial_exports.py [ARCH ...] > table.md
+    python benchmarks/trial_exports.py --storages ARCH torchscript|dynamo  # per-storage accounting
 """
 
 from __future__ import annotations
@@ -249,7 +250,76 @@ def trial(model_type: str, folder: str) -> list[str]:
     return rows
 
 
+def pytorch_storages(model, model_type: str) -> list[tuple[int, tuple, str, list[str]]]:
+    """PyTorch's saved storages one by one: (bytes, shape, dtype, the autograd nodes that save it), of the
+    nodes backward runs (each node's ``_saved_*``), parameters, buffers and inputs left out."""
+    import torch
+
+    args = inputs(model_type)[0]
+    skip = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers(), *args)}
+    found: dict[int, tuple[int, tuple, str, list[str]]] = {}
+    seen, stack = set(), [model(*args).float().sum().grad_fn]
+    while stack:
+        fn = stack.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        for attr in (a for a in dir(fn) if a.startswith("_saved_")):
+            try:
+                value = getattr(fn, attr)
+            except RuntimeError:
+                continue
+            for t in value if isinstance(value, (list, tuple)) else (value,):
+                if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes() > 0 \
+                        and t.untyped_storage().data_ptr() not in skip:
+                    storage = t.untyped_storage()
+                    entry = found.setdefault(storage.data_ptr(), (
+                        storage.nbytes(), tuple(t.shape), str(t.dtype).removeprefix("torch."), []))
+                    entry[3].append(f"{fn.name()}.{attr.removeprefix('_saved_')}")
+        stack.extend(f for f, _ in fn.next_functions)
+    return sorted(found.values(), key=lambda e: -e[0])
+
+
+def storages(model_type: str, exporter: str) -> None:
+    """Per-storage accounting of one export: PyTorch's saved storages beside fusecli's saved activations,
+    and the sizes whose counts differ."""
+    import collections
+
+    from fusecli.pipeline import Options, analyze
+
+    model, _ = build(model_type)
+    theirs = pytorch_storages(model, model_type)
+    print(f"PyTorch: {sum(e[0] for e in theirs)} B")
+    for size, shape, dtype, nodes in theirs:
+        print(f"  {size:9d} {shape} {dtype} {sorted(set(nodes))}")
+    with tempfile.TemporaryDirectory() as folder:
+        path = export_to(model, model_type, folder, exporter)
+        a = analyze(path, Options(batch=BATCH, dims=DIMS.get(ARCHS[model_type][0], {"seq": SEQ}),
+                                  routing="balanced"))
+    ours = sorted((s for s in a.liveness.saved if s.tensor.kind == "activation"),
+                  key=lambda s: -(s.bytes or 0))
+    print(f"fusecli: {sum(s.bytes or 0 for s in ours)} B")
+    for s in ours:
+        made = s.tensor.producer.op_type if s.tensor.producer else "-"
+        print(f"  {s.bytes or 0:9d} {s.tensor.name} {s.tensor.shape} {s.tensor.dtype} made by {made}, "
+              f"read by {sorted({n.op_type for n in s.needed_by})}")
+    mine, pt = collections.Counter(s.bytes or 0 for s in ours), collections.Counter(e[0] for e in theirs)
+    print("sizes whose counts differ (bytes: PyTorch, fusecli):")
+    for size in sorted(set(mine) | set(pt), reverse=True):
+        if mine[size] != pt[size]:
+            print(f"  {size}: {pt[size]}, {mine[size]}")
+
+
+def export_to(model, model_type: str, folder: str, exporter: str) -> str:
+    path = os.path.join(folder, f"{model_type}_{exporter}.onnx")
+    export(model, model_type, path, exporter)
+    return path
+
+
 def main(argv: list[str]) -> None:
+    if argv[:1] == ["--storages"]:  # --storages ARCH EXPORTER: where one export's bytes differ
+        storages(argv[1], argv[2])
+        return
     names = argv or list(ARCHS)
     print("| model | attention | exporter | attention blocks | near misses | unsupported | unknown tensors "
           "| saved activations / PyTorch |")
