@@ -44,6 +44,9 @@ KINDS = {"decoder": ("input_ids",), "encoder": ("input_ids", "attention_mask"), 
          "stages": ("pixel_values",),
          "speech": ("input_values",), "seq2seq": ("input_ids", "attention_mask", "decoder_input_ids"),
          "whisper": ("input_features", "decoder_input_ids")}
+FEEDS = {"decoder": "ids", "encoder": "ids + padded mask", "vision": "pixels", "stages": "pixels",
+         "speech": "samples", "seq2seq": "ids + padded mask + decoder ids",
+         "whisper": "mel frames + decoder ids"}  # the table's input column
 BASE = {"decoder": SMALL, "encoder": SMALL, "vision": VISION_SMALL, "stages": dict(image_size=32),
         "speech": SPEECH_SMALL, "seq2seq": SEQ2SEQ_SMALL, "whisper": {}}
 ARCHS = {  # model_type -> (kind, config overrides) (transformers' AutoConfig.for_model)
@@ -225,6 +228,7 @@ def trial(model_type: str, folder: str) -> list[str]:
 
     rows = []
     model, attn = build(model_type)
+    attn = f"{FEEDS[ARCHS[model_type][0]]} | {attn}"  # the input column, then the attention
     pytorch = pytorch_saved_bytes(model, model_type)
     for exporter in ("torchscript", "dynamo"):
         path = os.path.join(folder, f"{model_type}_{exporter}.onnx")
@@ -320,16 +324,16 @@ def main(argv: list[str]) -> None:
         storages(argv[1], argv[2])
         return
     names = argv or list(ARCHS)
-    print("| model | attention | exporter | attention blocks | near misses | unsupported | unknown tensors "
-          "| saved activations / PyTorch |")
-    print("|---|---|---|---:|---:|---|---:|---:|")
+    print("| model | input | attention | exporter | attention blocks | near misses | unsupported "
+          "| unknown tensors | saved activations / PyTorch |")
+    print("|---|---|---|---|---:|---:|---|---:|---:|")
     with tempfile.TemporaryDirectory() as folder:
         for name in names:
             try:
                 rows = trial(name, folder)
             except Exception as e:
                 traceback.print_exc(file=sys.stderr)
-                rows = [f"| {name} | | | build failed: {type(e).__name__}: {str(e)[:80]} | | | | |"]
+                rows = [f"| {name} | | | | build failed: {type(e).__name__}: {str(e)[:80]} | | | | |"]
             for r in rows:
                 print(r, flush=True)
 
