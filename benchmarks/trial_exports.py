@@ -116,7 +116,8 @@ ARCHS = {  # model_type -> (kind, config overrides) (transformers' AutoConfig.fo
 MOE_TYPES = ("qwen2_moe", "olmoe", "deepseek_v3")  # built with transformers' eager experts
 BATCH, SEQ = 2, 32
 # the named dims each kind's export has besides batch (images have none)
-DIMS = {"vision": {}, "stages": {}, "speech": {"samples": hf_models.SAMPLES_PER_STEP * SEQ}}
+DIMS = {"vision": {}, "stages": {}, "speech": {"samples": hf_models.SAMPLES_PER_STEP * SEQ},
+        "seq2seq": {"seq": SEQ, "decoder_seq": SEQ}, "whisper": {"decoder_seq": SEQ}}
 
 
 def build(model_type: str):
@@ -157,8 +158,9 @@ def inputs(model_type: str):
         return (ids,), (text,)
     if kind == "encoder":
         return (ids, mask), (text, text)
+    decoder = {0: "batch", 1: "decoder_seq"}  # its own length: a source and a target need not match
     if kind == "seq2seq":
-        return (ids, mask, torch.randint(3, 100, (BATCH, SEQ), generator=g)), (text, text, text)
+        return (ids, mask, torch.randint(3, 100, (BATCH, SEQ), generator=g)), (text, text, decoder)
     if kind in ("vision", "stages"):
         size = ARCHS[model_type][1].get("image_size", VISION_SMALL["image_size"])
         size = size[0] if isinstance(size, list) else size
@@ -167,7 +169,7 @@ def inputs(model_type: str):
         samples = torch.randn(BATCH, hf_models.SAMPLES_PER_STEP * SEQ, generator=g)
         return (samples,), ({0: "batch", 1: "samples"},)
     feats = torch.randn(BATCH, hf_models.WHISPER_MELS, hf_models.WHISPER_FRAMES, generator=g)
-    return (feats, torch.randint(3, 100, (BATCH, SEQ), generator=g)), ({0: "batch"}, text)
+    return (feats, torch.randint(3, 100, (BATCH, SEQ), generator=g)), ({0: "batch"}, decoder)
 
 
 @contextlib.contextmanager
@@ -210,6 +212,7 @@ def export(model, model_type: str, path: str, exporter: str) -> None:
         else:
             dims = {"batch": torch.export.Dim("batch", min=1, max=64),
                     "seq": torch.export.Dim("seq", min=2, max=256),
+                    "decoder_seq": torch.export.Dim("decoder_seq", min=2, max=256),
                     "samples": torch.export.Dim("samples", min=4 * hf_models.SAMPLES_PER_STEP, max=16000)}
             shapes = (tuple({i: dims[n] for i, n in a.items()} for a in axes),)  # forward(*args): one tuple
             torch.onnx.export(model, args, dynamo=True, dynamic_shapes=shapes, input_names=names,
