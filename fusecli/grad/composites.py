@@ -145,6 +145,32 @@ def slice_copy_match(root: Node):
     return [root], []
 
 
+def group_norm_match(root: Node):
+    """``F.group_norm(x, G, w, b)`` as both torch exporters write it (symbolic_opset9's group_norm):
+    Reshape(x, [N, G, -1]), InstanceNormalization with the export's own unit scale and zero bias,
+    Reshape back to x's shape, Mul(w), Add(b). PyTorch's NativeGroupNormBackward0 saves x, mean and rstd
+    ((N, G) each), not the normalized x the Mul's weight gradient would read (wav2vec2's feature encoder)."""
+    if root.op_type != "Add" or len(root.inputs) != 2:
+        return None
+    for mul in (t.producer for t in root.inputs if t is not None):
+        if mul is None or mul.op_type != "Mul" or len(mul.inputs) != 2:
+            continue
+        for back in (t.producer for t in mul.inputs if t is not None):
+            norm = back.inputs[0].producer if back is not None and back.op_type == "Reshape" \
+                and back.inputs and back.inputs[0] is not None else None
+            if norm is None or norm.op_type != "InstanceNormalization" or norm.inputs[0] is None:
+                continue
+            split = norm.inputs[0].producer
+            stats = norm.outputs[0].shape
+            if split is None or split.op_type != "Reshape" or stats is None or len(stats) != 3 \
+                    or any(t is None or t.kind not in ("constant", "parameter") for t in norm.inputs[1:3]):
+                continue
+            x = split.inputs[0]
+            new = [(f"{norm.name}.{s}", x.dtype, tuple(stats[:2])) for s in ("mean", "rstd")]
+            return [split, norm, back, mul, root], [x], new
+    return None
+
+
 def _index_leaves(t: Tensor, out: list[Tensor], depth: int = 0) -> bool:
     """The index tensors of a linearised multi-tensor index ``i0 * stride + i1 (+ ...)``, into ``out``;
     False where ``t`` is not spelled so."""
@@ -230,6 +256,9 @@ PYTORCH_COMPOSITES: tuple[Composite, ...] = (
     Composite("index", (), "IndexBackward0", None,
               "x[i0, i1] (aten::index with several index tensors): saves the indices, not the linear index "
               "the export computes", match=multi_index_match, roots=frozenset({"gather"})),
+    Composite("group_norm", (), "NativeGroupNormBackward0", None,
+              "native_group_norm_backward: saves x, weight, mean and rstd (N, G), never the normalized x",
+              match=group_norm_match, roots=frozenset({"add", "bias_add"})),
     Composite("slice_copy", (), "CopySlices", None,
               "x[..., a:b] = y (copy_ into a view): keeps nothing, the ScatterND's index grid least of all "
               "(DeepSeek-V3's key built by new_empty and two slice copies)", match=slice_copy_match,
@@ -242,7 +271,7 @@ def _found(composite: Composite, node: Node, rg: set[str], memo: dict, device: s
     if composite.match is not None:
         got = composite.match(node)
         if got is not None:
-            yield got[0], got[1], composite.op, [], None, [], []
+            yield got[0], got[1], composite.op, (got[2] if len(got) > 2 else []), None, [], []
         return
     if composite.find is not None:
         got = composite.find(node, rg, memo, device, dims)

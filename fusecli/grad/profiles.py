@@ -59,8 +59,9 @@ class Profile:
         """The tensor whose storage ``t`` shares: a view's base (PyTorch saves the view, which keeps
         its base's storage alive: one storage, counted once), else ``t``. ``layouts``: the strides
         PyTorch gives each tensor (grad.layout), which tell a reshape that copies from one that views."""
-        while self.views and t.producer is not None and t.producer.kind in self.views \
-                and t.producer.inputs and t.producer.inputs[0] is not None \
+        while self.views and t.producer is not None \
+                and (t.producer.kind in self.views or _select(t.producer)) and t.producer.inputs \
+                and t.producer.inputs[0] is not None \
                 and t.producer.inputs[0].dtype == t.dtype \
                 and (t.producer.outputs[0] is t or t.producer.kind in _EVERY_OUTPUT_VIEWS):
             x = t.producer.inputs[0]
@@ -71,6 +72,13 @@ class Profile:
                 break  # reshaping a non-contiguous view copies (transpose(1, 2).contiguous()): own storage
             t = x
         return t
+
+
+def _select(node) -> bool:
+    """``x[..., i, :]`` (aten::select, a view): a Gather of one constant index, a 0-d index (Persimmon's
+    q, k and v picked from one fused projection viewed as (b, s, h, 3, d))."""
+    index = node.inputs[1] if node.kind == "gather" and len(node.inputs) == 2 else None
+    return index is not None and index.shape == () and index.kind == "constant"
 
 
 # kinds each of whose outputs is a view of input 0: torch.split / chunk / unbind return narrow()s, which

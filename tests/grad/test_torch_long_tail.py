@@ -203,6 +203,35 @@ class LayerNormed(nn.Module):
         return self.b(self.norm(self.a(x)))
 
 
+class GroupNormed(nn.Module):
+    """nn.GroupNorm (wav2vec2's and HuBERT's first conv): both exporters write Reshape, InstanceNormalization,
+    Reshape, Mul(w), Add(b); native_group_norm saves x, mean and rstd, not the normalized x the Mul reads."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.norm, self.b = nn.Conv1d(H, H, 1), nn.GroupNorm(4, H), nn.Linear(H, H)
+
+    def forward(self, x, ids):
+        return self.b(self.norm(self.conv(x.transpose(1, 2))).transpose(1, 2))
+
+
+class SelectedHeads(nn.Module):
+    """Persimmon's q and k: ``fused[..., 0, :]`` of one projection viewed as (b, s, h, 3, d), each
+    layer-normed. select is a view (a Gather of one constant index in both exports): LayerNorm saves the
+    view, which keeps the whole projection's storage."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv, self.o = nn.Linear(H, 3 * H), nn.Linear(H, H)
+        self.qn, self.kn = nn.LayerNorm(H // 2), nn.LayerNorm(H // 2)
+
+    def forward(self, x, ids):
+        b, s, _ = x.shape
+        fused = self.qkv(x).view(b, s, 2, 3, H // 2)
+        q, k = self.qn(fused[..., 0, :]), self.kn(fused[..., 1, :])
+        return self.o((q * k).reshape(b, s, H))
+
+
 class _Attention(nn.Module):
     """sdpa on (b, h, s, d) heads, then ``transpose(1, 2).contiguous().reshape(b, s, H)`` into o_proj. CPU
     flash lays its output out as q: q from view + transpose makes that reshape a view of the output sdpa
@@ -272,6 +301,7 @@ MODULES = {"gather_elements": (GatherElements, "GatherElements"),
            "scatter_elements": (ScatterElements, "ScatterElements"),
            "parameter_view": (ExpertWeights, "MatMul"), "position_slice": (PositionSlice, "Slice"),
            "buffer_slice": (BufferSlice, "Slice"), "layer_norm": (LayerNormed, "LayerNormalization"),
+           "group_norm": (GroupNormed, "InstanceNormalization"), "select": (SelectedHeads, "Gather"),
            "buffer_table": (BufferTable, "Gather"), "slice_copy": (SliceCopy, "ScatterND"),
            "slice_assign": (SliceAssign, "Gather"), "rotary_buffer": (RotaryBuffer, "Cos"),
            "view_query_attention": (ViewQueryAttention, "Softmax"),
