@@ -7,8 +7,9 @@ Softmax, and from the Softmax's input through the score terms to Q @ K^T:
   (torch's scaled_dot_product_attention writes it: TorchScript when there is a mask, dynamo always);
 - between the scores and the softmax: any number of additive terms (float masks, ALiBi, relative-position
   and disentangled terms, T5's bias: ``Add``), boolean masks (``Where(m, s, c)``), a scale on the product
-  (``Mul``/``Div`` by a constant), a soft-cap ``tanh(s / c) c`` (Gemma2), and layout ops that keep the
-  values (Reshape, Expand, Squeeze, Unsqueeze, Cast);
+  (``Mul``/``Div`` by a constant), a soft-cap ``tanh(s / c) c`` (Gemma2), a floor at the dtype's lowest
+  value ``Max(s, finfo.min)`` (XGLM), and layout ops that keep the values (Reshape, Expand, Squeeze,
+  Unsqueeze, Cast);
 - on Q and K: a scale on each (sdpa writes ``q sqrt(s)`` and ``k^T sqrt(s)``), K's transpose (one Transpose,
   or dynamo's Reshape-Transpose-Reshape), grouped-query repeats (repeat_kv's Unsqueeze-Expand-Reshape, Tile)
   and past keys and values joined by a Concat (a KV cache).
@@ -33,6 +34,9 @@ MATMULS = frozenset({"matmul", "einsum"})
 LAYOUT = frozenset({"reshape", "expand", "squeeze", "unsqueeze", "identity", "cast", "flatten"})
 PROB_LAYOUT = frozenset({"reshape", "squeeze", "unsqueeze", "flatten"})  # P viewed for a batched matmul
 _MAX_STEPS = 64  # a score chain longer than this is no attention the exporters write
+# max(s, c) with c at or below float16's lowest finite value (-65504) is no clamp any score meets: it only
+# lifts a masked -inf to the dtype's lowest value (XGLM's and eager OPT's ``torch.max(s, finfo.min)``)
+MASK_FLOOR = -65504.0
 
 
 @dataclass
@@ -276,9 +280,24 @@ def _scores(sm: Node, w: _Walk, form: dict) -> tuple[Node | None, Node, str]:
             w.take(p, "scale")
             form["scales"].append(c if p.kind == "mul" else 1.0 / c)
             t = x
+        elif p.kind == "maximum" and _mask_floor(p) is not None:
+            w.take(p, "mask_floor")
+            t = _mask_floor(p)
         else:
             return None, p, f"{p.op_type} {p.name} between the scores and Softmax is no mask, bias or scale"
     return None, node, "the score chain is longer than any attention the exporters write"
+
+
+def _mask_floor(node: Node) -> Tensor | None:
+    """The scores of ``max(s, c)`` with a one-element constant c <= MASK_FLOOR, else None."""
+    ins = [x for x in node.inputs if x is not None]
+    if len(ins) != 2:
+        return None
+    for s, c in (ins, ins[::-1]):
+        floor = scalar_value(c)
+        if floor is not None and floor <= MASK_FLOOR and s.shape is not None and len(s.shape) >= 2:
+            return s
+    return None
 
 
 def _scaled(t: Tensor, w: _Walk, role: str, form: dict) -> Tensor:

@@ -146,6 +146,24 @@ def test_a_broken_form_is_a_near_miss_naming_the_op(save_model):
     assert [m.pattern.name for m in a.matches].count("attention") == 1 and not a.near_misses
 
 
+@pytest.mark.parametrize(("floor", "found"), [(-3.4028234663852886e38, True), (-65504.0, True), (-1e4, False),
+                                              (0.0, False)])
+def test_a_floor_at_the_dtypes_lowest_value_is_read_as_the_mask_filler(save_model, floor, found):
+    """max(s, finfo.min) after the mask (XGLM's eager attention) changes no score: one attention; a
+    floor a score can meet is a clamp, a near miss naming the Max."""
+    model = _attention_graph(None)
+    g = model.graph
+    scale = next(n for n in g.node if n.name == "scale")
+    scale.output[0] = "pre"
+    g.node.insert(list(g.node).index(scale) + 1, helper.make_node("Max", ["pre", "floor"], ["ss"], "floor"))
+    g.initializer.append(helper.make_tensor("floor", TensorProto.FLOAT, [], [floor]))
+    a = analyze(save_model(model), Options(wrt_inputs=True))
+    attention = [m for m in a.matches if m.pattern.name == "attention"]
+    assert (len(attention), len(a.near_misses)) == ((1, 0) if found else (0, 1))
+    if not found:
+        assert a.near_misses[0].node.name == "floor" and "Max" in a.near_misses[0].reason
+
+
 def test_kv_cache_and_grouped_query_attention_read(tmp_path):
     """Past keys and values joined by Concat before the product, K/V repeated per query head (repeat_kv),
     a causal mask: one attention, kv_cache and grouped_query said, bytes as PyTorch's own."""
