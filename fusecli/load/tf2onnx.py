@@ -19,6 +19,8 @@ habits (``grad.profiles.TENSORFLOW``), which depend on the TensorFlow graph the 
   alone, as ``RsqrtGrad`` reads Rsqrt's;
 - TensorFlow's ``Erfc`` (Keras's exact gelu), which tf2onnx leaves as it is though ONNX has no such op,
   is shaped as Erf is, so that what follows it is sized (``tf_ops_as_onnx``, ``for_sizing``);
+- TensorFlow's ``SquaredDifference`` (LayerNormalization's variance) is written ``Mul(d, d)`` of
+  ``d = Sub(x, y)``: its gradient reads x and y, as TensorFlow's does, not d;
 - a BatchNorm folded into the convolution before it leaves no trace of its input, which TensorFlow keeps
   for the gradient of gamma: a warning says so (``folded_batch_norms``).
 """
@@ -47,12 +49,13 @@ def refine_tf2onnx(graph: Graph) -> None:
     BatchNorm. Any other producer: nothing."""
     if graph.meta.get("producer") not in TENSORFLOW_CONVERTERS:
         return
-    for t in graph.tensors.values():  # TensorFlow's unknown dims are the file's symbolic ones, on the
-        if t.shape is not None and not _MADE_BY_CONVERTER.search(t.name):  # tensors TensorFlow has
-            t.meta.setdefault("graph_shape", tuple(d if isinstance(d, int) else None for d in t.shape))
     for n in graph.nodes:  # tf2onnx's own layout ops: NHWC <-> NCHW, keepdims, Einsum as Transpose + MatMul
         if n.kind in _LAYOUT_KINDS and _MADE_BY_CONVERTER.search(n.name) and n.input(0) is not None:
             n.meta["converter_made"] = True
+    for t in graph.tensors.values():  # TensorFlow's unknown dims are the file's symbolic ones, on the
+        # tensors TensorFlow computes (a conv tf2onnx renamed "Conv__349" after folding a BatchNorm too)
+        if t.shape is not None and (t.producer is None or not t.producer.meta.get("converter_made")):
+            t.meta.setdefault("graph_shape", tuple(d if isinstance(d, int) else None for d in t.shape))
     for n in graph.nodes:  # a per-channel Add TensorFlow ran as AddV2, not BiasAdd: AddV2's gradient
         if n.kind == "bias_add" and n.op_type == "Add" and not _MADE_BY_CONVERTER.search(n.name) \
                 and not n.name.rsplit("/", 1)[-1].startswith("BiasAdd"):  # reads both shapes
@@ -62,6 +65,12 @@ def refine_tf2onnx(graph: Graph) -> None:
         if x is not None and x.producer is not None and x.producer.op_type == "Sqrt" \
                 and x.producer.name.rsplit("/", 1)[-1].startswith("Rsqrt") and len(x.consumers) == 1:
             n.meta["grad_kind"], x.producer.meta["grad_kind"] = "rsqrt", "identity"
+    for n in graph.nodes:  # TensorFlow's SquaredDifference, which tf2onnx writes d = Sub(x, y); Mul(d, d):
+        d = n.input(0) if n.op_type == "Mul" and len(n.inputs) == 2 and n.inputs[0] is n.inputs[1] else None
+        if d is not None and d.producer is not None and d.producer.op_type == "Sub" \
+                and d.producer.name.rsplit("/", 1)[-1].startswith("SquaredDifference") \
+                and all(c is n for c in d.consumers):
+            n.meta["grad_kind"], d.producer.meta["grad_kind"] = "identity", "squared_difference"  # reads x, y
     folded = folded_batch_norms(graph)
     if folded:
         graph.meta["folded_batch_norms"] = folded

@@ -163,6 +163,30 @@ def test_layout_copies_are_read_as_what_they_copy():
     assert all(a.liveness.saved_by_name[n].reads == "value" for n in einsum_operands)
 
 
+@pytest.mark.parametrize("name", ["cnn", "cnn_bn", "encoder"])
+def test_same_tensors_as_tensorflow_where_the_file_has_them(name):
+    """Every tensor TensorFlow keeps that the file has under its name, made by an op of the same kind,
+    fusecli keeps, at the same bytes (the totals above could agree by chance; these cannot)."""
+    from fusecli.core.kinds import ONNX_KINDS, TF_KINDS
+
+    tf_kept, ours, a = both(name)
+    ops = compare(converted(name)[0])["theirs"]
+    same = {n for n in tf_kept if n in a.graph.tensors and a.graph.tensors[n].producer is not None
+            and ONNX_KINDS.get(a.graph.tensors[n].producer.op_type) == TF_KINDS.get(ops[n], "?")}
+    assert len(same) >= len(tf_kept) // 3, (len(same), len(tf_kept))  # the rest: renamed or frozen
+    assert {n: tf_kept[n] for n in same} == {n: ours.get(n) for n in same}
+
+
+def test_squared_difference_reads_its_operands():
+    """TensorFlow's SquaredDifference (LayerNormalization's variance), written Mul(d, d) of d = Sub(x, y):
+    its gradient reads x and the mean, as TensorFlow's does; d itself is not kept."""
+    _, ours, a = both("encoder")
+    subs = [n for n in a.graph.nodes if n.meta.get("grad_kind") == "squared_difference"]
+    assert len(subs) == 2  # one per LayerNormalization
+    for n in subs:
+        assert n.outputs[0].name not in ours and n.inputs[1].name in ours
+
+
 def test_rsqrt_keeps_one_output():
     """TensorFlow's Rsqrt, written Reciprocal(Sqrt(x)): its gradient reads the Reciprocal's output only."""
     _, ours, a = both("encoder")
