@@ -94,6 +94,8 @@ class _Builder:
         meta = {"shape_reads": list(shape_reads)}
         if forward is not None:
             meta["forward"] = forward.name
+            if forward.meta.get("converter_made"):  # a converter's own op (load.tf2onnx): no framework ran it
+                meta["converter_made"] = True
         joint.add_node(Node(name, op, "grad", list(inputs), outs, {}, "", "backward", meta))
         return outs
 
@@ -264,6 +266,8 @@ def _differentiate(b: _Builder, node: Node, rule: dict[int | str, Grad] | None, 
                         and b.layouts.matmul_copies(node, t):
                     base = t
                 t = base
+            while t.producer is not None and t.producer.meta.get("converter_made"):  # a converter's layout
+                t = t.producer.inputs[0]  # copy: the framework's op read the tensor it copies (load.tf2onnx)
             values[t.name] = t  # one read per storage, in the order first read
         shape_reads = _shape_reads(node, shape_refs, values) if shape_refs else []
         grads = b.node(node.name, op, [*dys, *values.values()], [inputs[i] for i in group],

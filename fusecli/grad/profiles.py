@@ -19,7 +19,10 @@ from .rules import RULES, G, Grad
 
 def tensorflow_keeps_for_shape(t: Tensor, reader: Node) -> bool:
     """TensorFlow captures a tensor to take its shape in backward when a dim is unknown in its graph;
-    its Reshape gradient needs none with one unknown dim (it reshapes to a -1 wildcard)."""
+    its Reshape gradient needs none with one unknown dim (it reshapes to a -1 wildcard). The gradient of
+    a layout op a converter added (tf2onnx's Squeeze after a Mean, load.tf2onnx) is none TensorFlow runs."""
+    if reader.meta.get("converter_made"):
+        return False
     shape = t.meta.get("graph_shape", t.shape)  # as TensorFlow's graph has it, before fusecli sized it
     if shape is None:
         return True

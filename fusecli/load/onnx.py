@@ -21,6 +21,7 @@ from .constant_weights import promote_constant_weights
 from .onnx_order import canonicalize
 from .onnx_wire import WireError, read_structure
 from .shape_tools import dims_of, infer_shapes
+from .tf2onnx import for_sizing, refine_tf2onnx, restore_tf_ops, tf_ops_as_onnx
 from .torch_meta import torch_node_meta
 
 MIN_OPSET = 7  # older models are analyzed too, with a warning: their ops are read by today's kinds
@@ -199,7 +200,8 @@ def load_onnx(path: str, constant_weights: bool = True) -> Graph:
     graph = graph_of_model(model, os.path.basename(path), constant_weights)
     for name in omitted:
         graph.tensors[name].meta["data_omitted"] = True
-    graph.meta["onnx_structure"] = (model, omitted)  # for sizing at the user's dims (load.onnx_sizes)
+    graph.meta["onnx_structure"] = (for_sizing(model), omitted)  # sized at the user's dims (load.onnx_sizes)
+    refine_tf2onnx(graph)  # a tf2onnx conversion: TensorFlow's graph shapes, its folded BatchNorms
     return graph
 
 
@@ -210,7 +212,12 @@ def graph_of_model(model: onnx.ModelProto, name: str, constant_weights: bool = T
     opset = opset_of(model)
     canonicalize(model.graph)
     progress.stage("shape inference")
-    model, warning = infer_shapes(model)
+    renamed = tf_ops_as_onnx(model)  # tf2onnx's Erfc, which ONNX lacks, shaped as Erf for the shape tools
+    inferred, warning = infer_shapes(model)
+    restore_tf_ops(model, renamed)
+    if inferred is not model:
+        restore_tf_ops(inferred, renamed)
+    model = inferred
     progress.stage("building the graph")
     graph = build_graph(model, name, constant_weights)
     graph.meta["opset"] = opset
