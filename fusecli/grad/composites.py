@@ -205,6 +205,25 @@ def _rms_norm_reads(roles, bound, root) -> list[Tensor]:
     return [bound["x"], bound["rstd"], normed] + ([w] if computed else [])
 
 
+WEIGHT_NORM = select(norms.WEIGHT_NORM, TORCH)
+
+
+def weight_norm_match(root: Node):
+    """``torch._weight_norm(v, g, dim)`` (nn.utils.parametrizations.weight_norm) spelled out. On CPU, with dim
+    the first or last axis, it runs ``_weight_norm_interface``, one node whose backward reads v, g and the
+    norms it returns; another dim runs ``v * (g / norm_except_dim(v, 2, dim))`` op by op (not this)."""
+    for form in WEIGHT_NORM:
+        found = match_at(form, root)
+        if found is None:
+            continue
+        nodes, roles, bound = found
+        norm, v = roles["norm"].outputs[0], bound["v"]
+        if norm is not None and v.shape is not None and norm.shape is not None and len(v.shape) >= 2 \
+                and any(tuple(norm.shape) == tuple(d if i == keep else 1 for i, d in enumerate(v.shape))
+                        for keep in (0, len(v.shape) - 1)):
+            return nodes, [v, bound["g"], norm]
+    return None
+
 PYTORCH_COMPOSITES: tuple[Composite, ...] = (
     Composite("gelu_erf", GELU_ERF_TORCH, "GeluBackward0", _x, "gelu_backward(grad, self): saves x"),
     Composite("gelu_tanh", GELU_TANH_TORCH, "GeluBackward0", _x,
@@ -234,6 +253,9 @@ PYTORCH_COMPOSITES: tuple[Composite, ...] = (
               "x[..., a:b] = y (copy_ into a view): keeps nothing, the ScatterND's index grid least of all "
               "(DeepSeek-V3's key built by new_empty and two slice copies)", match=slice_copy_match,
               roots=frozenset({"scatter_nd"})),
+    Composite("weight_norm", (), "WeightNormInterfaceBackward0", None,
+              "_weight_norm_interface(v, g, dim): saves v, g and the norms (a weight-normalised conv's "
+              "weight, made each step, the conv saves)", match=weight_norm_match, roots=frozenset({"mul"})),
 )
 
 
