@@ -84,6 +84,15 @@ def made_each_step(graph: Graph) -> set[str]:
     return out
 
 
+def folded_away(graph: Graph, name: str) -> bool:
+    """Whether the parameters initializer ``name`` was folded from are gone from the export, where eager
+    PyTorch holds them for the whole step: TorchScript keeps no parameter it folded (``g`` and ``v`` of a
+    weight norm, Gemma's ``w``); onnxscript's ``folded_from`` names what it folded, some maybe still read."""
+    t = graph.tensors[name]
+    folded = _sources((t.meta.get("export") or {}).get(FOLDED))
+    return folded is None or not any(s != name and s in graph.tensors and graph.tensors[s].kind == "parameter"
+                                     for s in folded)
+
 def torchscript_norm_weights(graph: Graph) -> set[str]:
     """Names of the RMSNorm weights of a TorchScript export that eager PyTorch computes from a parameter at
     every step: TorchScript keeps a parameter read as it is under its own name and names a value it folded

@@ -216,3 +216,14 @@ def test_folded_batch_norm_conv_weight_stays_a_parameter(tmp_path):
     conv = next(n for n in onnx.load(path).graph.node if n.op_type == "Conv")
     assert conv.input[1].startswith("onnx::") and conv.input[2].startswith("onnx::")
     assert conv.input[1] not in {s.tensor.name for s in _saved(path)}
+
+
+@pytest.mark.parametrize("exporter", EXPORTERS)
+def test_resident_parameters_are_eagers(exported, exporter):
+    """Eager holds v and g all step long and makes g * v / ||v|| at each step: TorchScript's folded weight
+    stands for the v it lost (same bytes) and is an activation too; the export keeps no trace of g."""
+    model = _module("weight_norm")
+    a = analyze(exported("weight_norm", exporter), Options(batch=BATCH))
+    lost = model.conv.parametrizations.weight.original0.nbytes if exporter == "torchscript" else 0
+    constants = sum(t.nbytes({}) or 0 for t in a.joint.tensors.values() if t.kind == "constant")  # axes
+    assert a.liveness.resident_bytes - constants == sum(p.nbytes for p in model.parameters()) - lost
