@@ -205,6 +205,26 @@ def _rms_norm_reads(roles, bound, root) -> list[Tensor]:
     return [bound["x"], bound["rstd"], normed] + ([w] if computed else [])
 
 
+GROUP_NORM = select(norms.GROUP_NORM, TORCH)
+
+
+def group_norm_match(root: Node):
+    """``F.group_norm`` spelled out (Reshape, InstanceNormalization, Reshape, * w + b): ``native_group_norm``
+    is one kernel whose backward reads x and the mean and rstd of each (sample, group), (N, G) tensors the
+    export does not name; never the normalised groups, nor w * them."""
+    for form in GROUP_NORM:
+        found = match_at(form, root)
+        if found is None:
+            continue
+        nodes, roles, bound = found
+        x, groups = bound["x"], roles["groups"]
+        scale = groups.input(1)
+        if x.shape is None or not x.shape or scale is None or scale.shape is None or len(scale.shape) != 1:
+            continue
+        shape = (x.shape[0], scale.shape[0])
+        return nodes, [x], [(f"{groups.name}.mean", x.dtype, shape), (f"{groups.name}.rstd", x.dtype, shape)]
+    return None
+
 WEIGHT_NORM = select(norms.WEIGHT_NORM, TORCH)
 
 
@@ -253,6 +273,9 @@ PYTORCH_COMPOSITES: tuple[Composite, ...] = (
               "x[..., a:b] = y (copy_ into a view): keeps nothing, the ScatterND's index grid least of all "
               "(DeepSeek-V3's key built by new_empty and two slice copies)", match=slice_copy_match,
               roots=frozenset({"scatter_nd"})),
+    Composite("group_norm", (), "NativeGroupNormBackward0", None,
+              "native_group_norm_backward: saves x, weight, mean and rstd (N, G)", match=group_norm_match,
+              roots=frozenset({"add", "bias_add", "reshape"})),
     Composite("weight_norm", (), "WeightNormInterfaceBackward0", None,
               "_weight_norm_interface(v, g, dim): saves v, g and the norms (a weight-normalised conv's "
               "weight, made each step, the conv saves)", match=weight_norm_match, roots=frozenset({"mul"})),
@@ -263,8 +286,8 @@ def _found(composite: Composite, node: Node, rg: set[str], memo: dict, device: s
     """Each reading of ``composite`` at ``node``: (nodes, reads, op, new tensors, kernel)."""
     if composite.match is not None:
         got = composite.match(node)
-        if got is not None:
-            yield got[0], got[1], composite.op, [], None, [], []
+        if got is not None:  # (nodes, reads) or (nodes, reads, saved tensors the export lacks)
+            yield got[0], got[1], composite.op, (got[2] if len(got) > 2 else []), None, [], []
         return
     if composite.find is not None:
         got = composite.find(node, rg, memo, device, dims)
