@@ -225,6 +225,7 @@ def group_norm_match(root: Node):
         return nodes, [x], [(f"{groups.name}.mean", x.dtype, shape), (f"{groups.name}.rstd", x.dtype, shape)]
     return None
 
+
 WEIGHT_NORM = select(norms.WEIGHT_NORM, TORCH)
 
 
@@ -243,6 +244,7 @@ def weight_norm_match(root: Node):
                         for keep in (0, len(v.shape) - 1)):
             return nodes, [v, bound["g"], norm]
     return None
+
 
 PYTORCH_COMPOSITES: tuple[Composite, ...] = (
     Composite("gelu_erf", GELU_ERF_TORCH, "GeluBackward0", _x, "gelu_backward(grad, self): saves x"),

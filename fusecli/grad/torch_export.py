@@ -93,6 +93,7 @@ def folded_away(graph: Graph, name: str) -> bool:
     return folded is None or not any(s != name and s in graph.tensors and graph.tensors[s].kind == "parameter"
                                      for s in folded)
 
+
 def torchscript_norm_weights(graph: Graph) -> set[str]:
     """Names of the RMSNorm weights of a TorchScript export that eager PyTorch computes from a parameter at
     every step: TorchScript keeps a parameter read as it is under its own name and names a value it folded
@@ -130,6 +131,7 @@ def torchscript_conv_weights(graph: Graph) -> set[str]:
                 and (b is None or not b.name.startswith("onnx::")):
             out.add(w.name)
     return out
+
 
 _FX_NAME = re.compile(r"^([a-z_][a-z_0-9]*?)(_\d+)?$")
 # torch.export names of aten ops whose result is a view of (or is) their input

@@ -113,6 +113,7 @@ def _group_norm_trees() -> tuple[Op, ...]:
 # nn.GroupNorm (wav2vec2's and HuBERT's first feature-encoder conv)
 GROUP_NORM = spell(_group_norm_trees(), "torchscript", "dynamo")
 
+
 def _weight_norm_trees() -> tuple[Op, ...]:
     """torch._weight_norm(v, g, dim): g * v / ||v||, the norm over every axis but dim, kept (dynamo writes
     v * (g / n), TorchScript v / n * g); v and g parameters, so a normalised activation is not one."""
