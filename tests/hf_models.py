@@ -35,12 +35,12 @@ SHAPE_READS = ("falcon", "codegen")
 GQA = ("llama_gqa", "qwen2_gqa", "llama_gqa_padded", "mistral_gqa")  # Mistral: a sliding window of 8 keys
 # speech encoders read raw samples (input_values, its axis 1 named "samples": SAMPLES_PER_STEP samples per
 # "seq" step); the dynamo export's conv output lengths are unnamed dims (unk..), one per copy
-SPEECH = ("hubert",)
+SPEECH = ("hubert", "wav2vec2")
 SAMPLES_PER_STEP = 25  # seq 16 -> 400 samples -> 39 frames after the two convolutions (strides 5, 2)
 REWRITE_TEXT = ("olmo",)
 # rotary on interleaved pairs (GPT-J's rotate_every_two: x[..., ::2], x[..., 1::2] stacked and flattened)
 INTERLEAVED = ("cohere",)  # a Cast after each LayerNorm that the next residual reads too: the rewrite tests
-MORE_VISION = ("beit",)
+MORE_VISION = ("beit", "swinv2")
 ATTENTION = ("eager", "default")  # default: whatever transformers picks (sdpa where the model supports it)
 IMAGE_SIZE = 32
 WHISPER_MELS, WHISPER_FRAMES = 16, 64  # 2 * max_source_positions frames
@@ -138,6 +138,9 @@ def _config(name: str):
     if name == "hubert":  # conv feature encoder, conv position embedding, post-norm encoder
         return tr.HubertConfig(vocab_size=32, conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3),
                                num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2, **small)
+    if name == "wav2vec2":  # the same encoder, a weight-normalised positional conv (parametrizations)
+        return tr.Wav2Vec2Config(vocab_size=32, conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3),
+                                 num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2, **small)
     if name == "bloom":  # ALiBi position bias
         return tr.BloomConfig(vocab_size=100, hidden_size=64, n_layer=2, n_head=2)
     if name == "bart":  # encoder-decoder: the decoder's cross-attention reads the encoder's output
@@ -165,6 +168,9 @@ def _config(name: str):
     if name == "swin":
         return tr.SwinConfig(image_size=IMAGE_SIZE, patch_size=4, embed_dim=16, depths=[1, 1],
                              num_heads=[2, 2], window_size=4)
+    if name == "swinv2":  # continuous position bias (an MLP on a coordinate table), cosine attention
+        return tr.Swinv2Config(image_size=IMAGE_SIZE, patch_size=4, embed_dim=16, depths=[1, 1],
+                               num_heads=[2, 2], window_size=4)
     if name == "segformer":
         return tr.SegformerConfig(num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1],
                                   hidden_sizes=[16, 32], num_attention_heads=[1, 2],

@@ -145,32 +145,6 @@ def slice_copy_match(root: Node):
     return [root], []
 
 
-def group_norm_match(root: Node):
-    """``F.group_norm(x, G, w, b)`` as both torch exporters write it (symbolic_opset9's group_norm):
-    Reshape(x, [N, G, -1]), InstanceNormalization with the export's own unit scale and zero bias,
-    Reshape back to x's shape, Mul(w), Add(b). PyTorch's NativeGroupNormBackward0 saves x, mean and rstd
-    ((N, G) each), not the normalized x the Mul's weight gradient would read (wav2vec2's feature encoder)."""
-    if root.op_type != "Add" or len(root.inputs) != 2:
-        return None
-    for mul in (t.producer for t in root.inputs if t is not None):
-        if mul is None or mul.op_type != "Mul" or len(mul.inputs) != 2:
-            continue
-        for back in (t.producer for t in mul.inputs if t is not None):
-            norm = back.inputs[0].producer if back is not None and back.op_type == "Reshape" \
-                and back.inputs and back.inputs[0] is not None else None
-            if norm is None or norm.op_type != "InstanceNormalization" or norm.inputs[0] is None:
-                continue
-            split = norm.inputs[0].producer
-            stats = norm.outputs[0].shape
-            if split is None or split.op_type != "Reshape" or stats is None or len(stats) != 3 \
-                    or any(t is None or t.kind not in ("constant", "parameter") for t in norm.inputs[1:3]):
-                continue
-            x = split.inputs[0]
-            new = [(f"{norm.name}.{s}", x.dtype, tuple(stats[:2])) for s in ("mean", "rstd")]
-            return [split, norm, back, mul, root], [x], new
-    return None
-
-
 def _index_leaves(t: Tensor, out: list[Tensor], depth: int = 0) -> bool:
     """The index tensors of a linearised multi-tensor index ``i0 * stride + i1 (+ ...)``, into ``out``;
     False where ``t`` is not spelled so."""
@@ -231,6 +205,47 @@ def _rms_norm_reads(roles, bound, root) -> list[Tensor]:
     return [bound["x"], bound["rstd"], normed] + ([w] if computed else [])
 
 
+GROUP_NORM = select(norms.GROUP_NORM, TORCH)
+
+
+def group_norm_match(root: Node):
+    """``F.group_norm`` spelled out (Reshape, InstanceNormalization, Reshape, * w + b): ``native_group_norm``
+    is one kernel whose backward reads x and the mean and rstd of each (sample, group), (N, G) tensors the
+    export does not name; never the normalised groups, nor w * them."""
+    for form in GROUP_NORM:
+        found = match_at(form, root)
+        if found is None:
+            continue
+        nodes, roles, bound = found
+        x, groups = bound["x"], roles["groups"]
+        scale = groups.input(1)
+        if x.shape is None or not x.shape or scale is None or scale.shape is None or len(scale.shape) != 1:
+            continue
+        shape = (x.shape[0], scale.shape[0])
+        return nodes, [x], [(f"{groups.name}.mean", x.dtype, shape), (f"{groups.name}.rstd", x.dtype, shape)]
+    return None
+
+
+WEIGHT_NORM = select(norms.WEIGHT_NORM, TORCH)
+
+
+def weight_norm_match(root: Node):
+    """``torch._weight_norm(v, g, dim)`` (nn.utils.parametrizations.weight_norm) spelled out. On CPU, with dim
+    the first or last axis, it runs ``_weight_norm_interface``, one node whose backward reads v, g and the
+    norms it returns; another dim runs ``v * (g / norm_except_dim(v, 2, dim))`` op by op (not this)."""
+    for form in WEIGHT_NORM:
+        found = match_at(form, root)
+        if found is None:
+            continue
+        nodes, roles, bound = found
+        norm, v = roles["norm"].outputs[0], bound["v"]
+        if norm is not None and v.shape is not None and norm.shape is not None and len(v.shape) >= 2 \
+                and any(tuple(norm.shape) == tuple(d if i == keep else 1 for i, d in enumerate(v.shape))
+                        for keep in (0, len(v.shape) - 1)):
+            return nodes, [v, bound["g"], norm]
+    return None
+
+
 PYTORCH_COMPOSITES: tuple[Composite, ...] = (
     Composite("gelu_erf", GELU_ERF_TORCH, "GeluBackward0", _x, "gelu_backward(grad, self): saves x"),
     Composite("gelu_tanh", GELU_TANH_TORCH, "GeluBackward0", _x,
@@ -256,13 +271,16 @@ PYTORCH_COMPOSITES: tuple[Composite, ...] = (
     Composite("index", (), "IndexBackward0", None,
               "x[i0, i1] (aten::index with several index tensors): saves the indices, not the linear index "
               "the export computes", match=multi_index_match, roots=frozenset({"gather"})),
-    Composite("group_norm", (), "NativeGroupNormBackward0", None,
-              "native_group_norm_backward: saves x, weight, mean and rstd (N, G), never the normalized x",
-              match=group_norm_match, roots=frozenset({"add", "bias_add"})),
     Composite("slice_copy", (), "CopySlices", None,
               "x[..., a:b] = y (copy_ into a view): keeps nothing, the ScatterND's index grid least of all "
               "(DeepSeek-V3's key built by new_empty and two slice copies)", match=slice_copy_match,
               roots=frozenset({"scatter_nd"})),
+    Composite("group_norm", (), "NativeGroupNormBackward0", None,
+              "native_group_norm_backward: saves x, weight, mean and rstd (N, G)", match=group_norm_match,
+              roots=frozenset({"add", "bias_add", "reshape"})),
+    Composite("weight_norm", (), "WeightNormInterfaceBackward0", None,
+              "_weight_norm_interface(v, g, dim): saves v, g and the norms (a weight-normalised conv's "
+              "weight, made each step, the conv saves)", match=weight_norm_match, roots=frozenset({"mul"})),
 )
 
 
@@ -270,7 +288,7 @@ def _found(composite: Composite, node: Node, rg: set[str], memo: dict, device: s
     """Each reading of ``composite`` at ``node``: (nodes, reads, op, new tensors, kernel)."""
     if composite.match is not None:
         got = composite.match(node)
-        if got is not None:
+        if got is not None:  # (nodes, reads) or (nodes, reads, saved tensors the export lacks)
             yield got[0], got[1], composite.op, (got[2] if len(got) > 2 else []), None, [], []
         return
     if composite.find is not None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 from ..core.ir import Graph, Node, Tensor, redirect, unique_name
 from ..core.scopes import node_scope
 from .layout import Layouts
+from .torch_export import folded_away
 from .torch_export import made_each_step as folded_each_step
 
 # backward ops whose output is a view of their first input (the incoming gradient): d/dx reshape(x) is
@@ -154,6 +155,8 @@ def made_each_step(graph: Graph, profile) -> list[str]:
     for name in folded_each_step(graph):  # folded at export time, made at each step: a leaf of its own
         t = graph.tensors[name]
         t.kind, t.meta["from_parameter"], t.meta["weight_copy"] = "activation", True, True
+        if folded_away(graph, name):  # its parameters, resident in eager, are in no tensor: it stands in
+            t.meta["stands_for_parameters"] = True
         made.add(id(t))
     # TensorFlow differentiates every variable a function reads (``function_inputs``): a tensor computed
     # from a non-trainable one (BatchNorm's rsqrt(moving_variance + eps)), or from a view of one, is made

@@ -7,8 +7,9 @@ it made by constant folding with ``folded_from`` (the values and nodes it folded
 is a parameter when it was folded from one (a transposed weight, an expanded class token), else a value
 computed at export time from buffers and constants (rotary cos/sin from ``inv_freq``), which PyTorch
 never differentiates. The loader keeps these notes in ``graph.meta["export"]`` and ``tensor.meta["export"]``.
-Without a signature (TorchScript exports) a float initializer stays a parameter, but for two rules: an
-RMSNorm's weight TorchScript folded is made each step (``torchscript_norm_weights``); and, as the TorchScript
+Without a signature (TorchScript exports) a float initializer stays a parameter, but for these rules: an
+RMSNorm's weight, or a conv's weight (its bias not folded), TorchScript folded is made each step
+(``torchscript_norm_weights``, ``torchscript_conv_weights``); and, as the TorchScript
 exporter writes a buffer as it writes a parameter (both are in the state_dict; a value it folds from either
 is named ``onnx::Op_N``), so only what the model does with it can tell, a float initializer that reaches the
 model's data only through Cos or Sin of values computed from shapes and constants (``frequency_tables``:
@@ -68,7 +69,7 @@ def made_each_step(graph: Graph) -> set[str]:
     ``_to_copy_1``); a weight's transpose, view or slice (``t``, ``view``, ``slice``) stays a weight."""
     signature = (graph.meta.get("export") or {}).get(SIGNATURE)
     if not signature:
-        return torchscript_norm_weights(graph)
+        return torchscript_norm_weights(graph) | torchscript_conv_weights(graph)
     params = {n for name, kind, target in _INPUT.findall(signature) if kind == "PARAMETER"
               for n in (name, target)}
     frozen = frozen_parameters(graph)
@@ -81,6 +82,16 @@ def made_each_step(graph: Graph) -> set[str]:
         if computed and any(s in params for s in folded):
             out.add(t.name)
     return out
+
+
+def folded_away(graph: Graph, name: str) -> bool:
+    """Whether the parameters initializer ``name`` was folded from are gone from the export, where eager
+    PyTorch holds them for the whole step: TorchScript keeps no parameter it folded (``g`` and ``v`` of a
+    weight norm, Gemma's ``w``); onnxscript's ``folded_from`` names what it folded, some maybe still read."""
+    t = graph.tensors[name]
+    folded = _sources((t.meta.get("export") or {}).get(FOLDED))
+    return folded is None or not any(s != name and s in graph.tensors and graph.tensors[s].kind == "parameter"
+                                     for s in folded)
 
 
 def torchscript_norm_weights(graph: Graph) -> set[str]:
@@ -100,6 +111,24 @@ def torchscript_norm_weights(graph: Graph) -> set[str]:
             continue
         w = root.inputs[1] if root.inputs[0] is normed else root.inputs[0]
         if w is not None and w.producer is None and w.kind == "parameter" and w.name.startswith("onnx::"):
+            out.add(w.name)
+    return out
+
+
+def torchscript_conv_weights(graph: Graph) -> set[str]:
+    """Names of the conv weights of a TorchScript export that eager PyTorch computes from parameters at every
+    step: TorchScript folds a weight-normalised conv's ``g * v / ||v||`` (its arithmetic, not the op that
+    runs it) into one initializer named for its reader (``onnx::Conv_25``), where a conv reading its weight
+    as it is reads it by its own name. Folding BatchNorm into the conv (an eval export) renames the bias
+    too, and eager runs that conv on the parameter itself: a conv whose bias was folded is left alone."""
+    if graph.meta.get("producer") != "pytorch":
+        return set()
+    out = set()
+    for node in graph.nodes:
+        w = node.input(1) if node.op_type in ("Conv", "ConvTranspose") else None
+        b = node.input(2)
+        if w is not None and w.producer is None and w.kind == "parameter" and w.name.startswith("onnx::") \
+                and (b is None or not b.name.startswith("onnx::")):
             out.add(w.name)
     return out
 

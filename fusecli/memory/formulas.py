@@ -93,6 +93,8 @@ def peak_formula(live: Liveness, joint: Graph) -> str:
         if t.kind in ("parameter", "constant"):
             resident.append(t)
             continue
+        if "stands_for_parameters" in t.meta:  # the parameters the export folded it from (liveness)
+            resident.append(t)
         span = spans[k] if k < n and known[k] is t else live.lifetimes.get(t.name)
         if span is None:
             continue

@@ -229,6 +229,8 @@ class _Spans:
                 resident += n or 0
                 spans.append(None)
                 continue
+            if "stands_for_parameters" in t.meta:  # a weight made each step from parameters the export
+                resident += n or 0  # folded away, which eager holds all along: as many bytes as it (v, w)
             producer = t.producer
             born = -1 if producer is None else step[id(producer)]
             end = last.get(t, born)

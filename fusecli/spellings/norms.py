@@ -100,6 +100,33 @@ RMS_NORM_OP = spell(_rms_norm_op_trees(), "dynamo")
 ALL_LAYER_NORM, ALL_RMS_NORM = select(LAYER_NORM), select(RMS_NORM)
 
 
+def _group_norm_trees() -> tuple[Op, ...]:
+    """F.group_norm as both torch exporters write it: x reshaped to (N, G, -1), InstanceNormalization (unit
+    scale, zero bias) over each group, reshaped back to x's shape, then * w + b (w and b viewed (C, 1))."""
+    groups = op("instance_norm", op("reshape", Var("x"), Var()), Var(check=is_param), Var(check=is_param),
+                role="groups")
+    normed = op("reshape", groups, Var(), role="normalize")
+    return (op(ADD, op("mul", normed, Var(check=is_param), commutative=True), Var(check=is_param),
+               commutative=True, role="group_norm"), normed)
+
+
+# nn.GroupNorm (wav2vec2's and HuBERT's first feature-encoder conv)
+GROUP_NORM = spell(_group_norm_trees(), "torchscript", "dynamo")
+
+
+def _weight_norm_trees() -> tuple[Op, ...]:
+    """torch._weight_norm(v, g, dim): g * v / ||v||, the norm over every axis but dim, kept (dynamo writes
+    v * (g / n), TorchScript v / n * g); v and g parameters, so a normalised activation is not one."""
+    v, g = Var("v", check=is_param), Var("g", check=is_param)
+    norm = op("reduce_l2", v, more=True, role="norm")
+    return (op("mul", Var("v"), op("div", g, norm), commutative=True, role="weight_norm"),
+            op("mul", op("div", v, norm), g, commutative=True, role="weight_norm"))
+
+
+# nn.utils.parametrizations.weight_norm (wav2vec2's and HuBERT's positional conv) when no exporter folded it
+WEIGHT_NORM = spell(_weight_norm_trees(), "torchscript", "dynamo")
+
+
 def embedding_sum(x: Tensor) -> tuple[list[Node], list[Node]] | None:
     """(Gathers, Adds) when ``x`` = the sum of two or three rows of 2-D embedding tables (BERT's word +
     position (+ segment) embeddings): Gather(table, ids) each, summed by Adds whose sums nothing else

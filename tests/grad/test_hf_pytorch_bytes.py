@@ -23,7 +23,9 @@ DYNAMIC = True  # the exports' axes: True = named batch/seq dims bound by --batc
 BATCH = 2
 TOLERANCE = 0.01  # of PyTorch's bytes: what is left is 0-dim float64 scalars and 256-byte index slices
 DONE_WHEN = ("bert", "distilbert", "gpt2", "llama", "mistral", "qwen2", "t5_encoder", "vit", "clip_vision",
-             "whisper_encoder", "convnext", "swin", "segformer")
+             "whisper_encoder", "convnext", "swin", "segformer",
+             "swinv2",  # continuous position bias: an MLP on a constant table, made each step
+             *hf_models.SPEECH)  # a weight-normalised positional conv, GroupNorm in the feature encoder
 FOLDED_BN = ("the eval export folds BatchNorm into the conv; eager PyTorch keeps the conv output for "
              "BatchNorm's backward, and no ONNX tensor holds it")
 KNOWN = {  # (model, exporter) -> why fusecli cannot match PyTorch there yet
@@ -49,6 +51,8 @@ def _pytorch_bytes(name: str, seq: int) -> int:
 def test_saved_bytes_match_pytorch(hf_onnx, name, exporter, seq):
     path = hf_onnx(name, exporter, DYNAMIC, BATCH, seq)
     dims = {"seq": seq} if DYNAMIC and hf_models.spec(name).seq_axis else {}
+    if dims and name in hf_models.SPEECH:  # raw samples, SAMPLES_PER_STEP per step (hf_models.example_inputs)
+        dims = {"samples": hf_models.SAMPLES_PER_STEP * seq}
     result = analyze(path, Options(batch=BATCH, dims=dims))
     assert result.profile.name == "pytorch", result.profile_reason
     sizes = [s.bytes for s in result.liveness.saved if s.tensor.kind == "activation"]

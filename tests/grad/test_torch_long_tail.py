@@ -232,6 +232,18 @@ class SelectedHeads(nn.Module):
         return self.o((q * k).reshape(b, s, H))
 
 
+class GroupNormedTokens(nn.Module):
+    """nn.GroupNorm (HuBERT's first feature conv), channels on axis 1: native_group_norm saves x and the
+    (N, G) mean and rstd; the exports' Reshape, InstanceNormalization, Reshape, * w + b keep no interior."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.norm, self.b = nn.Linear(H, H), nn.GroupNorm(2, SEQ), nn.Linear(H, H)
+
+    def forward(self, x, ids):
+        return self.b(torch.tanh(self.norm(self.a(x))))
+
+
 class _Attention(nn.Module):
     """sdpa on (b, h, s, d) heads, then ``transpose(1, 2).contiguous().reshape(b, s, H)`` into o_proj. CPU
     flash lays its output out as q: q from view + transpose makes that reshape a view of the output sdpa
@@ -302,6 +314,7 @@ MODULES = {"gather_elements": (GatherElements, "GatherElements"),
            "parameter_view": (ExpertWeights, "MatMul"), "position_slice": (PositionSlice, "Slice"),
            "buffer_slice": (BufferSlice, "Slice"), "layer_norm": (LayerNormed, "LayerNormalization"),
            "group_norm": (GroupNormed, "InstanceNormalization"), "select": (SelectedHeads, "Gather"),
+           "group_norm_tokens": (GroupNormedTokens, "InstanceNormalization"),
            "buffer_table": (BufferTable, "Gather"), "slice_copy": (SliceCopy, "ScatterND"),
            "slice_assign": (SliceAssign, "Gather"), "rotary_buffer": (RotaryBuffer, "Cos"),
            "view_query_attention": (ViewQueryAttention, "Softmax"),
