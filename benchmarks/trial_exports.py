@@ -107,13 +107,29 @@ ARCHS = {  # model_type -> (kind, config overrides) (transformers' AutoConfig.fo
     "mbart": ("seq2seq", {}),
     "t5": ("seq2seq", dict(d_model=64, d_kv=32, d_ff=128, num_layers=2, num_heads=2, decoder_start_token_id=0,
                            pad_token_id=0)),
+    # held out until the merges of 2026-11-28: encoders with rotary, grouped and conv attention, speech
+    # models with a gated relative bias, two more encoder-decoders, and decoders with their MoE variants
+    "roformer": ("encoder", dict(embedding_size=64)),  # rotary in an encoder
+    "squeezebert": ("encoder", dict(embedding_size=64)),  # grouped 1x1 convs for q, k, v and the FFN
+    "convbert": ("encoder", dict(embedding_size=64)),  # span-based dynamic conv beside attention
+    "rembert": ("encoder", dict(input_embedding_size=32, output_embedding_size=32)),
+    "wavlm": ("speech", {}),  # gated relative position bias
+    "data2vec-audio": ("speech", dict(num_conv_pos_embeddings=2, conv_pos_kernel_size=3)),
+    "m2m_100": ("seq2seq", {}),
+    "blenderbot": ("seq2seq", {}),
+    "cohere2": ("decoder", dict(num_key_value_heads=2, sliding_window=8)),
+    "smollm3": ("decoder", dict(num_key_value_heads=2, pad_token_id=0)),
+    "granitemoe": ("decoder", dict(num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2)),
+    "qwen3_moe": ("decoder", dict(num_key_value_heads=2, head_dim=32, num_experts=4, num_experts_per_tok=2,
+                                  moe_intermediate_size=64)),
     "whisper": ("whisper", dict(vocab_size=100, d_model=64, encoder_layers=2, encoder_attention_heads=2,
                                 decoder_layers=2, decoder_attention_heads=2, encoder_ffn_dim=128,
                                 decoder_ffn_dim=128, num_mel_bins=hf_models.WHISPER_MELS,
                                 max_source_positions=hf_models.WHISPER_FRAMES // 2, max_target_positions=256,
                                 pad_token_id=0, bos_token_id=0, eos_token_id=0, decoder_start_token_id=0)),
 }
-MOE_TYPES = ("qwen2_moe", "olmoe", "deepseek_v3")  # built with transformers' eager experts
+# built with transformers' eager experts
+MOE_TYPES = ("qwen2_moe", "olmoe", "deepseek_v3", "granitemoe", "qwen3_moe")
 BATCH, SEQ = 2, 32
 # the named dims each kind's export has besides batch (images have none)
 DIMS = {"vision": {}, "stages": {}, "speech": {"samples": hf_models.SAMPLES_PER_STEP * SEQ},

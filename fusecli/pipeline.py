@@ -12,7 +12,7 @@ from .fusion.match import Match
 from .grad.backward import build_backward
 from .grad.profiles import OPS, Profile, choose_profile
 from .grad.storage import held_to_boundary, storages, transients
-from .grad.torch_export import frequency_note
+from .grad.torch_export import frequency_note, sinusoidal_note
 from .load import load_model, resolve_sizes
 from .load.constant_weights import no_parameter_warning
 from .load.routing import ROUTER_OPS, routers_of
@@ -183,9 +183,8 @@ def analyze_graph(path: str, graph: Graph, options: Options) -> Analysis:
         found = {id(m.roles["softmax"]) for m in matches if m.pattern.name == "attention"}
         misses = near_misses(graph, found)
     warnings = [*graph.meta.get("warnings", []), *warnings]
-    buffers = frequency_note(graph) if profile.frozen is not None else None
-    if buffers:
-        warnings.append(buffers)
+    if profile.frozen is not None:
+        warnings += [note for note in (frequency_note(graph), sinusoidal_note(graph)) if note]
     no_params = None if options.wrt_inputs else no_parameter_warning(graph)
     if no_params:
         warnings.append(no_params)

@@ -35,7 +35,7 @@ def frozen_parameters(graph: Graph) -> set[str]:
     """Names of the graph's parameters that torch.export says are not PyTorch parameters."""
     signature = (graph.meta.get("export") or {}).get(SIGNATURE)
     if not signature:
-        return frequency_tables(graph)
+        return frequency_tables(graph) | sinusoidal_tables(graph)
     params = {n for name, kind, target in _INPUT.findall(signature) if kind == "PARAMETER"
               for n in (name, target)}
     verdict: dict[str, bool] = {}
@@ -58,7 +58,27 @@ def frozen_parameters(graph: Graph) -> set[str]:
                                       for s in folded)
         return verdict[t.name]
 
-    return {t.name for t in graph.tensors.values() if t.kind == "parameter" and not trainable(t)}
+    return {t.name for t in graph.tensors.values() if t.kind == "parameter" and not trainable(t)} \
+        | sinusoidal_tables(graph)
+
+
+def sinusoidal_tables(graph: Graph) -> set[str]:
+    """Names of the sinusoidal position tables the loader found by their values (load.position_tables):
+    ``nn.Embedding(..., _freeze=True)`` (RoFormer, Marian) has ``requires_grad=False``, which no export
+    records, so a signature's PARAMETER does not make them trained."""
+    return {t.name for t in graph.tensors.values() if t.meta.get("sinusoidal") and t.kind == "parameter"}
+
+
+def sinusoidal_note(graph: Graph) -> str | None:
+    """What ``sinusoidal_tables`` assumed, said out loud (None where it found none)."""
+    found = sorted(sinusoidal_tables(graph))
+    if not found:
+        return None
+    names = ", ".join(repr(n) for n in found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+    many = len(found) > 1
+    return (f"assumed: {len(found)} position table{'s' if many else ''} ({names}) taken for fixed, not "
+            f"trained: {'their' if many else 'its'} values are sin/cos of position / 10000^(2i/d), as "
+            "nn.Embedding(..., _freeze=True) writes them, and no export says requires_grad")
 
 
 def made_each_step(graph: Graph) -> set[str]:

@@ -20,6 +20,7 @@ from .common import mark_constant_subgraphs, mark_parameter_views, refine_bias_a
 from .constant_weights import promote_constant_weights
 from .onnx_order import canonicalize
 from .onnx_wire import WireError, read_structure
+from .position_tables import mark_sinusoidal_tables
 from .shape_tools import dims_of, infer_shapes
 from .tf2onnx import for_sizing, refine_tf2onnx, restore_tf_ops, tf_ops_as_onnx
 from .torch_meta import torch_node_meta
@@ -202,6 +203,7 @@ def load_onnx(path: str, constant_weights: bool = True) -> Graph:
         graph.tensors[name].meta["data_omitted"] = True
     graph.meta["onnx_structure"] = (for_sizing(model), omitted)  # sized at the user's dims (load.onnx_sizes)
     refine_tf2onnx(graph)  # a tf2onnx conversion: TensorFlow's graph shapes, its folded BatchNorms
+    mark_sinusoidal_tables(graph, path)  # fixed sin/cos position tables, told by their values
     return graph
 
 
