@@ -67,14 +67,17 @@ def mark_sinusoidal_tables(graph: Graph, path: str) -> list[str]:
         return []
     values = {name: t.meta["value"] for name, t in candidates.items() if t.meta.get("value") is not None}
     if len(values) < len(candidates):
-        model, _ = read_structure(path, external=True)  # payloads as references into the file
+        try:
+            model, _ = read_structure(path, external=True)  # payloads as references into the file
+        except (OSError, ValueError):
+            model = None  # unreadable now (the load read it): every table taken for what the export says
         base = os.path.dirname(os.path.abspath(path))
-        for init in model.graph.initializer:
+        for init in model.graph.initializer if model is not None else ():
             if init.name in candidates and init.name not in values:
                 try:
                     values[init.name] = numpy_helper.to_array(init, base)
-                except (OSError, ValueError):
-                    continue  # unreadable here: taken for what the export says
+                except Exception:  # noqa: BLE001 - a payload that does not read is no sinusoidal table
+                    continue
     found = [name for name, v in values.items() if is_sinusoidal(np.asarray(v))]
     for name in found:
         candidates[name].meta["sinusoidal"] = True
