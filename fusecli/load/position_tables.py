@@ -56,6 +56,8 @@ def is_sinusoidal(value: np.ndarray) -> bool:
     if value.ndim != 2 or not np.issubdtype(value.dtype, np.floating):
         return False
     v = value.astype(np.float64)
+    if not np.all((np.abs(v[0]) <= _ATOL) | (np.abs(v[0] - 1) <= _ATOL)):
+        return False  # position 0 is sin(0) = 0 and cos(0) = 1 in every layout: a learned row 0 is neither
     return any(np.allclose(v, table, rtol=0, atol=_ATOL) for table in sinusoidal_layouts(*v.shape))
 
 
