@@ -14,6 +14,7 @@ import pytest
 
 from fusecli.load.position_tables import is_sinusoidal
 from fusecli.pipeline import Options, analyze
+from tests.grad.test_torch_long_tail import pytorch_saved_bytes
 
 torch = pytest.importorskip("torch")
 nn = torch.nn
@@ -87,22 +88,6 @@ def _export(model, x, exporter: str, path: str) -> str:
     return path
 
 
-def _pytorch_saved_bytes(model, x) -> int:
-    skip = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers(), x)}
-    seen: dict[int, int] = {}
-
-    def pack(t):
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in skip and storage.nbytes() > 0:
-            seen[storage.data_ptr()] = storage.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = model(x)
-    out.sum().backward()
-    return sum(seen.values())
-
-
 @pytest.mark.parametrize("frozen", [True, False], ids=["frozen_sinusoidal", "learned"])
 @pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
 def test_saved_bytes_match_pytorch(tmp_path, exporter, frozen):
@@ -114,5 +99,5 @@ def test_saved_bytes_match_pytorch(tmp_path, exporter, frozen):
     said = [w for w in a.warnings if "position table" in w]
     assert bool(said) == frozen, a.warnings
     ours = sum(s.bytes for s in a.liveness.saved if s.tensor.kind == "activation")
-    assert ours == _pytorch_saved_bytes(model, x), [(s.tensor.name, s.bytes) for s in a.liveness.saved
+    assert ours == pytorch_saved_bytes(model, (x,)), [(s.tensor.name, s.bytes) for s in a.liveness.saved
                                                     if s.tensor.kind == "activation"]
