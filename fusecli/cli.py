@@ -12,20 +12,26 @@ import click
 
 from . import __version__
 from .core.errors import FuseError, UsageError, one_line
+from .core.terminal import printable
 
 # At exit, freeze what is left: interpreter shutdown then skips a collection that would walk every
 # object of a big graph (seconds on 100k nodes) only to free memory the process gives back anyway.
 atexit.register(gc.freeze)
 
 
+def _echo(text: str, err: bool = False) -> None:
+    """Text for a person: a model's strings in it show their control characters as escapes."""
+    click.echo(printable(text), err=err)
+
+
 def _error(message: str) -> None:
     """The ``error:`` line on stderr: one line, whatever newlines the message holds."""
-    click.echo(f"error: {one_line(message)}", err=True)
+    _echo(f"error: {one_line(message)}", err=True)
 
 
 def _warn(message: str, label: str = "") -> None:
     """A ``warning:`` line on stderr, one line as an error is."""
-    click.echo(f"warning: {label}{one_line(message)}", err=True)
+    _echo(f"warning: {label}{one_line(message)}", err=True)
 
 
 def _fail(message: str) -> None:
@@ -77,10 +83,10 @@ class _Group(click.Group):
         except BrokenPipeError:
             _quiet_broken_pipe()
         except KeyboardInterrupt:
-            click.echo("error: interrupted", err=True)
+            _echo("error: interrupted", err=True)
             sys.exit(130)
         except Terminated:
-            click.echo("error: terminated", err=True)
+            _echo("error: terminated", err=True)
             sys.exit(143)
         except Exception as e:  # a bug of ours must still not print a traceback at the user
             if os.environ.get("FUSECLI_DEBUG"):
@@ -116,7 +122,8 @@ def _parse_dims(values: tuple[str, ...]) -> dict[str, int]:
 def _dims_text(result) -> str:
     """'batch=2, seq=128' (or 'its fixed sizes'): the sizes an analysis counted bytes at."""
     sizes = result.sizes
-    return ", ".join(f"{n}={sizes[n]}" for n in sizes.variables) or "its fixed sizes"
+    parts = [f"{printable(n, newlines=False)}={sizes[n]}" for n in sizes.variables]
+    return ", ".join(parts) or "its fixed sizes"
 
 
 def _parse_patterns(ctx, param, value: str | None) -> tuple[str, ...]:
@@ -194,11 +201,11 @@ def _write_viewer_outputs(result, model: str, overlay: str | None, annotate: str
         from .load.onnx_wire import read_structure
         from .report.overlay import write_overlay
 
-        click.echo(write_overlay(result, read_structure(model)[0], overlay), err=True)
+        _echo(write_overlay(result, read_structure(model)[0], overlay), err=True)
     if annotate:
         from .report.annotate import write_annotated
 
-        click.echo(write_annotated(result, model, annotate), err=True)
+        _echo(write_annotated(result, model, annotate), err=True)
 
 
 def _routing_option(f):
@@ -295,7 +302,7 @@ def analyze(model: str, as_json: bool, batch: int | None, dims: tuple[str, ...],
         with progress.stages() as stage:
             stage("plotting")
             note = plot_timeline(result.liveness, plot_path, title)
-        click.echo(f"wrote {plot_path} ({note})", err=True)
+        _echo(f"wrote {plot_path} ({note})", err=True)
     _write_viewer_outputs(result, model, overlay_path, annotate_path)
     if as_json:
         _echo_json(to_json(result))
@@ -390,8 +397,8 @@ def render(model: str, view: str, as_dot: bool, output: str | None, mode: str, f
         stage(f"drawing {count} nodes")
         source, count = build_dot(result, view, focus, hops, collapse, mode, fmt, unfold, shape_ops)
         if fmt == "dot":
-            if output is None:
-                click.echo(source)
+            if output is None:  # at a terminal: indented with spaces, labels escaped (render/kit.escape)
+                _echo(source.replace("\t", "    "))
                 return
             data = source.encode()
         else:
@@ -402,7 +409,7 @@ def render(model: str, view: str, as_dot: bool, output: str | None, mode: str, f
             f.write(data)
     big_png = fmt == "png" and count > BIG_GRAPH_NODES
     hint = "; PNG scaled to fit 14,400 px, .svg keeps every detail" if big_png else ""
-    click.echo(f"wrote {output} ({view} view, {count} nodes{hint})", err=True)
+    _echo(f"wrote {output} ({view} view, {count} nodes{hint})", err=True)
 
 
 @main.command("rewrite")
@@ -453,7 +460,7 @@ def rewrite_command(model: str, output: str, target: str, mode: str, patterns: t
     if as_json:
         _echo_json(rewrite_json(result))
     else:
-        click.echo(format_summary(result))
+        _echo(format_summary(result))
     if result.refused:
         _fail(result.refused)
 
@@ -506,10 +513,11 @@ def diff_command(old: str, new: str, as_json: bool, batch: int | None, dims: tup
     if as_json:
         _echo_json(doc)
     else:
+        from .core.terminal import terminal_report
         from .diff.text import report_lines
 
         color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
-        click.echo("\n".join(report_lines(doc, color=color)))
+        click.echo(terminal_report(lambda style: "\n".join(report_lines(doc, style=style)), color))
     sys.exit(doc["summary"]["exit"])
 
 
@@ -578,15 +586,15 @@ def plan_command(model: str, budget: int, batch: int | None, dims: tuple[str, ..
         from .report.plot import plot_plan_curve
 
         note = plot_plan_curve(curve(plan), budget, plan.chosen, plot_path, f"{name}: step peak vs recompute")
-        click.echo(f"wrote {plot_path} ({note})", err=True)
+        _echo(f"wrote {plot_path} ({note})", err=True)
     if emit_path:
         from .plan.emit import write_pytorch_helper
 
         note = write_pytorch_helper(emit_path, plan, name)
-        click.echo(f"wrote {emit_path} ({note})", err=True)
+        _echo(f"wrote {emit_path} ({note})", err=True)
     if as_json:
         _echo_json(plan_json(plan))
     else:
-        click.echo("\n".join(plan_lines(plan, name)))
+        _echo("\n".join(plan_lines(plan, name)))
     if not plan.fits:
         sys.exit(1)

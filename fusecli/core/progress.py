@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
+from .terminal import printable
+
 StageCallback = Callable[[str], None]
 
 _active: ContextVar[StageCallback | None] = ContextVar("fusecli_progress", default=None)
@@ -86,7 +88,7 @@ def _timed(callback: StageCallback | None) -> Iterator[StageCallback]:
         end = [None, time.perf_counter(), time.process_time()]
         for (name, start, cpu), nxt in zip(times, [*times[1:], end], strict=True):
             line = f"fusecli stage: {name}: {nxt[1] - start:.3f} s (cpu {nxt[2] - cpu:.3f} s)"
-            print(line, file=sys.stderr)
+            print(printable(line), file=sys.stderr)
 
 
 @contextmanager
@@ -108,9 +110,12 @@ class _Line:
     def enter(self, name: str) -> None:
         self.name, self.since = name, time.perf_counter()
 
-    def __rich__(self) -> str:
-        now = time.perf_counter()
-        return f"fusecli: {self.name} ({now - self.since:.1f} s; {now - self.start:.1f} s in all)"
+    def __rich__(self):
+        from rich.text import Text
+
+        now = time.perf_counter()  # a file's name is text, never markup, its control characters escaped
+        line = f"fusecli: {self.name} ({now - self.since:.1f} s; {now - self.start:.1f} s in all)"
+        return Text(printable(line))
 
 
 @contextmanager

@@ -4,8 +4,9 @@ ops and pairing, laid out in the terminal's width (80 columns when not a termina
 from __future__ import annotations
 
 from ..core.names import ELLIPSIS, cut
+from ..core.terminal import Style
 from ..core.units import format_bytes
-from ..report.text import Column, Style, table, terminal_width, wrap
+from ..report.text import Column, table, terminal_width, wrap
 
 MAX_ROWS = 12  # rows per section; the JSON has them all
 LABEL = {"fusion_lost": "lost", "fusion_gained": "gained", "verdict_worse": "worse",
@@ -142,9 +143,10 @@ def other_lines(doc: dict, width: int) -> list[str]:
     return ["", "ops, pairing, notes", *lines]
 
 
-def report_lines(doc: dict, width: int | None = None, color: bool = False) -> list[str]:
+def report_lines(doc: dict, width: int | None = None, color: bool = False,
+                 style: Style | None = None) -> list[str]:
     width = width or terminal_width()
-    style = Style(color)
+    style = style or Style(color)
     diffs = doc["differences"]
     scope = Scopes(diffs)
     names = [cut(f"scopes: {ELLIPSIS}/ stands for {scope.prefix}", width)] if scope.prefix else []

@@ -8,6 +8,7 @@ that was exported (``model.layers.3``); a SavedModel's are its Keras layer names
 from __future__ import annotations
 
 from ..core.output import atomic_write
+from ..core.terminal import source_comment
 
 HELPER = '''"""Activation checkpointing plan written by fusecli plan for {model} ({budget}).
 
@@ -19,7 +20,8 @@ exported; give ``prefix`` when that module sits inside the one you pass (prefix=
 from torch.utils.checkpoint import checkpoint
 
 MODULES = {modules}
-# fusecli's prediction at {dims}: saved activation bytes, and the training step's peak
+# fusecli's prediction at the dims in PREDICTED_AT: saved activation bytes, and the training step's peak
+PREDICTED_AT = {dims}
 PREDICTED_SAVED_BYTES = {saved}
 PREDICTED_PEAK_BYTES = {peak}
 
@@ -66,10 +68,13 @@ def write_pytorch_helper(path: str, plan, model: str) -> str:
 
     final = plan.planned_peak or plan.peak
     saved = plan.planned_saved or plan.saved
-    dims = ", ".join(f"{k}={v}" for k, v in plan.dims.items()) or "its fixed sizes"
-    text = HELPER.format(model=model.replace('"', "'"), budget=f"budget {format_bytes(plan.options.budget)}",
-                         modules=repr(plan.checkpoints), dims=dims, saved=saved.bytes, peak=final.bytes)
+    # a model's strings (its file name, module paths, dim names) reach the source only as repr() literals
+    # or, in the docstring, as printable ASCII with quotes and backslashes escaped: never as code
+    dims = {str(k): int(v) for k, v in plan.dims.items()}
+    text = HELPER.format(model=source_comment(model), budget=f"budget {format_bytes(plan.options.budget)}",
+                         modules=repr([str(p) for p in plan.checkpoints]), dims=repr(dims),
+                         saved=int(saved.bytes), peak=int(final.bytes))
     with atomic_write(path) as f:
-        f.write(text.encode())
+        f.write(text.encode("ascii", "backslashreplace"))
     n = len(plan.checkpoints)
     return f"{n} module{'s' if n != 1 else ''} to checkpoint"

@@ -9,6 +9,7 @@ of each instance in the views that show memory.
 from __future__ import annotations
 
 from ..core.blocks import fold_backward, fold_blocks
+from ..core.terminal import printable
 from ..core.units import format_bytes
 from .shape_ops import shape_only
 
@@ -76,5 +77,5 @@ def draw_clusters(d, a, memory: bool) -> None:
 
 
 def _escape(text: str) -> str:
-    """Text safe inside a quoted DOT string, one line."""
-    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ")
+    """Text safe inside a quoted DOT string, one line, control characters shown as escapes."""
+    return printable(text.replace("\n", " ")).replace("\\", "\\\\").replace('"', '\\"')

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from ..core.blocks import Folding
 from ..core.ir import Node, Tensor
 from ..core.names import cut, last_segments
+from ..core.terminal import printable
 from ..core.units import format_shape
 from ..fusion.match import Match
 
@@ -24,9 +25,10 @@ SCOPE_STYLE = {"shape": "box3d", "style": "filled", "fillcolor": "#eeeeee"}
 
 
 def escape(text: str, limit: int = TOOLTIP_CHARS) -> str:
-    """Text safe inside a quoted DOT string: cut to ``limit``, backslashes doubled, quotes escaped."""
-    text = cut(text, limit)
-    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ").replace("\r", " ")
+    """Text safe inside a quoted DOT string: cut to ``limit``, one line, control characters shown as escapes,
+    backslashes doubled, quotes escaped."""
+    text = printable(cut(text, limit).replace("\n", " ").replace("\r", " "))
+    return text.replace("\\", "\\\\").replace('"', '\\"')
 
 
 def dot_label(*lines: str) -> str:

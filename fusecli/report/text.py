@@ -16,6 +16,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from ..core.names import ELLIPSIS, common_scope, cut, cut_end, fit_unique, name_pattern, skeleton
+from ..core.terminal import Style, printable, terminal_report
 from ..core.units import format_bytes, format_shape, sum_bytes
 from ..fusion.match import Match
 from ..fusion.recompute import recompute_all
@@ -51,9 +52,10 @@ class Namer:
     """Strips the common scope prefix from node and tensor names (backward names 'gradients/<fwd>')."""
 
     def __init__(self, prefix: str) -> None:
-        self.prefix = prefix
+        self.prefix = printable(prefix, newlines=False)
 
     def __call__(self, name: str) -> str:
+        name = printable(name, newlines=False)  # a name is one line on the terminal, its controls escaped
         p = self.prefix
         if p and name.startswith(p):
             return ELLIPSIS + "/" + name[len(p):]
@@ -64,6 +66,7 @@ class Namer:
 
     def text(self, text: str, limit: int = 60) -> str:
         """Names inside free text (a verdict's reason): prefix stripped, each cut to ``limit``."""
+        text = printable(text, newlines=False)
         if self.prefix:
             text = text.replace(self.prefix, ELLIPSIS + "/")
         return _NAMEISH.sub(lambda m: cut(m.group(0), limit), text)
@@ -127,20 +130,6 @@ def wrap(text: str, width: int, indent: str) -> list[str]:
     if line:
         lines.append(indent + line)
     return [x.replace("\u00a0", " ") for x in lines]
-
-
-class Style:
-    """Colour on or off for the text report's lines (diff/text.py draws with it too)."""
-
-    def __init__(self, color: bool) -> None:
-        self.color = color
-
-    def __call__(self, text: str, **kw) -> str:
-        if not self.color:
-            return text
-        import click
-
-        return click.style(text, **kw)
 
 
 # ---- verdict classes -------------------------------------------------------------------------------
@@ -317,7 +306,7 @@ def formula_lines(a: Analysis, width: int) -> list[str]:
 
 def dims_text(a: Analysis) -> str:
     """'batch=2, seq=128' (and dims sized only as numbers), or 'fixed sizes'."""
-    parts = [f"{n}={a.sizes[n]}" for n in a.sizes.variables]
+    parts = [f"{printable(n, newlines=False)}={a.sizes[n]}" for n in a.sizes.variables]
     opaque = a.sizes.opaque
     if len(opaque) <= 3:
         parts += [f"{n}={v} (resolved)" for n, v in opaque.items()]
@@ -504,11 +493,11 @@ def unsupported_lines(a: Analysis, width: int) -> list[str]:
                       width, "")]
 
 
-def report_lines(a: Analysis, options: TextOptions | None = None) -> list[str]:
+def report_lines(a: Analysis, options: TextOptions | None = None, style: Style | None = None) -> list[str]:
     """The whole report as lines of at most ``options.width`` characters."""
     o = options or TextOptions()
     width = o.width or terminal_width()
-    style = Style(o.color)
+    style = style or Style(o.color)
     namer = Namer(common_scope([n.name for n in a.graph.nodes if not n.meta.get("constant")]))
     lines = header_lines(a, namer, width) + ops_lines(a, width, o.verbose)
     lines += summary_lines(a, width, style) + memory_lines(a, width)
@@ -525,4 +514,5 @@ def print_text_report(a: Analysis, options: TextOptions | None = None, echo=None
     import click
 
     echo = echo or click.echo
-    echo("\n".join(report_lines(a, options)))
+    color = bool(options and options.color)
+    echo(terminal_report(lambda style: "\n".join(report_lines(a, options, style)), color))

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def _render(model: str, *args: str) -> tuple[str, int]:
     r = CliRunner().invoke(main, ["render", model, "--dot", "--batch", "2", *args])
     assert r.exit_code == 0, r.output
-    return r.stdout, len(re.findall(r"^\tn\d+ \[", r.stdout, re.M))
+    return r.stdout, len(re.findall(r"^\s+n\d+ \[", r.stdout, re.M))
 
 
 def test_layers_fold_unless_unfold_and_shape_ops_show_on_request(hf_onnx):
