@@ -304,3 +304,45 @@ def huge_saved_model_pb(folder: str, size: int = 6 * 1024**3) -> str:
     with open(os.path.join(folder, "saved_model.pb"), "wb") as f:
         f.truncate(size)
     return folder
+
+
+# --- shapes that cost more than they weigh: a rank, or a tensor read as a shape (issue 54) ------------
+def rank_from_declared_dim(folder: str, dim: int = 4611686018427387904) -> str:
+    """The fuzz's 381-byte file: an input declared [dim, 16], a ConstantOfShape reading an Erf of it as
+    its shape (a rank-(16 dim) output)."""
+    nodes = [helper.make_node("Erf", ["x"], ["e"], "erf"),
+             helper.make_node("ConstantOfShape", ["e"], ["y"], "cos")]
+    return save(model(nodes, [vi("x", dim, 16)], [vi("y")]), folder)
+
+
+def declared_rank(folder: str, rank: int = 1000) -> str:
+    """A graph input declaring ``rank`` dims."""
+    return save(model([helper.make_node("Relu", ["x"], ["y"], "relu")], [vi("x", *[1] * rank)], [vi("y")]),
+                folder)
+
+
+def shape_input_claims(folder: str, op: str = "Reshape", length: int = 10**6) -> str:
+    """``op`` reading a graph input declared ``[length]`` (int64) as its shape or repeats."""
+    s = helper.make_tensor_value_info("s", TensorProto.INT64, [length])
+    return save(model([helper.make_node(op, ["x", "s"], ["y"], "r")], [vi("x", 2, 3), s], [vi("y")]), folder)
+
+
+def shape_constant_claims(folder: str, op: str = "Expand", length: int = 200) -> str:
+    """``op`` whose shape is a Constant of ``length`` ones: a rank-``length`` output."""
+    c = helper.make_node("Constant", [], ["s"], "shape",
+                         value=numpy_helper.from_array(np.ones(length, np.int64), "s"))
+    reads = ["s"] if op == "ConstantOfShape" else ["x", "s"]
+    return save(model([c, helper.make_node(op, reads, ["y"], "r")], [vi("x", 1)], [vi("y")]), folder)
+
+
+def complex_conv_bias(folder: str) -> str:
+    """Conv + BatchNorm + ReLU whose Conv bias is complex64, which onnxruntime refuses (and a fold of the
+    BatchNorm into it would discard the imaginary part, numpy warning on stderr)."""
+    w = numpy_helper.from_array(np.ones((4, 3, 3, 3), np.float32), "w")
+    b = numpy_helper.from_array(np.ones(4, np.complex64), "b")
+    bn = [numpy_helper.from_array(np.full(4, i + 1.0, np.float32), n)
+          for i, n in enumerate(["s", "bb", "m", "v"])]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], "conv"),
+             helper.make_node("BatchNormalization", ["c", "s", "bb", "m", "v"], ["d"], "bn"),
+             helper.make_node("Relu", ["d"], ["y"], "relu")]
+    return save(model(nodes, [vi("x", "N", 3, 8, 8)], [vi("y")], [w, b, *bn]), folder)

@@ -93,6 +93,8 @@ REFUSED = [
     (H.short_initializer, "rewrite --no-verify", r"initializer 'w' .*: its data does not fit its dims"),
     (H.huge_dims, "rewrite", r"verification input 'x'.*FUSECLI_MAX_FEED_ELEMENTS"),
     (H.ort_refuses, "rewrite", r"onnxruntime cannot load the original model"),
+    (H.complex_conv_bias, "rewrite --no-verify", r"not a valid model: onnxruntime refuses it .*complex64"),
+    (H.complex_conv_bias, "rewrite", r"not a valid model: onnxruntime refuses it .*complex64"),
     (H.unpack_claims, "analyze", r"node 'u' \(Unpack\) claims 3,000,000 outputs.*FUSECLI_MAX_OUTPUTS"),
     (lambda f: H.unpack_claims(f, 10**12), "analyze", r"claims 1,000,000,000,000 outputs"),
     (lambda f: H.shapen_claims(f, 10**9, used=True), "analyze", r"node 's' \(ShapeN\) claims 1,000,000,000"),

@@ -19,6 +19,8 @@ DEFAULTS = {
     "SUBGRAPH_DEPTH": (64, "levels of nested ONNX subgraphs (If/Loop/Scan bodies)"),
     # a scale, bias, mask or folded constant a rewrite makes from a shape the file declares
     "ARRAY_ELEMENTS": (1 << 28, "elements of one array a rewrite makes from a declared shape"),
+    # numpy's own limit on dims (NPY_MAXDIMS); a tensor read as a shape has one element per dim it makes
+    "RANK": (64, "dims of one tensor"),
 }
 
 

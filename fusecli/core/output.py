@@ -167,6 +167,14 @@ def _session_failure(path: str, source: str | bytes | None = None) -> str | None
     return None
 
 
+def type_refusal(path: str) -> str | None:
+    """onnxruntime's complaint when it refuses the model at ``path`` for a type no op takes (a complex64
+    Conv bias): the model is invalid, whatever fusecli would make of it. None when it loads, or refuses it
+    for another reason (an op or domain it has no kernel for: fusecli still reads those)."""
+    failure = _session_failure(path)
+    return failure if failure is not None and "Type Error" in failure else None
+
+
 def _without_path(text: str, path: str) -> str:
     """A message about the file at ``path`` with the file called 'the model' (a part file's name means
     nothing to the user, and two files' complaints compare equal)."""

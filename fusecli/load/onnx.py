@@ -21,7 +21,7 @@ from .constant_weights import promote_constant_weights
 from .onnx_order import canonicalize
 from .onnx_wire import WireError, read_structure
 from .position_tables import mark_sinusoidal_tables
-from .shape_tools import dims_of, infer_shapes
+from .shape_tools import check_shape_costs, dims_of, infer_shapes
 from .tf2onnx import for_sizing, refine_tf2onnx, restore_tf_ops, tf_ops_as_onnx
 from .torch_meta import torch_node_meta
 
@@ -214,8 +214,10 @@ def graph_of_model(model: onnx.ModelProto, name: str, constant_weights: bool = T
     opset = opset_of(model)
     canonicalize(model.graph)
     progress.stage("shape inference")
+    check_shape_costs(model)  # a declared shape is a promise about cost: checked before the tools read it
     renamed = tf_ops_as_onnx(model)  # tf2onnx's Erfc, which ONNX lacks, shaped as Erf for the shape tools
     inferred, warning = infer_shapes(model)
+    check_shape_costs(inferred)  # and what ONNX's inference made of it, before onnxruntime's runs
     restore_tf_ops(model, renamed)
     if inferred is not model:
         restore_tf_ops(inferred, renamed)

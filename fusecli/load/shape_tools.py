@@ -12,9 +12,12 @@ from collections.abc import Iterable
 
 import onnx
 
+from ..core import budgets
 from ..core.errors import error_text
 
 DATA_PROP_ELEMENTS = int(os.environ.get("FUSECLI_MAX_SHAPE_VALUE_ELEMENTS", 1 << 16))
+# inputs read as the shape (or repeats) of an output: one element per dim of what the op makes
+SHAPE_INPUTS = {"ConstantOfShape": 0, "Reshape": 1, "Expand": 1, "Tile": 1}
 
 
 def infer_shapes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str | None]:
@@ -33,6 +36,46 @@ def infer_shapes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str | None]:
     except Exception as e:  # onnx raises several C++-mapped types here
         first = error_text(e)
         return model, f"shape inference failed, shapes may be missing: {first}"
+
+
+def check_shape_costs(model: onnx.ModelProto) -> None:
+    """OverBudget (one line, naming the tensor and the figure) when a declared or inferred shape costs
+    more than the RANK budget: a value, initializer or Constant of more dims, or a tensor an op reads as
+    a shape (ConstantOfShape, Reshape, Expand, Tile) of more elements (a rank-N output, one dim each).
+    Linear in the model's values and nodes; run before the shape tools build anything from a shape."""
+    cap = budgets.limit("RANK")
+    graphs = [model.graph]
+    while graphs:
+        g = graphs.pop()
+        shapes: dict[str, list] = {}
+        for what, infos in (("graph input", g.input), ("value", g.value_info), ("graph output", g.output)):
+            for vi in infos:
+                if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):
+                    dims = vi.type.tensor_type.shape.dim
+                    budgets.check("RANK", len(dims), f"{what} {vi.name!r} declares {len(dims):,} dims")
+                    shapes[vi.name] = [d.dim_value if d.HasField("dim_value") else None for d in dims]
+        for t in g.initializer:
+            budgets.check("RANK", len(t.dims), f"initializer {t.name!r} declares {len(t.dims):,} dims")
+            shapes[t.name] = list(t.dims)
+        for n in g.node:
+            for a in n.attribute:
+                if a.type == onnx.AttributeProto.TENSOR:
+                    budgets.check("RANK", len(a.t.dims), f"{n.op_type} {n.name or n.output[0]!r} declares "
+                                  f"{len(a.t.dims):,} dims")
+                    if n.op_type == "Constant" and n.output:
+                        shapes[n.output[0]] = list(a.t.dims)
+                graphs += [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)
+        for n in g.node:
+            k = SHAPE_INPUTS.get(n.op_type)
+            if k is None or len(n.input) <= k or n.input[k] not in shapes:
+                continue
+            known = [d for d in shapes[n.input[k]] if d is not None]
+            elements = 1
+            for d in known:
+                elements *= d
+            if known and elements > cap:
+                budgets.check("RANK", elements, f"{n.op_type} {n.name or n.output[0]!r} reads "
+                              f"{n.input[k]!r} as a shape of {elements:,} elements")
 
 
 def huge_shape_value(model: onnx.ModelProto) -> str | None:

@@ -14,7 +14,7 @@ from onnx import helper
 
 from ..core.errors import FuseError
 from ..core.ir import Graph, gc_paused
-from ..core.output import check_model_file, refuse_overwriting_input, scratch_dir
+from ..core.output import check_model_file, refuse_overwriting_input, scratch_dir, type_refusal
 from ..core.progress import stage
 from ..core.units import format_bytes
 from ..load.onnx import dtype_name, graph_of_model, opset_of
@@ -235,6 +235,9 @@ def rewrite(path: str, options: RewriteOptions | None = None, output: str | None
         refuse_overwriting_input(output, [path])
     with scratch_dir("rewrite") as work:
         source = open_source(path, work, options.signature)
+        invalid = type_refusal(source.onnx_path)  # before any fold reads a weight of a type no op takes
+        if invalid is not None:
+            raise FuseError(f"{path}: not a valid model: onnxruntime refuses it ({invalid}); nothing written")
         pipeline_options = Options(batch=options.batch, dims=dict(options.dims), patterns=options.patterns,
                                    routing=options.routing)
         analysis = analyze(source.onnx_path, pipeline_options)
