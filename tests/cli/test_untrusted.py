@@ -87,21 +87,31 @@ def test_issue_61_helper_runs_no_injected_code(files, tmp_path):
     assert "INJECTED" not in i.stdout
 
 
-@pytest.mark.parametrize("text", HOSTILE)
-def test_helper_from_hostile_strings_imports_with_no_side_effect(text, tmp_path):
-    """Every model string the helper holds (module paths, dim names, the model's name) is hostile."""
+def test_helpers_from_hostile_strings_import_with_no_side_effect(tmp_path):
+    """Every model string a helper holds (module paths, dim names, the model's name) is hostile: each
+    helper compiles, is printable ASCII, holds the exact strings as literals, and importing them all (one
+    fresh interpreter, each from an empty folder of its own) prints nothing and writes nothing."""
     size = SimpleNamespace(bytes=1234)
-    plan = SimpleNamespace(checkpoints=[text, f"layers.0.{text}"], dims={text: 3, "seq": 8}, saved=size,
-                           peak=size, planned_saved=None, planned_peak=None,
-                           options=SimpleNamespace(budget=1 << 20))
-    helper = tmp_path / "helper.py"
-    write_pytorch_helper(str(helper), plan, f"{text}.onnx")
-    source = helper.read_text(encoding="ascii")  # printable ASCII only, escapes for the rest
-    compile(source, str(helper), "exec")
-    i = import_helper(helper)
-    assert i.returncode == 0 and i.stdout == "2" and i.stderr == "", i.stderr
-    assert sorted(os.listdir(tmp_path)) in (["helper.py"], ["__pycache__", "helper.py"])  # no PWNED file
-    namespace: dict = {}
-    exec(compile(source.replace("from torch.utils.checkpoint import checkpoint", ""), "h", "exec"), namespace)
-    assert namespace["MODULES"] == [text, f"layers.0.{text}"]  # the exact strings, as literals
-    assert namespace["PREDICTED_AT"] == {text: 3, "seq": 8}
+    folders = []
+    for i, text in enumerate(HOSTILE):
+        plan = SimpleNamespace(checkpoints=[text, f"layers.0.{text}"], dims={text: 3, "seq": 8}, saved=size,
+                               peak=size, planned_saved=None, planned_peak=None,
+                               options=SimpleNamespace(budget=1 << 20))
+        folder = tmp_path / f"case{i}"
+        folder.mkdir()
+        helper = folder / f"helper{i}.py"
+        write_pytorch_helper(str(helper), plan, f"{text}.onnx")
+        source = helper.read_text(encoding="ascii")  # printable ASCII only, escapes for the rest
+        namespace: dict = {}
+        without_torch = source.replace("from torch.utils.checkpoint import checkpoint", "")
+        exec(compile(without_torch, str(helper), "exec"), namespace)
+        assert namespace["MODULES"] == [text, f"layers.0.{text}"]  # the exact strings, as literals
+        assert namespace["PREDICTED_AT"] == {text: 3, "seq": 8}
+        folders.append(folder)
+    script = "; ".join(["import importlib, os, sys"] + [
+        f"os.chdir({str(f)!r}); sys.path.insert(0, {str(f)!r}); importlib.import_module('helper{i}')"
+        for i, f in enumerate(folders)])
+    i = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert i.returncode == 0 and i.stdout == "" and i.stderr == "", i.stderr[-400:]
+    for k, folder in enumerate(folders):
+        assert sorted(os.listdir(folder)) in ([f"helper{k}.py"], ["__pycache__", f"helper{k}.py"])  # no PWNED

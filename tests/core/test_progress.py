@@ -47,8 +47,24 @@ def test_analyze_reports_its_stages_in_order(sample):
                     "fusion"]
 
 
-def test_stage_outside_an_analysis_goes_nowhere():
-    progress.stage("reading")  # no reporter active: nothing happens, nothing raises
+def test_stage_outside_an_analysis_goes_nowhere(sample, capsys):
+    seen: list[str] = []
+    analyze(sample("conv_bn_relu"), Options(batch=2), on_stage=seen.append)
+    count = len(seen)
+    progress.stage("reading")  # the analysis' reporter is gone: nothing reaches it, nothing is printed
+    assert len(seen) == count > 0
+    assert capsys.readouterr() == ("", "")
+
+
+def test_spinner_shows_a_stage_name_as_text(monkeypatch, no_ci):
+    """A stage names a file (diff's 'reading NAME'): its control characters are escapes, its brackets are
+    not rich markup."""
+    fake = _Stream(tty=True)
+    monkeypatch.setattr("sys.stderr", fake)
+    with progress.stages() as report:
+        report("reading [bold]x\x1b]0;PWNED\x07.onnx")
+    drawn = fake.getvalue()
+    assert "[bold]x\\x1b]0;PWNED\\x07.onnx" in drawn and "\x1b]0;PWNED" not in drawn
 
 
 def test_silent_when_stderr_is_not_a_terminal(sample, capsys, no_ci):
