@@ -12,7 +12,7 @@ import click
 
 from . import __version__
 from .core.errors import FuseError, UsageError, one_line
-from .core.terminal import printable
+from .core.terminal import dims_line, printable
 
 # At exit, freeze what is left: interpreter shutdown then skips a collection that would walk every
 # object of a big graph (seconds on 100k nodes) only to free memory the process gives back anyway.
@@ -121,9 +121,7 @@ def _parse_dims(values: tuple[str, ...]) -> dict[str, int]:
 
 def _dims_text(result) -> str:
     """'batch=2, seq=128' (or 'its fixed sizes'): the sizes an analysis counted bytes at."""
-    sizes = result.sizes
-    parts = [f"{printable(n, newlines=False)}={sizes[n]}" for n in sizes.variables]
-    return ", ".join(parts) or "its fixed sizes"
+    return dims_line({n: result.sizes[n] for n in result.sizes.variables}) or "its fixed sizes"
 
 
 def _parse_patterns(ctx, param, value: str | None) -> tuple[str, ...]:

@@ -4,29 +4,36 @@ A name may hold control characters (an ESC that sets the terminal's title or wri
 NUL, a carriage return that hides what came before), Unicode line separators or bidi overrides.
 ``printable`` shows each as an escape (``\\x1b``), as ``git`` and ``ls`` do; ``terminal_report`` is
 the one way a text report reaches a terminal, colour included; ``source_comment`` makes a model string
-safe in a comment or docstring of generated Python. JSON keeps the exact string (json escapes it itself).
+safe in a comment or docstring of generated Python (``ascii()`` makes its literals). JSON keeps the
+exact string (json escapes it itself).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
-# C0 but newline, DEL, C1, surrogates, line/paragraph separators, bidi embeddings/overrides/isolates
-# and marks (the "Trojan source" characters)
-_UNSAFE = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069\ud800-\udfff]")
-_UNSAFE_LINE = re.compile(_UNSAFE.pattern.replace("\x0b", "\x0a\x0b", 1))  # newline too
+# DEL, C1, surrogates, line/paragraph separators, bidi embeddings/overrides/isolates and marks (the
+# "Trojan source" characters); with C0 but newline, or with all of C0
+_OTHER_UNSAFE = "\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069\ud800-\udfff"
+_UNSAFE = re.compile(f"[\x00-\x09\x0b-\x1f{_OTHER_UNSAFE}]")
+_UNSAFE_LINE = re.compile(f"[\x00-\x1f{_OTHER_UNSAFE}]")
 _SGR = re.compile("\x1b\\[[0-9;]*m")  # what click.style writes
 
 
-def _escape(m: re.Match) -> str:
-    c = ord(m.group(0))
-    return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
+def _escaped(c: int) -> str:
+    """One character as Python writes it in a string literal: \\xNN, \\uNNNN or \\UNNNNNNNN."""
+    return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}" if c < 0x10000 else f"\\U{c:08x}"
 
 
 def printable(text: str, newlines: bool = True) -> str:
     """``text`` with every control character shown as an escape; newlines kept unless ``newlines=False``."""
-    return (_UNSAFE if newlines else _UNSAFE_LINE).sub(_escape, text)
+    return (_UNSAFE if newlines else _UNSAFE_LINE).sub(lambda m: _escaped(ord(m.group(0))), text)
+
+
+def dims_line(values: Mapping[str, int]) -> str:
+    """'batch=2, seq=128', each dim's name one line with its controls escaped ('' when there are none)."""
+    return ", ".join(f"{printable(name, newlines=False)}={v}" for name, v in values.items())
 
 
 class Style:
@@ -62,12 +69,5 @@ def terminal_report(build: Callable[[Style], str], color: bool = False) -> str:
 
 def source_comment(text: str) -> str:
     """A model string for a comment or docstring of generated Python: printable ASCII only, quotes and
-    backslashes escaped too, so it can end no comment, string or line (repr() is for literals)."""
-    out = []
-    for ch in text:
-        c = ord(ch)
-        if 0x20 <= c < 0x7f and ch not in "\"'\\":
-            out.append(ch)
-        else:
-            out.append(f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}" if c < 0x10000 else f"\\U{c:08x}")
-    return "".join(out)
+    backslashes escaped too, so it can end no comment, string or line (``ascii()`` is for literals)."""
+    return "".join(ch if " " <= ch <= "~" and ch not in "\"'\\" else _escaped(ord(ch)) for ch in text)

@@ -68,13 +68,13 @@ def write_pytorch_helper(path: str, plan, model: str) -> str:
 
     final = plan.planned_peak or plan.peak
     saved = plan.planned_saved or plan.saved
-    # a model's strings (its file name, module paths, dim names) reach the source only as repr() literals
+    # a model's strings (its file name, module paths, dim names) reach the source only as ascii() literals
     # or, in the docstring, as printable ASCII with quotes and backslashes escaped: never as code
     dims = {str(k): int(v) for k, v in plan.dims.items()}
     text = HELPER.format(model=source_comment(model), budget=f"budget {format_bytes(plan.options.budget)}",
-                         modules=repr([str(p) for p in plan.checkpoints]), dims=repr(dims),
+                         modules=ascii([str(p) for p in plan.checkpoints]), dims=ascii(dims),
                          saved=int(saved.bytes), peak=int(final.bytes))
     with atomic_write(path) as f:
-        f.write(text.encode("ascii", "backslashreplace"))
+        f.write(text.encode("ascii"))
     n = len(plan.checkpoints)
     return f"{n} module{'s' if n != 1 else ''} to checkpoint"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..core.terminal import printable
+from ..core.terminal import dims_line
 from ..core.units import format_bytes
 from ..memory.formulas import evaluate_formula
 from .emit import keras_lines, pytorch_lines
@@ -47,7 +47,7 @@ def _largest(plan: Plan, value: int | None) -> str:
 def plan_lines(plan: Plan, model: str) -> list[str]:
     """The report: the step's memory, then either the headroom or the plan and how to apply it."""
     o = plan.options
-    dims = ", ".join(f"{printable(k, newlines=False)}={v}" for k, v in plan.dims.items()) or "its fixed sizes"
+    dims = dims_line(plan.dims) or "its fixed sizes"
     precision = o.precision or "as exported"
     out = [f"{model}: training step at {dims}, optimizer {o.optimizer}, precision {precision}; budget "
            f"{format_bytes(o.budget)} ({o.budget:,} bytes)", ""]

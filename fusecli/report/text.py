@@ -16,7 +16,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from ..core.names import ELLIPSIS, common_scope, cut, cut_end, fit_unique, name_pattern, skeleton
-from ..core.terminal import Style, printable, terminal_report
+from ..core.terminal import Style, dims_line, printable, terminal_report
 from ..core.units import format_bytes, format_shape, sum_bytes
 from ..fusion.match import Match
 from ..fusion.recompute import recompute_all
@@ -306,7 +306,7 @@ def formula_lines(a: Analysis, width: int) -> list[str]:
 
 def dims_text(a: Analysis) -> str:
     """'batch=2, seq=128' (and dims sized only as numbers), or 'fixed sizes'."""
-    parts = [f"{printable(n, newlines=False)}={a.sizes[n]}" for n in a.sizes.variables]
+    parts = [dims_line({n: a.sizes[n]}) for n in a.sizes.variables]
     opaque = a.sizes.opaque
     if len(opaque) <= 3:
         parts += [f"{n}={v} (resolved)" for n, v in opaque.items()]
