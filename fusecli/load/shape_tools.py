@@ -8,7 +8,8 @@ took 10 GB). Such a model is inferred without data propagation, and the warning 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
+from math import prod
 
 import onnx
 
@@ -38,66 +39,67 @@ def infer_shapes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str | None]:
         return model, f"shape inference failed, shapes may be missing: {first}"
 
 
+def _declared(g: onnx.GraphProto) -> Iterator[tuple[str, str, Sequence, str]]:
+    """(label, name, dims, op) of each shape one graph declares: its inputs, values and outputs, its
+    initializers and its nodes' tensor attributes (op: the node's op type, '' otherwise; name: the
+    tensor a node reads, '' for an attribute but Constant's value). Dims as the proto holds them (ints,
+    or Dimension messages: ``_dim_value``), so that a rank costs no list."""
+    for what, infos in (("graph input", g.input), ("value", g.value_info), ("graph output", g.output)):
+        for vi in infos:
+            if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):
+                yield f"{what} {vi.name!r}", vi.name, vi.type.tensor_type.shape.dim, ""
+    for t in g.initializer:
+        yield f"initializer {t.name!r}", t.name, t.dims, ""
+    for n in g.node:
+        for a in n.attribute:
+            if a.type == onnx.AttributeProto.TENSOR:
+                made = n.output[0] if n.output else ""
+                read = made if n.op_type == "Constant" else ""
+                yield f"{n.op_type} {n.name or made or n.op_type!r}", read, a.t.dims, n.op_type
+
+
+def _dim_value(d) -> int | None:
+    """A dim of ``_declared``: its int, None where symbolic."""
+    return d if isinstance(d, int) else d.dim_value if d.HasField("dim_value") else None
+
+
 def check_shape_costs(model: onnx.ModelProto) -> None:
     """OverBudget (one line, naming the tensor and the figure) when a declared or inferred shape costs
-    more than the RANK budget: a value, initializer or Constant of more dims, or a tensor an op reads as
-    a shape (ConstantOfShape, Reshape, Expand, Tile) of more elements (a rank-N output, one dim each).
-    Linear in the model's values and nodes; run before the shape tools build anything from a shape."""
+    more than the RANK budget: a value, initializer or tensor attribute of more dims, or a tensor an op
+    reads as a shape (ConstantOfShape, Reshape, Expand, Tile) of more elements (a rank-N output, one dim
+    each), in the graph and its subgraphs. Linear in the model's values and nodes; run before the shape
+    tools build anything from a shape."""
     cap = budgets.limit("RANK")
     graphs = [model.graph]
     while graphs:
         g = graphs.pop()
-        shapes: dict[str, list] = {}
-        for what, infos in (("graph input", g.input), ("value", g.value_info), ("graph output", g.output)):
-            for vi in infos:
-                if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):
-                    dims = vi.type.tensor_type.shape.dim
-                    budgets.check("RANK", len(dims), f"{what} {vi.name!r} declares {len(dims):,} dims")
-                    shapes[vi.name] = [d.dim_value if d.HasField("dim_value") else None for d in dims]
-        for t in g.initializer:
-            budgets.check("RANK", len(t.dims), f"initializer {t.name!r} declares {len(t.dims):,} dims")
-            shapes[t.name] = list(t.dims)
+        as_shape = {}  # tensor read as a shape -> the node that reads it
         for n in g.node:
             for a in n.attribute:
-                if a.type == onnx.AttributeProto.TENSOR:
-                    budgets.check("RANK", len(a.t.dims), f"{n.op_type} {n.name or n.output[0]!r} declares "
-                                  f"{len(a.t.dims):,} dims")
-                    if n.op_type == "Constant" and n.output:
-                        shapes[n.output[0]] = list(a.t.dims)
                 graphs += [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)
-        for n in g.node:
             k = SHAPE_INPUTS.get(n.op_type)
-            if k is None or len(n.input) <= k or n.input[k] not in shapes:
+            if k is not None and len(n.input) > k and n.input[k]:
+                as_shape.setdefault(n.input[k], []).append(n)
+        for label, name, dims, _ in _declared(g):
+            budgets.check("RANK", len(dims), f"{label} declares {len(dims):,} dims")
+            if name not in as_shape:
                 continue
-            known = [d for d in shapes[n.input[k]] if d is not None]
-            elements = 1
-            for d in known:
-                elements *= d
+            known = [v for v in map(_dim_value, dims) if v is not None]
+            elements = prod(known)
             if known and elements > cap:
+                n = as_shape[name][0]
                 budgets.check("RANK", elements, f"{n.op_type} {n.name or n.output[0]!r} reads "
-                              f"{n.input[k]!r} as a shape of {elements:,} elements")
+                              f"{name!r} as a shape of {elements:,} elements")
 
 
 def huge_shape_value(model: onnx.ModelProto) -> str | None:
     """The name of a 1-D input, value (value_info, output), initializer or Constant longer than the
     data-propagation budget."""
-    g = model.graph
-    for what, infos in (("graph input", g.input), ("value", g.value_info), ("graph output", g.output)):
-        for vi in infos:
-            tt = vi.type.tensor_type
-            if vi.type.HasField("tensor_type") and len(tt.shape.dim) == 1:
-                d = tt.shape.dim[0]
-                if d.HasField("dim_value") and d.dim_value > DATA_PROP_ELEMENTS:
-                    return f"{what} {vi.name!r}"
-    for t in g.initializer:
-        if len(t.dims) == 1 and t.dims[0] > DATA_PROP_ELEMENTS:
-            return f"initializer {t.name!r}"
-    for n in g.node:
-        if n.op_type == "Constant":
-            for a in n.attribute:
-                if a.type == onnx.AttributeProto.TENSOR and len(a.t.dims) == 1 \
-                        and a.t.dims[0] > DATA_PROP_ELEMENTS:
-                    return f"Constant {n.name or n.output[0]!r}"
+    for label, _, dims, op in _declared(model.graph):
+        if op in ("", "Constant") and len(dims) == 1:
+            v = _dim_value(dims[0])
+            if v is not None and v > DATA_PROP_ELEMENTS:
+                return label
     return None
 
 
