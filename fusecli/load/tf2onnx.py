@@ -93,9 +93,11 @@ def folded_batch_norms(graph: Graph) -> list[str]:
     for n in graph.nodes:
         if n.kind not in ("conv", "conv_transpose", "matmul", "gemm"):
             continue
-        for t in n.inputs[1:]:
-            m = _BN_NAME.match(t.name) if t is not None and t.producer is None else None
-            if m and m.group(1) not in kept and m.group(1) not in folded:
+        # the BN's name on a weight, or on the conv itself: tf2onnx names the fused conv after the BN op
+        # it absorbed (``<bn>/batchnorm/mul_1``) when it merges the scale into the weights (merged_input)
+        names = [t.name for t in n.inputs[1:] if t is not None and t.producer is None] + [n.name]
+        for m in filter(None, map(_BN_NAME.match, names)):
+            if m.group(1) not in kept and m.group(1) not in folded:
                 folded.append(m.group(1))
     return folded
 
