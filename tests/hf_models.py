@@ -32,7 +32,11 @@ MOE = ("mixtral",)
 SHAPE_READS = ("falcon", "codegen")
 # grouped-query decoders, 4 query heads sharing 2 K/V heads (GroupQueryAttention's rewrite tests); the
 # "_padded" one takes an attention_mask (a padding mask from the inputs' values)
-GQA = ("llama_gqa", "qwen2_gqa", "llama_gqa_padded", "mistral_gqa")  # Mistral: a sliding window of 8 keys
+GQA = ("llama_gqa", "qwen2_gqa", "llama_gqa_padded", "mistral_gqa",  # Mistral: a sliding window of 8 keys
+       "qwen3_gqa", "starcoder2_gqa")  # Qwen3: q/k RMSNorms; Starcoder2: LayerNorm, biases, a GELU MLP
+# falcon's new decoder with 2 K/V heads for 4: q, k, v from one query_key_value projection, each K/V head
+# broadcast (broadcast_to) to its group of query heads, then the groups flattened
+FUSED_GQA = ("falcon_gqa",)
 # speech encoders read raw samples (input_values, its axis 1 named "samples": SAMPLES_PER_STEP samples per
 # "seq" step); the dynamo export's conv output lengths are unnamed dims (unk..), one per copy
 SPEECH = ("hubert", "wav2vec2")
@@ -56,7 +60,7 @@ def spec(name: str) -> Spec:
     if name in ("bert", "distilbert", "roberta", "opt", "llama_gqa_padded", "deberta_v2"):
         return Spec(("input_ids", "attention_mask"), True)
     if name in TEXT or name in MORE_TEXT or name in MOE or name in SHAPE_READS or name in REWRITE_TEXT \
-            or name in GQA or name in INTERLEAVED:
+            or name in GQA or name in FUSED_GQA or name in INTERLEAVED:
         return Spec(("input_ids",), True)
     if name in AUDIO:
         return Spec(("input_features",), False)
@@ -81,8 +85,12 @@ def _config(name: str):
         cls = {"llama": tr.LlamaConfig, "mistral": tr.MistralConfig, "qwen2": tr.Qwen2Config}[name]
         return cls(vocab_size=100, max_position_embeddings=256, num_key_value_heads=1, head_dim=32,
                    **small)  # grouped-query attention: 2 query heads share one K/V head
+    if name == "falcon_gqa":
+        return tr.FalconConfig(vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                               new_decoder_architecture=True, num_kv_heads=2, max_position_embeddings=256)
     if name in GQA:
-        cls = {"qwen2": tr.Qwen2Config, "mistral": tr.MistralConfig}.get(name.split("_")[0], tr.LlamaConfig)
+        cls = {"qwen2": tr.Qwen2Config, "mistral": tr.MistralConfig, "qwen3": tr.Qwen3Config,
+               "starcoder2": tr.Starcoder2Config}.get(name.split("_")[0], tr.LlamaConfig)
         window = {"sliding_window": 8} if name.startswith("mistral") else {}
         return cls(vocab_size=100, max_position_embeddings=256, num_key_value_heads=2, head_dim=16,
                    **dict(small, num_attention_heads=4), **window)
@@ -277,7 +285,7 @@ def export(name: str, path: str, exporter: str = "torchscript", dynamic: bool = 
     model, args = at_precision(model, example_inputs(name, batch, seq), precision)
     second = "samples" if name in SPEECH else "seq"
     axes = {0: "batch", 1: second} if s.seq_axis else {0: "batch"}
-    with warnings.catch_warnings(), autocast_of(precision):
+    with warnings.catch_warnings(), autocast_of(precision), _repeated_kv(exporter):
         warnings.simplefilter("ignore")
         if exporter == "torchscript":
             torch.onnx.export(model, args, path, dynamo=False, opset_version=opset,
@@ -298,6 +306,20 @@ def export(name: str, path: str, exporter: str = "torchscript", dynamic: bool = 
         else:
             raise ValueError(exporter)
     return path
+
+
+def _repeated_kv(exporter: str):
+    """TorchScript cannot export sdpa's enable_gqa: transformers' own repeat of the K/V heads (repeat_kv)
+    instead, the form it exports whenever a mask is passed, and always before it used enable_gqa."""
+    import contextlib
+
+    if exporter != "torchscript":
+        return contextlib.nullcontext()
+    from unittest import mock
+
+    from transformers.integrations import sdpa_attention
+
+    return mock.patch.object(sdpa_attention, "use_gqa_in_sdpa", lambda *args, **kwargs: False)
 
 
 def at_precision(model, args, precision: str):

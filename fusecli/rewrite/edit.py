@@ -52,6 +52,17 @@ def apply(model: onnx.ModelProto, emissions: list[Emission], protos: dict[str, o
         model.opset_import.append(helper.make_opsetid(MS, 1))
 
 
+def import_used_domains(model: onnx.ModelProto) -> list[str]:
+    """Import com.microsoft (version 1) where the graph's nodes use it without the model importing it
+    (onnxruntime loads such a model, onnx's checker refuses it): a warning line per domain added."""
+    used = {n.domain for n in model.graph.node}
+    if MS not in used or any(o.domain == MS for o in model.opset_import):
+        return []
+    model.opset_import.append(helper.make_opsetid(MS, 1))
+    return [f"the model uses {MS} ops without importing the domain (onnxruntime loads it, onnx's checker "
+            f"refuses it): the rewritten model imports {MS} version 1"]
+
+
 def sort_nodes(model: onnx.ModelProto) -> None:
     """The model's nodes in topological order (``topological``), in place."""
     replace(model.graph.node, topological(list(model.graph.node)))

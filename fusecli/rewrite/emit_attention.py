@@ -14,15 +14,17 @@ Whisper, older GPT-2: the softmax over (B N, S, L) itself) is read through its m
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..core.ir import Node, Tensor
 from ..core.trees import is_noop
-from ..spellings.attention import LAYOUT, AttentionForm, read_attention, scalar_value
+from ..spellings.attention import LAYOUT, AttentionForm, depends_on_input, read_attention, scalar_value
 from ..spellings.common import ADD
 from .kit import MS, Context, Emission, attr_value, dtype_of, make_node, new_initializer, same_dims
+from .mask_band import MASKED, rows_kept
 from .merged_heads import merged_terms, read_merged, write_shapes
 from .shape_values import int_value
 
@@ -99,31 +101,67 @@ def _mha_form(m: Match, layouts: bool = False) -> AttentionForm | str:
     return terms_refusal(form, merged=False) or form
 
 
-def terms_refusal(form: AttentionForm, merged: bool) -> str | None:
+def terms_refusal(form: AttentionForm, merged: bool,
+                  kept: Callable[[Node], str | None] | None = None) -> str | None:
     """Why the score terms are more than the bias takes, else None: a mask and a position bias, one bool
     mask alone, or one bool mask with up to two terms where the mask's fill absorbs the scores (-inf or
     float32's lowest: s + c == c, so where(m, s, c) + t == s + where(m, 0, c) + t, GPT-2's causal Where
     with its padding mask). A fill that does not absorb (GPT-2's older -10000) differs where a row's every
-    key is masked: the Where puts c in place of the score, an additive bias keeps s + c."""
+    key is masked: the Where puts c in place of the score, an additive bias keeps s + c; so it is taken
+    only where ``kept`` (the Where -> why not, else None) proves that no row is."""
     terms, wheres = len(form.terms), len(form.bool_masks)
     if (wheres == 0 and terms <= 2) or (wheres == 1 and terms == 0):
         return None
-    where = next((n for n in form.nodes if n.kind == "where" and n.inputs[0] is form.bool_masks[0]), None) \
-        if wheres == 1 else None
-    fill = None
-    if where is not None:
-        fill = scalar_value(where.inputs[2])
-        fill = scalar_value(where.inputs[1]) if fill is None else fill
+    where, fill = where_fill(form)
     if where is not None and terms <= 2 and fill is not None and fill <= ABSORBING:
         return None
     if where is not None and terms <= 2 and fill is not None:
+        why = "its rows are not checked" if kept is None else kept(where)
+        if why is None and fill <= MASKED:
+            return None
+        why = why or f"the fill {fill:g} does not hide a score (exp({fill:g}) is not 0 in float32)"
         plural = "s" if terms > 1 else ""
         return (f"a bool mask Where(m, s, {fill:g}) and {terms} additive term{plural}: where a row's every "
                 f"key is masked the Where puts {fill:g} in place of the score, which an additive "
-                f"attention_bias cannot (it keeps s + {fill:g}); only a fill that absorbs the scores (-inf, "
-                "float32's lowest) is emitted")
+                f"attention_bias cannot (it keeps s + {fill:g}); a fill that absorbs the scores (-inf, "
+                f"float32's lowest) is emitted, another only where no row is fully masked ({why})")
     return (f"{terms} additive terms and {wheres} bool masks: the emitter takes a mask and a position bias, "
             "or one bool mask whose fill absorbs up to two terms")
+
+
+def where_fill(form: AttentionForm) -> tuple[Node | None, float | None]:
+    """The one bool mask's Where and the constant it puts in place of masked scores (None, None: not one)."""
+    if len(form.bool_masks) != 1:
+        return None, None
+    where = next((n for n in form.nodes if n.kind == "where" and n.inputs[0] is form.bool_masks[0]), None)
+    if where is None:
+        return None, None
+    fill = scalar_value(where.inputs[2])
+    return where, scalar_value(where.inputs[1]) if fill is None else fill
+
+
+def fill_note(form: AttentionForm, at: str) -> str:
+    """The warning for a Where whose fill does not absorb, written additively beside a term made from the
+    inputs' values (a padding mask): the one place the two differ, else ''."""
+    where, fill = where_fill(form)
+    if where is None or fill is None or fill <= ABSORBING or not form.terms \
+            or not any(depends_on_input(t, {}) for t in form.terms):
+        return ""
+    return (f"attention at {at}: MultiHeadAttention adds the mask's fill {fill:g} to the scores where the "
+            f"export's Where puts {fill:g} in their place: equal wherever a query keeps a key, different on "
+            "a query whose every key the padding mask hides (a padding position's own row)")
+
+
+def rows_checked(ctx: Context) -> Callable[[Node], str | None]:
+    """terms_refusal's ``kept`` for this graph: a Where whose condition is computed from shapes alone and,
+    run at probe sizes (mask_band.rows_kept), leaves every query a key."""
+    def kept(where: Node) -> str | None:
+        cond, score = where.inputs[0], where.inputs[1]
+        if depends_on_input(cond, {}):
+            return "the mask depends on the inputs' values"
+        keep_true = score.producer is not None and scalar_value(score) is None
+        return rows_kept(ctx.weights, cond.name, keep_true)
+    return kept
 
 
 def between_scores(node: Node, m: Match) -> bool:
@@ -300,7 +338,7 @@ def multi_head_attention(m: Match, ctx: Context) -> Emission | str:
     merged = read_merged(m, ctx)  # scores, q, k and v as (B N, ., .): read the (B, N, ., .) they merge
     if isinstance(merged, str):
         return merged
-    why = terms_refusal(form, merged is not None)
+    why = terms_refusal(form, merged is not None, rows_checked(ctx))
     if why:
         return why
     if merged is not None:
@@ -345,7 +383,8 @@ def multi_head_attention(m: Match, ctx: Context) -> Emission | str:
     else:  # where the export split P @ V's (B N, S, Hv) output into (B, N, S, Hv)
         remove += write_shapes(ctx, b, m, merged, q3, k3) + [merged.out_split.name]
         write_output(m, ctx, b, o3, heads, vh[1], remove, merged.out_split.outputs[0])
-    return Emission(m.pattern.name, "MultiHeadAttention", remove, b.nodes, b.inits)
+    return Emission(m.pattern.name, "MultiHeadAttention", remove, b.nodes, b.inits,
+                    note=fill_note(form, pv.name))
 
 
 def _equation(ctx: Context, node: Node) -> tuple[list[str], str] | None:

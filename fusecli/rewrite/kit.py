@@ -53,6 +53,7 @@ class Emission:
     nodes: list[onnx.NodeProto]
     initializers: list[onnx.TensorProto] = field(default_factory=list)
     at: str = ""  # the match's root node (set by plan), for the messages
+    note: str = ""  # where the kernel computes otherwise than the nodes (a padding row), one warning line
 
 
 def same_dims(a: Sequence | None, b: Sequence | None, sizes: Mapping[str, int]) -> bool:

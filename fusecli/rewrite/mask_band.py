@@ -6,7 +6,8 @@ the graph inputs' shapes, never their values) is cut out and run by onnxruntime 
 symbolic dim of the inputs but the batch set to P. Query i may see key j iff 0 <= i - j < W
 (W = infinity: causal), over the (S, L) = (P, P) scores, alike for every batch row and head. A mask
 that reads an integer constant c (a window size) is probed at P = c + 2 as well, so a window wider than the
-small probes is seen.
+small probes is seen. The same probes tell whether a bool mask leaves every query a key (rows_kept): then a
+Where that fills masked scores with -1e4 is an additive bias of that fill.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ _VALUE_OPS = frozenset({"Add", "Sub", "Less", "LessOrEqual", "Greater", "Greater
 def subgraph(weights: Weights, name: str) -> onnx.ModelProto | str:
     """The nodes that make ``name`` from graph inputs and constants, as a model with ``name`` its output."""
     nodes, inits, inputs, seen, stack = [], [], [], set(), [name]
+    taken: set[int] = set()
     graph_inputs = {v.name: v for v in weights.model.graph.input}
     while stack:
         t = stack.pop()
@@ -53,6 +55,9 @@ def subgraph(weights: Weights, name: str) -> onnx.ModelProto | str:
             inits.append(numpy_helper.from_array(np.asarray(value), t))
         elif t in weights.producer:
             node = weights.producer[t]
+            if id(node) in taken:  # a node with several outputs is reached once per output
+                continue
+            taken.add(id(node))
             if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
                 return f"{node.op_type} {node.name} has a subgraph"
             nodes.append(node)
@@ -86,11 +91,20 @@ def _window_constants(model: onnx.ModelProto) -> list[int]:
     return found
 
 
-def _feeds(model: onnx.ModelProto, p: int) -> dict[str, np.ndarray]:
-    feeds = {}
+def _feeds(model: onnx.ModelProto, p: int, named: dict[str, int] | None = None) -> dict[str, np.ndarray]:
+    """Zeros for the subgraph's inputs: a named dim is 1 where its first appearance is an axis 0 (the
+    batch), else P, alike in every input (GPT-2's past (2, batch, N, past, H) shares x's batch); ``named``
+    sets some dims by name."""
+    feeds, named = {}, dict(named or {})
     for v in model.graph.input:
-        dims = [d.dim_value if d.HasField("dim_value") else (1 if axis == 0 else p)
-                for axis, d in enumerate(v.type.tensor_type.shape.dim)]
+        dims = []
+        for axis, d in enumerate(v.type.tensor_type.shape.dim):
+            if d.HasField("dim_value"):
+                dims.append(d.dim_value)
+            elif d.dim_param:
+                dims.append(named.setdefault(d.dim_param, 1 if axis == 0 else p))
+            else:
+                dims.append(1 if axis == 0 else p)
         check_elements(dims, f"the mask probe's input {v.name!r}")
         feeds[v.name] = np.zeros(dims, helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type))
     return feeds
@@ -128,37 +142,58 @@ def band(allowed: np.ndarray) -> float | str:
     return math.inf if w >= s else float(w)
 
 
-def causal_window(weights: Weights, name: str, kind: str, keep_true: bool = True,
-                  fill: float | None = None, static_seq: int | None = None) -> float | str:
-    """The causal window W of the shape-only mask tensor ``name`` (math.inf: plain causal), or why it is
-    no causal mask. ``static_seq``: the query length when the export fixed it (one probe, at that size)."""
+def dim_names(model: onnx.ModelProto) -> list[str]:
+    """The named dims of the subgraph's inputs but those first seen at an axis 0 (the batch), in order."""
+    names: dict[str, bool] = {}
+    for v in model.graph.input:
+        for axis, d in enumerate(v.type.tensor_type.shape.dim):
+            if d.dim_param:
+                names.setdefault(d.dim_param, axis != 0)
+    return [n for n, keep in names.items() if keep]
+
+
+def _probed(weights: Weights, name: str, probes: list[int] | None = None, empty: bool = False):
+    """The mask ``name``'s subgraph run by onnxruntime at each probe size (PROBES, plus P = c + 2 for a
+    window constant c past them; ``probes`` instead where given): (P, value) pairs, or why not. ``empty``:
+    also each named dim at 0 with the rest at the first probe (a KV cache's first step: past = 0)."""
     import onnxruntime as ort  # lazily: the rewrite runs onnxruntime anyway
 
     model = subgraph(weights, name)
     if isinstance(model, str):
         return model
-    probes = list(PROBES)
     wide = [c + 2 for c in _window_constants(model) if c + 2 > max(PROBES)]
     if any(c > MAX_PROBE for c in wide):
         return f"the mask reads a constant past {MAX_PROBE - 2} (a window too wide to probe)"
-    probes += sorted(set(wide))
-    if static_seq is not None:
-        probes = [static_seq]
+    probes = list(PROBES) + sorted(set(wide)) if probes is None else probes
     so = ort.SessionOptions()
     so.log_severity_level = 4
     try:
         sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
     except Exception as e:  # onnxruntime's own error types
         return f"onnxruntime cannot run the mask's subgraph ({type(e).__name__})"
-    window = math.inf
-    for p in probes:
+    runs = [(p, {}) for p in probes]
+    runs += [(probes[0], {d: 0}) for d in dim_names(model)] if empty else []
+    values = []
+    for p, named in runs:
         try:
-            value = sess.run(None, _feeds(model, p))[0]
+            values.append((p, np.asarray(sess.run(None, _feeds(model, p, named))[0])))
         except OverBudget:  # a probe over the ARRAY_ELEMENTS budget: refused, not taken for a non-causal mask
             raise
         except Exception as e:
             return f"onnxruntime cannot run the mask's subgraph ({type(e).__name__})"
-        allowed = allowed_keys(np.asarray(value), kind, keep_true, fill)
+    return values
+
+
+def causal_window(weights: Weights, name: str, kind: str, keep_true: bool = True,
+                  fill: float | None = None, static_seq: int | None = None) -> float | str:
+    """The causal window W of the shape-only mask tensor ``name`` (math.inf: plain causal), or why it is
+    no causal mask. ``static_seq``: the query length when the export fixed it (one probe, at that size)."""
+    probed = _probed(weights, name, None if static_seq is None else [static_seq])
+    if isinstance(probed, str):
+        return probed
+    window = math.inf
+    for p, value in probed:
+        allowed = allowed_keys(value, kind, keep_true, fill)
         if isinstance(allowed, str):
             return allowed
         if static_seq is None and allowed.shape[0] != p:
@@ -170,3 +205,21 @@ def causal_window(weights: Weights, name: str, kind: str, keep_true: bool = True
             return "the mask's window changes with the sequence length"
         window = min(window, w)
     return window
+
+
+def rows_kept(weights: Weights, name: str, keep_true: bool) -> str | None:
+    """None when the shape-only bool mask ``name`` leaves every query at least one key at every probe size
+    (1, a one-token step, PROBES, and each named dim at 0: an empty past; GPT-2's causal rows [L-S, L) of
+    a lower triangle always keep key 0),
+    else why not. Then Where(m, s, c) and s + Where(m, 0, c) differ only by exp(s + c - max) against
+    exp(c - max), both 0 in float32 for c <= -1e4 (MASKED) and scores far above it."""
+    probed = _probed(weights, name, [1, *PROBES], empty=True)
+    if isinstance(probed, str):
+        return probed
+    for p, value in probed:
+        if value.ndim < 2 or value.dtype != np.bool_:
+            return "the mask is no bool (queries, keys) tensor"
+        kept = value if keep_true else ~value
+        if not kept.any(axis=-1).all():
+            return f"a query whose every key is masked at probe size {p}"
+    return None

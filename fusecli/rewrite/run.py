@@ -24,6 +24,7 @@ from .cuda import CPU_STAND_INS, cpu_stand_ins
 from .edit import (
     apply,
     cast_likes_to_casts,
+    import_used_domains,
     protos_by_ir_name,
     prune,
     sort_input,
@@ -80,6 +81,7 @@ class Applied:
     pattern: str
     kernel: str
     nodes: list[str]
+    note: str = ""  # what the kernel computes otherwise than the nodes it replaced, said as a warning
 
 
 @dataclass
@@ -191,7 +193,7 @@ def rewrite_passes(model: onnx.ModelProto, first: Analysis, options: RewriteOpti
             regions.append(cases)
         apply(model, emissions, protos)
         prune(model)  # what only the replaced nodes read goes before the next analysis
-        applied += [Applied(e.pattern, e.kernel, list(e.remove)) for e in emissions]
+        applied += [Applied(e.pattern, e.kernel, list(e.remove), e.note) for e in emissions]
         try:
             analysis = analyze_model(model, first.options, known, label)
         except FuseError as e:  # the input was read whole before: what breaks now is the rewrite's
@@ -312,6 +314,7 @@ def _attempt(path: str, output: str | None, source, work: str, first: Analysis, 
     """One rewrite of the input, the matches in ``failed`` left unfused, verified where asked:
     (result, model, rewritten-model source, spliced, the analysis the passes started from)."""
     model, data_files = load_weights(source.onnx_path)
+    imported = import_used_domains(model)
     sort_input(model)  # every edit below takes the node order for the data flow
     if not source.converted:
         source.protected += [f for f in data_files if f not in source.protected]
@@ -319,7 +322,7 @@ def _attempt(path: str, output: str | None, source, work: str, first: Analysis, 
     initializers_before = len(model.graph.initializer)
     base_dir = os.path.dirname(os.path.abspath(source.onnx_path))
     scales = fold_conv_scales(model, base_dir) if options.mode == "inference" else []
-    said = first.warnings  # about the user's model (the re-analysis of the folded proto sizes less)
+    said = [*first.warnings, *imported]  # about the user's model (the folded one's re-analysis sizes less)
     if scales:  # the graph changed under the analysis: analyze the folded model again
         first = analyze_model(model, pipeline_options, {}, source.onnx_path)
     with gc_paused():  # passes build and drop whole analyses: no collector walks meanwhile
@@ -340,7 +343,8 @@ def _attempt(path: str, output: str | None, source, work: str, first: Analysis, 
         restore_weights(model, source.onnx_path)  # past 2 GB: written with its own data file
     result = RewriteResult(path, output, options, model, applied, nodes_before, len(model.graph.node),
                            ops_before, op_counts(model), folded, passes,
-                           warnings=[*said, *(f"not rewritten: {s}" for s in skipped)],
+                           warnings=[*said, *dict.fromkeys(a.note for a in applied if a.note),
+                                     *(f"not rewritten: {s}" for s in skipped)],
                            dims={n: first.sizes[n] for n in first.sizes.variables}, left_out=len(left_out))
     # nothing rewritten and nothing pruned: the output is the input's graph, there is nothing to compare
     # (onnxruntime's sessions would be most of the time on a big graph)

@@ -75,6 +75,33 @@ def test_eager_torchscript_export_gets_group_query_attention(hf_onnx):
     assert _max_diff_vs_torch("llama_gqa", r.model, "eager") < 1e-4
 
 
+@pytest.mark.parametrize("name", ["llama_gqa", "qwen3_gqa", "starcoder2_gqa"])
+def test_default_torchscript_export_with_repeated_kv_gets_group_query_attention(hf_onnx, name):
+    """sdpa exported by TorchScript, K/V repeated by transformers (repeat_kv: TorchScript cannot export
+    enable_gqa), in three families (Llama; Qwen3's q/k RMSNorms; Starcoder2's LayerNorm and biases): one
+    GroupQueryAttention per layer over the unrepeated K/V (the regression: every region written, found to
+    differ, left unfused), verified by rewrite and against PyTorch at three lengths."""
+    r = _rewrite(hf_onnx(name, "torchscript", attn="default"))
+    assert r.ops_after.get(GQA) == 2 and MS + "MultiHeadAttention" not in r.ops_after, r.warnings
+    assert "Softmax" not in r.ops_after
+    assert not [w for w in r.warnings if "attention" in w.lower()], r.warnings
+    assert r.verification.ok and r.verification.uncut == [] and r.left_out == 0
+    assert _max_diff_vs_torch(name, r.model, "default") < 1e-4
+
+
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+def test_kv_broadcast_after_a_fused_projection_gets_an_attention_kernel(hf_onnx, exporter):
+    """Falcon's new decoder with 2 K/V heads for 4: q, k, v sliced from one query_key_value projection and
+    each K/V head broadcast to its query heads (broadcast_to, then the groups flattened): an attention kernel
+    per layer, where 'the head count or head size of q, k or v is unknown' was said; verified."""
+    r = _rewrite(hf_onnx("falcon_gqa", exporter, attn="default"))
+    kernels = r.ops_after.get(MS + "MultiHeadAttention", 0) + r.ops_after.get(GQA, 0)
+    assert kernels == 2 and "Softmax" not in r.ops_after, r.warnings
+    assert not [w for w in r.warnings if "attention at" in w], r.warnings
+    assert r.verification.ok and r.left_out == 0
+    assert _max_diff_vs_torch("falcon_gqa", r.model, "default") < 1e-4
+
+
 @pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
 def test_padding_mask_falls_back_to_multi_head_attention_with_the_reason(hf_onnx, exporter):
     """An attention_mask input makes the mask depend on the inputs' values: GroupQueryAttention's

@@ -96,7 +96,7 @@ LOWEST = float(np.finfo(np.float32).min)
 
 
 def gpt2_past_attention(weight: float | None = None, fill: float = LOWEST, seq: int = 32,
-                        alibi: bool = False) -> onnx.ModelProto:
+                        alibi: bool = False, diagonal: int = 0) -> onnx.ModelProto:
     """GPT-2's attention with a past (onnxruntime's gpt2 test graphs): one QKV MatMul + bias Split into
     heads, past (2, B, N, P, H) read by Gather and joined to K and V by Concat (present: their stack),
     scores / sqrt(H), the causal mask Where(bias[L-S:L, :L], s, fill) from a (1, 1, 32, 32) lower
@@ -104,7 +104,9 @@ def gpt2_past_attention(weight: float | None = None, fill: float = LOWEST, seq: 
     generator's older GPT-2: -10000), the output projection, the residual and a
     LayerNorm; weights seeded normals, or all ``weight`` with biases 1 (the generator's constant weights:
     the LayerNorm then removes a large constant row sum, an ill-conditioned output). ``alibi``: BLOOM's
-    ALiBi term slope_n * key position, (1, N, 1, L), added to the scores before the causal Where."""
+    ALiBi term slope_n * key position, (1, N, 1, L), added to the scores before the causal Where.
+    ``diagonal``: the triangle's (np.tril's k; -1: a query never sees its own key, so with no past the first
+    query sees none)."""
     g = G()
     if weight is not None:
         g.weight = lambda name, *shape: g.const(  # type: ignore[method-assign]
@@ -125,7 +127,7 @@ def gpt2_past_attention(weight: float | None = None, fill: float = LOWEST, seq: 
     s = g.op("MatMul", "qk", q, g.op("Transpose", "kt", k, perm=[0, 1, 3, 2]))
     s = g.op("Div", "scale", s, g.const("sqrt_h", np.array(np.sqrt(HEAD), np.float32)))
     q_len, k_len = g.op("Shape", "q_len", q, start=2, end=3), g.op("Shape", "k_len", k, start=2, end=3)
-    tri = g.const("attn_bias", np.tril(np.ones((seq, seq), np.uint8)).reshape(1, 1, seq, seq))
+    tri = g.const("attn_bias", np.tril(np.ones((seq, seq), np.uint8), diagonal).reshape(1, 1, seq, seq))
     c = g.op("Slice", "rows", tri, g.op("Sub", "start", k_len, q_len), k_len,
              g.const("ax2", np.array([2], np.int64)))
     c = g.op("Slice", "cols", c, g.const("zero", np.array([0], np.int64)), k_len,
@@ -288,13 +290,56 @@ def test_alibi_with_a_causal_mask_and_a_padding_mask_is_one_attention_bias(save_
     assert_same_outputs(path, r.model, dims=PAST)
 
 
-def test_gpt2_past_with_a_fill_that_does_not_absorb_is_refused_with_the_reason(save_model):
-    """The ORT generator's older GPT-2 (-10000): where a row's every key is masked the original puts -10000
-    in place of the score, the additive form keeps s - 10000 (what ORT's own fusion computes)."""
+def _padded_feeds(past: int = 4) -> dict[str, np.ndarray]:
+    """PAST's inputs with the second sequence padded on its first five keys (its first query row then sees
+    no key through the padding mask)."""
+    rng = np.random.default_rng(3)
+    return {"x": rng.standard_normal((2, 3, HIDDEN)).astype(np.float32),
+            "past": rng.standard_normal((2, 2, HEADS, past, HEAD)).astype(np.float32),
+            "attention_mask": np.array([[1] * (3 + past), [0] * 5 + [1] * (past - 2)], np.int64)}
+
+
+def test_gpt2_past_with_a_fill_that_does_not_absorb_is_taken_where_every_row_keeps_a_key(save_model):
+    """The ORT generator's older GPT-2 (-10000): Where(m, s, -10000) is s + Where(m, 0, -10000) (what ORT's
+    kernels compute from mask_filter_value: they add it) wherever a row keeps a key, which the causal rows
+    [L-S, L) of a lower triangle always do (key 0), at every probe and with an empty past. The one row that
+    differs is a query whose every visible key the padding mask hides: said in a warning."""
     path, r = _rewrite(save_model, gpt2_past_attention(fill=-10000.0), dims=PAST)
+    assert r.ops_after.get(MS + "MultiHeadAttention") == 1 and "Softmax" not in r.ops_after, r.warnings
+    v = r.verification
+    assert v.ok and v.worst("disabled", regions=True) < 1e-6 and v.worst("disabled") < 1e-6
+    said = [w for w in r.warnings if w.startswith("attention at pv: MultiHeadAttention adds the mask's fill")]
+    assert len(said) == 1 and "padding" in said[0], r.warnings
+    rng = np.random.default_rng(5)
+    for past in (0, 4):  # an empty past too: the first step of a generation
+        unpadded = {"x": rng.standard_normal((2, 3, HIDDEN)).astype(np.float32),
+                    "past": rng.standard_normal((2, 2, HEADS, past, HEAD)).astype(np.float32),
+                    "attention_mask": np.ones((2, 3 + past), np.int64)}
+        want, got = ort_run(path, unpadded)[1], ort_run(r.model, unpadded)[1]
+        for name in want:
+            np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)
+    feeds = _padded_feeds()  # the second sequence's first query sees keys 0-4, all padded: that row differs
+    want, got = ort_run(path, feeds)[1], ort_run(r.model, feeds)[1]
+    out = next(n for n in want if want[n].ndim == 3)
+    assert not np.allclose(got[out][1, 0], want[out][1, 0], rtol=1e-3, atol=1e-3)
+    np.testing.assert_allclose(got[out][0], want[out][0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got[out][1, 1:], want[out][1, 1:], rtol=1e-5, atol=1e-6)
+
+
+def test_a_fill_that_does_not_absorb_on_a_mask_with_an_empty_row_is_refused_with_the_reason(save_model):
+    """A triangle without its diagonal: with no past the first query sees no key, where the Where puts
+    -10000 for every score (uniform weights) and an additive bias would keep the scores' softmax."""
+    model = gpt2_past_attention(fill=-10000.0, diagonal=-1)
+    path, r = _rewrite(save_model, model, dims=PAST)
     assert MS + "MultiHeadAttention" not in r.ops_after and r.verification.ok
     said = [w for w in r.warnings if "attention at pv" in w]
     assert said and "Where(m, s, -10000) and 1 additive term" in said[0], said
+    assert "a query whose every key is masked at probe size" in said[0], said
+    # the reason is real: with no past the original gives the first query uniform weights over its keys
+    feeds = {**_padded_feeds(), "past": np.zeros((2, 2, HEADS, 0, HEAD), np.float32),
+             "attention_mask": np.ones((2, 3), np.int64)}
+    want = ort_run(path, feeds)[1]
+    assert all(np.isfinite(v).all() for v in want.values())
 
 
 def test_a_difference_rounding_explains_is_accepted_and_said(save_model):

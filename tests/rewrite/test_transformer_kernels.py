@@ -94,10 +94,9 @@ def test_default_sdpa_attention_becomes_multi_head_attention(hf_onnx, name, bloc
     """The default (sdpa) exports: the NaN guard (kept on the kernel's output: a row whose every key is
     masked gives zeros), q and k^T each scaled by sqrt(s), bool masks made additive, dynamo's
     Reshape-Transpose-Reshape of K, cross-attention (BART): one MultiHeadAttention per attention block
-    (GroupQueryAttention for Llama's grouped-query causal attention), every region cut out and verified on
-    its own, equal to PyTorch's output."""
-    if (name, exporter) == ("llama", "torchscript"):
-        pytest.skip("TorchScript cannot export sdpa with enable_gqa")
+    (GroupQueryAttention for Llama's grouped-query causal attention; TorchScript cannot export enable_gqa,
+    so its export repeats K/V: hf_models.export), every region cut out and verified on its own, equal to
+    PyTorch's output."""
     r = _rewrite(hf_onnx(name, exporter, attn="default"))
     kernel = "GroupQueryAttention" if name == "llama" else "MultiHeadAttention"
     assert r.ops_after.get(MS + kernel) == blocks
