@@ -12,7 +12,7 @@ from .fusion.match import Match
 from .grad.backward import build_backward
 from .grad.profiles import OPS, Profile, choose_profile
 from .grad.storage import held_to_boundary, storages, transients
-from .grad.torch_export import frequency_note, sinusoidal_note
+from .grad.torch_export import folded_batch_norm_note, folded_batch_norms, frequency_note, sinusoidal_note
 from .load import load_model, resolve_sizes
 from .load.constant_weights import no_parameter_warning
 from .load.routing import ROUTER_OPS, routers_of
@@ -183,6 +183,10 @@ def analyze_graph(path: str, graph: Graph, options: Options) -> Analysis:
         found = {id(m.roles["softmax"]) for m in matches if m.pattern.name == "attention"}
         misses = near_misses(graph, found)
     warnings = [*graph.meta.get("warnings", []), *warnings]
+    folded = folded_batch_norms(graph)
+    if folded:  # a PyTorch export's (tf2onnx's are found and said by its loader)
+        graph.meta["folded_batch_norms"] = folded
+        warnings.insert(0, folded_batch_norm_note(graph))
     if profile.frozen is not None:
         warnings += [note for note in (frequency_note(graph), sinusoidal_note(graph)) if note]
     no_params = None if options.wrt_inputs else no_parameter_warning(graph)

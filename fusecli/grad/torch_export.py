@@ -153,6 +153,41 @@ def torchscript_conv_weights(graph: Graph) -> set[str]:
     return out
 
 
+def folded_batch_norms(graph: Graph) -> list[str]:
+    """The convolutions of a PyTorch export a BatchNorm was folded into (an eval-mode export): dynamo's,
+    which onnxscript's FuseBatchNormIntoConv made (named for the BatchNorm's module), and TorchScript's,
+    whose weight and bias are both values the exporter computed (``onnx::Conv_25``, ``onnx::Conv_26``:
+    its eval peephole folds the BatchNorm's scale into the weight and its shift into the bias)."""
+    if graph.meta.get("producer") != "pytorch":
+        return []
+    found = []
+    for node in graph.nodes:
+        if node.op_type not in ("Conv", "ConvTranspose"):
+            continue
+        if node.meta.get("rewritten_by") == "FuseBatchNormIntoConv":
+            found.append(node.meta.get("module") or node.name)
+            continue
+        w, b = node.input(1), node.input(2)
+        if all(t is not None and t.producer is None and t.kind == "parameter" and t.name.startswith("onnx::")
+               for t in (w, b)):
+            found.append(node.name)
+    return found
+
+
+def folded_batch_norm_note(graph: Graph) -> str | None:
+    """What an export that folded its BatchNorms lost, said out loud (None where it folded none)."""
+    found = folded_batch_norms(graph)
+    if not found:
+        return None
+    many = len(found) > 1
+    return (f"an inference export: {len(found)} BatchNorm{'s were' if many else ' was'} folded into the "
+            f"convolution{'s' if many else ''} before {'them' if many else 'it'} ({found[0]}"
+            f"{', ...' if many else ''}); training keeps each such convolution's output for the BatchNorm's "
+            "backward, and its batch statistics, which the saved bytes and the peak leave out; export in "
+            "training mode to keep them (torch.onnx.export(..., training=torch.onnx.TrainingMode.TRAINING) "
+            "with dynamo=False, or optimize=False with dynamo=True)")
+
+
 _FX_NAME = re.compile(r"^([a-z_][a-z_0-9]*?)(_\d+)?$")
 # torch.export names of aten ops whose result is a view of (or is) their input
 _VIEW_OPS = frozenset({"t", "transpose", "permute", "view", "_unsafe_view", "reshape", "expand", "unsqueeze",

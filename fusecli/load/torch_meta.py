@@ -7,7 +7,9 @@
   causal mask);
 - ``fx_args``: for the nodes of an ``aten.scaled_dot_product_attention`` call, the FX names of its
   arguments ('transpose_2', 'cat', 'cat_1', 'expand': q, k, v, mask, from ``fx_node``): an argument the
-  ONNX graph reads under another name was made by an op the exporter dropped (grad/sdpa.py).
+  ONNX graph reads under another name was made by an op the exporter dropped (grad/sdpa.py);
+- ``rewritten_by``: the onnxscript rewrite rule that made the node ('FuseBatchNormIntoConv', from
+  ``pkg.onnxscript.rewriter.rule_name``): what the export's optimizer folded into it (grad/torch_export.py).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from functools import lru_cache
 SCOPES = "pkg.torch.onnx.name_scopes"
 CLASSES = "pkg.torch.onnx.class_hierarchy"
 FX_NODE = "pkg.torch.onnx.fx_node"
+RULE = "pkg.onnxscript.rewriter.rule_name"
 _LONGEST = 4096  # characters of a value read; longer ones are no exporter's
 _FX_ARGS = re.compile(r"\]\(args = \((.*?)\), kwargs = ")
 _TRANSFORMERS_CLASS = re.compile(r"transformers\.models\.\w+\.modeling_\w+\.(\w+)")
@@ -37,6 +40,8 @@ def torch_node_meta(props) -> dict:
             classes = _classes(p.value)
             if classes:
                 meta["torch_classes"] = classes
+        elif key == RULE and len(p.value) < _LONGEST:
+            meta["rewritten_by"] = p.value
         elif key == FX_NODE and "aten.scaled_dot_product_attention" in p.value:
             args = _sdpa_args(p.value)
             if args:

@@ -32,6 +32,7 @@ def _document(a: Analysis) -> dict:
         "resolved_dims": dict(a.sizes.opaque),
         "routing": routing_entry(a),
         "tensorflow": tensorflow_entry(g),
+        "folded_batch_norms": list(g.meta.get("folded_batch_norms", ())),
         "forward": {"nodes": len(g.nodes), "tensors": len(g.tensors),
                     "constant_weights": g.meta.get("constant_weights", 0)},
         "backward": {"nodes": len(a.joint.backward_nodes())},

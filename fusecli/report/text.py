@@ -173,6 +173,11 @@ def header_lines(a: Analysis, namer: Namer, width: int) -> list[str]:
     if hint is not None:  # the '?' bytes below, said where a reader starts
         lines += wrap(f"routing: not assumed, so tensors sized by the router's choices count as '?'; {hint}",
                       width, "  ")
+    folded = g.meta.get("folded_batch_norms")
+    if folded:  # the saved bytes below leave out what training keeps for them, said where a reader starts
+        lines += wrap(f"export: {len(folded)} BatchNorm{'s' if len(folded) > 1 else ''} folded into "
+                      "convolutions (an inference export): saved bytes and peak leave out what training "
+                      "keeps for them (see the warning)", width, "  ")
     if a.profile is not None:
         lines += wrap(f"autodiff: {a.profile.name} ({a.profile_reason})", width, "  ")
     if a.precision is not None:

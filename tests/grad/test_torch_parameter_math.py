@@ -16,6 +16,7 @@ folded weight the conv saves and misses the norms alone.
 from __future__ import annotations
 
 import ast
+import json
 import math
 import re
 import warnings
@@ -227,3 +228,70 @@ def test_resident_parameters_are_eagers(exported, exporter):
     lost = model.conv.parametrizations.weight.original0.nbytes if exporter == "torchscript" else 0
     constants = sum(t.nbytes({}) or 0 for t in a.joint.tensors.values() if t.kind == "constant")  # axes
     assert a.liveness.resident_bytes - constants == sum(p.nbytes for p in model.parameters()) - lost
+
+
+class ConvBNNet(nn.Module):
+    """Two Conv-BatchNorm-ReLU blocks and a plain conv (no BatchNorm): an eval export folds the two
+    BatchNorms into their convs, never the third conv."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1, self.bn1 = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8)
+        self.c2, self.bn2 = nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8)
+        self.c3 = nn.Conv2d(8, 4, 1)
+
+    def forward(self, x):
+        x = torch.relu(self.bn1(self.c1(x)))
+        return self.c3(torch.relu(self.bn2(self.c2(x))))
+
+
+def _export_cnn(path: str, exporter: str, training: bool) -> str:
+    torch.manual_seed(0)
+    x = (torch.randn(2, 3, 16, 16),)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if exporter == "torchscript":
+            mode = torch.onnx.TrainingMode.TRAINING if training else torch.onnx.TrainingMode.EVAL
+            torch.onnx.export(ConvBNNet().eval(), x, path, dynamo=False, opset_version=17, training=mode,
+                              input_names=["x"], dynamic_axes={"x": {0: "batch"}})
+        else:
+            torch.onnx.export(ConvBNNet().eval(), x, dynamo=True, optimize=not training,
+                              input_names=["x"]).save(path)
+    return path
+
+
+@pytest.mark.parametrize("exporter", EXPORTERS)
+def test_batch_norm_folded_by_an_eval_export_is_said(tmp_path, exporter):
+    """An eval export folds each BatchNorm into its conv (TorchScript's eval peephole, onnxscript's
+    FuseBatchNormIntoConv in dynamo's), so the conv outputs training keeps for the BatchNorms' backward are
+    not in the file: fusecli's saved bytes are below PyTorch's training step's, and the report says so in
+    its first lines, a warning naming how to export without folding, and the JSON. The training-mode
+    export of the same module keeps its BatchNorms, and nothing is said."""
+    from click.testing import CliRunner
+
+    from fusecli.cli import main
+
+    folded = _export_cnn(str(tmp_path / f"{exporter}_eval.onnx"), exporter, training=False)
+    kept = _export_cnn(str(tmp_path / f"{exporter}_train.onnx"), exporter, training=True)
+    assert "BatchNormalization" not in {n.op_type for n in onnx.load(folded).graph.node}
+    assert "BatchNormalization" in {n.op_type for n in onnx.load(kept).graph.node}
+    a = analyze(folded, Options(batch=2))
+    said = [w for w in a.warnings if "BatchNorms were folded into the convolutions" in w]
+    assert len(said) == 1 and "TrainingMode.TRAINING" in said[0] and "optimize=False" in said[0], a.warnings
+    assert len(a.graph.meta["folded_batch_norms"]) == 2
+    torch.manual_seed(0)
+    step = ConvBNNet().train()  # what a training step runs: the BatchNorms and their batch statistics
+    pytorch = sum(b for _, _, b in hf_models.saved_storages(step, (torch.randn(2, 3, 16, 16),)))
+    assert a.liveness.saved_activation_bytes < pytorch  # what the warning is about: measured, not assumed
+    r = CliRunner().invoke(main, ["analyze", folded, "--batch", "2", "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert len(doc["folded_batch_norms"]) == 2
+    text = CliRunner().invoke(main, ["analyze", folded, "--batch", "2"]).stdout
+    assert "export: 2 BatchNorms folded into convolutions" in "\n".join(text.splitlines()[:8]), text
+    b = analyze(kept, Options(batch=2))
+    assert not [w for w in b.warnings if "folded" in w] and not b.graph.meta.get("folded_batch_norms")
+    # the training-mode export keeps the conv outputs: 0.998 of PyTorch's; the 128 bytes left are the two
+    # BatchNorms' per-channel save_mean and save_invstd (2 x 2 x 8 float32), which no export writes
+    assert pytorch - 128 <= b.liveness.saved_activation_bytes <= pytorch
+    assert a.liveness.saved_activation_bytes < 0.6 * pytorch
