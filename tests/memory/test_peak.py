@@ -39,10 +39,21 @@ CASES = [  # (name, exporter, kv_heads, seqs)
 ]
 
 
+TOLERANCE = 0.002  # RESULTS-peak.md: the ratios are exact (1.000-1.001) but where MISSES says why
+MISSES = {  # the known misses, strict xfails: fusecli / PyTorch as RESULTS-peak.md measures them
+    "bert": "0.993-0.997: the pooler's parameters (64 x 64 + 64 float32, 16,640 B), which the export drops "
+            "(the output does not read them) while the module keeps them resident",
+    "vit": "0.967: the patch convolution's oneDNN scratchpad (not counted, said in memory.peak.not_counted) "
+           "and the pooler's parameters, which the export drops while the module keeps them resident",
+}
+
+
 def _params():
     for name, exporter, kv_heads, seqs in CASES:
         for seq in seqs:
-            yield pytest.param(name, exporter, kv_heads, seq, id=f"{name}-{exporter}-{seq or 'image'}")
+            marks = [pytest.mark.xfail(strict=True, reason=MISSES[name])] if name in MISSES else []
+            yield pytest.param(name, exporter, kv_heads, seq, marks=marks,
+                               id=f"{name}-{exporter}-{seq or 'image'}")
 
 
 @functools.cache
@@ -52,7 +63,7 @@ def _pytorch(name: str, kv_heads: int | None, seq: int | None) -> dict:
 
 
 @pytest.mark.parametrize(("name", "exporter", "kv_heads", "seq"), list(_params()))
-def test_peak_is_pytorchs_within_ten_percent(hf_onnx, name, exporter, kv_heads, seq):
+def test_peak_is_pytorchs(hf_onnx, name, exporter, kv_heads, seq):
     path = hf_onnx(name, exporter, attn="default", kv_heads=kv_heads)
     a = analyze(path, Options(batch=BATCH, dims={} if seq is None else {"seq": seq},
                               routing="balanced" if name == "mixtral" else None))
@@ -61,7 +72,7 @@ def test_peak_is_pytorchs_within_ten_percent(hf_onnx, name, exporter, kv_heads, 
     ratio = a.liveness.peak_bytes / measured
     print(f"peak {name} {exporter} seq={seq} fusecli={a.liveness.peak_bytes} pytorch={measured} "
           f"ratio={ratio:.3f}")  # shown with -s
-    assert ratio == pytest.approx(1, abs=0.10)
+    assert ratio == pytest.approx(1, abs=TOLERANCE)
 
 
 @pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])

@@ -89,16 +89,30 @@ def _applied(plan, name: str, exporter: str, tmp_path):
     return model, _import(str(helper)).apply(model)
 
 
-@pytest.mark.parametrize(("name", "exporter"), list(_cases()))
-def test_plan_applied_in_pytorch_keeps_and_peaks_what_it_predicts(hf_onnx, tmp_path, name, exporter):
+# RESULTS-peak.md "Plans": measured saved over predicted 0.98-1.00, peak 0.97-1.01 (BERT dynamo at 30%: 0.973)
+SAVED_TOLERANCE, PEAK_TOLERANCE = 0.02, 0.03
+CACHE_COPIES = ("GPT-2's TorchScript export keeps the KV cache's copies of K and V, which the plan predicts "
+                "and the cache-less run does not make (TorchScript cannot trace it without the cache): "
+                "saved 0.94, peak 0.95-0.96")
+_RUNS: dict[tuple[str, str], tuple[list[tuple], bool]] = {}
+
+
+def _run(hf_onnx, tmp_path_factory, name: str, exporter: str) -> tuple[list[tuple], bool]:
+    """The plan at each budget of FRACTIONS applied to the module, measured once per case: rows of
+    (fraction, budget, fits, predicted saved, measured saved, planned peak, measured peak), and whether the
+    last plan's gradients equal the unplanned module's."""
     import torch
 
+    key = (name, exporter)
+    if key in _RUNS:
+        return _RUNS[key]
+    tmp_path = tmp_path_factory.mktemp(f"plan_{name}_{exporter}")
     a = _analysis(_export(hf_onnx, name, exporter), BATCH, SEQ)
     assert a.profile.name == "pytorch"
     base = make_plan(a, PlanOptions(HUGE, "none", recompute="blocks"))
     args = hf_models.example_inputs(name, BATCH, SEQ)
     reference = _grads(_model(name, exporter), args)
-    judged = 0
+    rows, same_grads = [], False
     for fraction in FRACTIONS:
         budget = _budget(base, fraction)
         plan = make_plan(a, PlanOptions(budget, "none", recompute="blocks"))
@@ -106,24 +120,47 @@ def test_plan_applied_in_pytorch_keeps_and_peaks_what_it_predicts(hf_onnx, tmp_p
         model, wrapped = _applied(plan, name, exporter, tmp_path)
         assert len(wrapped) == len(plan.checkpoints)
         measured = sum(b for _, _, b in hf_models.saved_storages(model, args, held_by=wrapped))
-        predicted = plan.planned_saved.bytes
         peak = hf_models.peak_memory(model, args)["peak"]
-        planned_peak = plan.planned_peak.bytes
+        row = (fraction, budget, plan.fits, plan.planned_saved.bytes, measured, plan.planned_peak.bytes, peak)
         print(f"planned-vs-measured {name} {exporter} {fraction:.0%} budget={budget} fits={plan.fits} "
-              f"saved {predicted}/{measured}={measured / predicted:.3f} "
-              f"peak {planned_peak}/{peak}={peak / planned_peak:.3f}")  # shown with -s
-        assert measured / predicted == pytest.approx(1, rel=0.10), (fraction, plan.checkpoints)
-        assert peak / planned_peak == pytest.approx(1, rel=0.10), (fraction, plan.checkpoints)
-        if abs(peak - budget) > AMBIGUOUS * budget:
-            assert plan.fits == (peak <= budget), (fraction, peak, budget, planned_peak)
-            judged += 1
+              f"saved {row[3]}/{measured}={measured / row[3]:.3f} "
+              f"peak {row[5]}/{peak}={peak / row[5]:.3f}")  # shown with -s
+        rows.append(row)
         if fraction == FRACTIONS[-1]:
-            assert plan.fits
             grads = _grads(model, args)
-            assert grads.keys() == reference.keys()
-            for k, g in reference.items():
-                torch.testing.assert_close(grads[k], g, rtol=1e-5, atol=1e-6, msg=k)
+            same_grads = grads.keys() == reference.keys() and all(
+                torch.allclose(grads[k], g, rtol=1e-5, atol=1e-6) for k, g in reference.items())
+    _RUNS[key] = rows, same_grads
+    return _RUNS[key]
+
+
+@pytest.mark.parametrize(("name", "exporter"), list(_cases()))
+def test_plan_applied_in_pytorch_fits_where_it_says_and_keeps_the_gradients(hf_onnx, tmp_path_factory,
+                                                                             name, exporter):
+    rows, same_grads = _run(hf_onnx, tmp_path_factory, name, exporter)
+    judged = 0
+    for fraction, budget, fits, _, _, planned_peak, peak in rows:
+        if abs(peak - budget) > AMBIGUOUS * budget:
+            assert fits == (peak <= budget), (fraction, peak, budget, planned_peak)
+            judged += 1
+    assert rows[-1][2]  # 90% of the activations left: the plan fits
+    assert same_grads
     assert judged >= 2
+
+
+def _ratio_cases():
+    for name, exporter in (p.values for p in _cases()):
+        cached = (name, exporter) == ("gpt2", "torchscript")
+        marks = [pytest.mark.xfail(strict=True, reason=CACHE_COPIES)] if cached else []
+        yield pytest.param(name, exporter, marks=marks, id=f"{name}-{exporter}")
+
+
+@pytest.mark.parametrize(("name", "exporter"), list(_ratio_cases()))
+def test_plan_applied_in_pytorch_keeps_and_peaks_what_it_predicts(hf_onnx, tmp_path_factory, name, exporter):
+    rows, _ = _run(hf_onnx, tmp_path_factory, name, exporter)
+    for fraction, _, _, predicted, measured, planned_peak, peak in rows:
+        assert measured / predicted == pytest.approx(1, abs=SAVED_TOLERANCE), (fraction, measured, predicted)
+        assert peak / planned_peak == pytest.approx(1, abs=PEAK_TOLERANCE), (fraction, peak, planned_peak)
 
 
 @pytest.mark.parametrize(("name", "exporter"), list(_cases()))

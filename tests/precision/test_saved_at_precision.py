@@ -21,6 +21,10 @@ MODELLED = [("gpt2", "torchscript"), ("gpt2", "dynamo"), ("llama", "dynamo"), ("
             ("bert", "dynamo"), ("olmo", "torchscript"), ("olmo", "dynamo"),  # OLMo: LayerNorm on x.float()
             ("gemma", "torchscript")]  # its 1 + w folded into an initializer
 
+# RESULTS-precision.md: every row 1.000 but BERT's 1.001 (256 B of 430 kB) and OLMo's at --precision bf16
+TOLERANCE = 0.002
+OLMO_ROTARY = ("OLMo at --precision bf16, 0.987: its rotary returns cos and sin in float32 (Llama's casts them "
+               "to x's dtype), 4,096 B the float32 export shows no cast for")
 _reference: dict[tuple[str, str], int] = {}
 
 
@@ -41,16 +45,23 @@ def test_exports_at_a_precision_match_pytorch(hf_onnx, name, precision):
     """The dynamo export carries the casts (TorchScript cannot trace bf16 or autocast models here)."""
     path = hf_onnx(name, "dynamo", attn="default", precision=precision)
     got, want = saved(path), pytorch_at(name, precision)
-    assert abs(got / want - 1) <= 0.03, f"{name} {precision} export: fusecli {got:,} B, PyTorch {want:,} B"
+    assert abs(got / want - 1) <= TOLERANCE, f"{name} {precision} export: fusecli {got:,} B, PyTorch {want:,} B"
 
 
-@pytest.mark.parametrize("name,exporter", MODELLED)
-@pytest.mark.parametrize("precision", ["amp-bf16", "bf16"])
+def _modelled_cases():
+    for precision in ("amp-bf16", "bf16"):
+        for name, exporter in MODELLED:
+            marks = [pytest.mark.xfail(strict=True, reason=OLMO_ROTARY)] \
+                if (name, precision) == ("olmo", "bf16") else []
+            yield pytest.param(name, exporter, precision, marks=marks, id=f"{precision}-{name}-{exporter}")
+
+
+@pytest.mark.parametrize(("name", "exporter", "precision"), list(_modelled_cases()))
 def test_fp32_exports_at_a_modelled_precision_match_pytorch(hf_onnx, name, exporter, precision):
     path = hf_onnx(name, exporter, attn="default")
     got, want = saved(path, precision), pytorch_at(name, precision)
-    assert abs(got / want - 1) <= 0.05, f"{name} {exporter} --precision {precision}: fusecli {got:,} B, " \
-                                        f"PyTorch {want:,} B"
+    assert abs(got / want - 1) <= TOLERANCE, f"{name} {exporter} --precision {precision}: fusecli {got:,} B, " \
+                                             f"PyTorch {want:,} B"
     fp32 = saved(path)  # and the precision changed the answer: neither is the fp32 figure
     assert got < 0.99 * fp32
 
@@ -81,5 +92,6 @@ def test_peak_at_a_modelled_precision_matches_the_profiler(hf_onnx, name, precis
     a = analyze(hf_onnx(name, "dynamo", attn="default"), Options(batch=BATCH, dims={"seq": seq},
                                                                  precision=precision))
     got = a.liveness.peak_bytes
+    print(f"peak at {precision} {name}: fusecli {got} PyTorch {want} ratio {got / want:.4f}")  # with -s
     assert abs(got / want - 1) <= 0.05, f"{name} --precision {precision} peak: fusecli {got:,} B, " \
                                         f"PyTorch {want:,} B"
