@@ -86,7 +86,7 @@ def _skeleton(pat: Op, depth: int, bound_before: frozenset[str]) -> tuple:
         if isinstance(a, Op) and not a.optional and (a.name is None or a.name not in before):
             sub = _skeleton(a, depth - 1, frozenset(before)) if depth > 2 else None
             checks.append((i, a.kinds, sub))
-        elif isinstance(a, Op) and pat.arg_kinds[i] is not None and not pat.arg_kinds[i] & _NOOP_KIND_SET:
+        elif isinstance(a, Op) and pat.arg_kinds[i] is not None and not pat.arg_kinds[i] & _NOOP_KEYS:
             checks.append((i, pat.arg_kinds[i], None))
         before |= _names(a)
     return len(pat.args), pat.more, pat.commutative and len(pat.args) == 2, tuple(checks)
@@ -150,8 +150,9 @@ def node_key(node: Node) -> str:
 
 
 def is_noop(node: Node | None) -> bool:
-    """A forward Identity, or a Cast to the dtype it reads (exporters write float32 -> float32 casts)."""
-    if node is None or node.phase != "forward" or node.kind not in ("cast", "identity") or not node.inputs:
+    """An Identity, or a Cast to the dtype it reads (exporters write float32 -> float32 casts), forward or
+    the backward one such a forward Cast gets (its gradient: a Cast between ReluGrad and BiasAddGrad)."""
+    if node is None or not node.inputs or node_key(node) not in _NOOP_KEYS:
         return False
     x, y = node.inputs[0], node.outputs[0]
     return x is not None and y is not None and x.dtype == y.dtype
@@ -170,7 +171,15 @@ def _match_tensor(pat: Op | Var, t: Tensor | None, st: _State) -> bool:
         return False
     if pat.name is not None and pat.name in st.bound:  # the same value, up to no-op casts
         b = st.bound[pat.name]
-        return b is t or through_noops(b) is through_noops(t)
+        if b is t:
+            return True
+        common = through_noops(b)
+        if common is not through_noops(t):
+            return False
+        _join_noops(t, common, st)  # the no-ops on this read are the match's, as on a first read
+        if _join_noops(b, common, st):  # the first read's, where it bound the no-op's output: the value
+            st.put(st.bound, pat.name, common)  # is the one both read, made outside the no-ops now joined
+        return True
     if isinstance(pat, Var):
         if pat.check is not None and not pat.check(t):
             return False
@@ -180,6 +189,19 @@ def _match_tensor(pat: Op | Var, t: Tensor | None, st: _State) -> bool:
     if pat.optional:
         return _match_op_tensor(pat, t, st) or _match_tensor(pat.args[0], t, st)
     return _match_op_tensor(pat, t, st)
+
+
+def _join_noops(t: Tensor, common: Tensor, st: _State) -> bool:
+    """The no-op casts and identities from ``common`` up to ``t`` join the match (a second read of a bound
+    value through a no-op: GELU's x read once as it is and once through an Identity); whether any did."""
+    joined = False
+    while t is not common:
+        node = t.producer
+        if node not in st.nodes:
+            st.nodes.append(node)
+            joined = True
+        t = node.inputs[0]
+    return joined
 
 
 def _match_op_tensor(pat: Op, t: Tensor, st: _State) -> bool:
@@ -192,7 +214,7 @@ def _match_op_tensor(pat: Op, t: Tensor, st: _State) -> bool:
         return False  # no cast to walk, and _match_node would refuse the kind
     nodes = st.nodes
     n = len(nodes)
-    while node is not None and node.kind not in pat.kinds and is_noop(node) and node.outputs[0] is t:
+    while node is not None and node_key(node) not in pat.kinds and is_noop(node) and node.outputs[0] is t:
         if node in nodes:  # identity: nodes compare by identity
             break
         nodes.append(node)
@@ -206,8 +228,8 @@ def _match_op_tensor(pat: Op, t: Tensor, st: _State) -> bool:
     return True
 
 
-_NOOP_KINDS = ("cast", "identity")  # is_noop's kinds, a cheap first test
-_NOOP_KIND_SET = frozenset(_NOOP_KINDS)
+_NOOP_KINDS = ("cast", "identity")  # is_noop's forward kinds
+_NOOP_KEYS = frozenset({*_NOOP_KINDS, "Cast", "Identity"})  # is_noop's node keys (backward: op types)
 
 
 def _match_node(pat: Op, node: Node, st: _State) -> bool:
@@ -269,12 +291,13 @@ def _producers_may_match(checks: tuple, order: list[Tensor]) -> bool:
         p = t.producer
         if p is None:
             return False
-        while p.kind not in kinds and p.kind in _NOOP_KINDS and is_noop(p) and p.outputs[0] is t:
+        key = p.op_type if p.phase == "backward" else p.kind  # node_key, inline: a hot loop
+        while key not in kinds and key in _NOOP_KEYS and is_noop(p) and p.outputs[0] is t:
             t = p.inputs[0]  # the walk of _match_op_tensor
             p = t.producer
             if p is None:
                 return False
-        key = p.op_type if p.phase == "backward" else p.kind  # node_key, inline: a hot loop
+            key = p.op_type if p.phase == "backward" else p.kind
         if p.outputs[0] is not t or key not in kinds or p.meta.get("constant"):
             return False
         if sub is not None:

@@ -165,16 +165,7 @@ def test_the_graphs_match_what_they_are_built_to(baselines):
         assert baselines[name][1][pattern] >= 1, (name, baselines[name][1])
 
 
-# Properties that fail today (saved bytes agree everywhere; the matches do not), kept failing on purpose:
-_BACKWARD = ("a float32->float32 Cast between the forward Add/BatchNorm and the Relu puts its gradient "
-             "between ReluGrad and BiasAddGrad/BatchNormGrad: relu_grad_bias_grad / bn_grad_relu_grad lost")
-_TWICE = ("a no-op on one of the two reads of GELU's x (the bias Add's output): bias_gelu is lost, or "
-          "judged unsafe and a plain gelu match is reported beside it (a Var bound twice through different "
-          "no-op chains: the no-op on the second read does not join the match)")
-KNOWN = {("conv_bias_relu", "insert_casts"): _BACKWARD, ("conv_bn_relu", "insert_casts"): _BACKWARD,
-         ("bias_gelu_erf", "insert_casts"): _TWICE, ("mlp_block", "insert_casts"): _TWICE}
-CASES = [pytest.param(g, mu, marks=[pytest.mark.xfail(strict=True, reason=KNOWN[g, mu])] if (g, mu) in KNOWN
-                      else []) for g in GRAPHS for mu in MUTATIONS]
+CASES = [pytest.param(g, mu) for g in GRAPHS for mu in MUTATIONS]
 
 
 @pytest.mark.parametrize("graph, mutation", CASES)
@@ -200,19 +191,12 @@ def _cast_between(model: onnx.ModelProto, src: str, dst: str, op: str = "Cast") 
     return _with_nodes(m, nodes)
 
 
-# the failing properties above, each on one edge: strict, so that a fix shows here
-def _known(graph: str, src: str, dst: str, op: str, reason: str):
-    return pytest.param(graph, src, dst, op, marks=pytest.mark.xfail(strict=True, reason=reason),
-                        id=f"{graph}-{op}-{src}-{dst}")
-
-
+# one no-op on one edge: a Cast before the Relu (its backward Cast sits between ReluGrad and BiasAddGrad /
+# BatchNormGrad), an Identity or Cast on one of two reads of a bound value (GELU's x, LayerNorm's centred x)
 @pytest.mark.parametrize("graph, src, dst, op", [
-    _known("conv_bias_relu", "bias_out", "act", "Cast", _BACKWARD),
-    _known("conv_bn_relu", "bn_out", "act", "Cast", _BACKWARD),
-    _known("bias_gelu_erf", "bias_out", "x_one_plus", "Identity", _TWICE),
-    _known("bias_gelu_erf", "bias_out", "erf_arg", "Identity", _TWICE),
-    _known("skip_layer_norm", "sub_out", "sq", "Cast", "a no-op on one of the two reads of LayerNorm's "
-           "centred x (x - mean): an rms_norm match of it is reported beside skip_layer_norm"),
+    ("conv_bias_relu", "bias_out", "act", "Cast"), ("conv_bn_relu", "bn_out", "act", "Cast"),
+    ("bias_gelu_erf", "bias_out", "x_one_plus", "Identity"),
+    ("bias_gelu_erf", "bias_out", "erf_arg", "Identity"), ("skip_layer_norm", "sub_out", "sq", "Cast"),
     ("conv_bias_relu", "x", "conv", "Identity"), ("attention", "softmax_out", "pv", "Cast"),
 ])
 def test_one_noop_edge(baselines, graph, src, dst, op, tmp_path):

@@ -23,8 +23,8 @@ MODELLED = [("gpt2", "torchscript"), ("gpt2", "dynamo"), ("llama", "dynamo"), ("
 
 # RESULTS-precision.md: every row 1.000 but BERT's 1.001 (256 B of 430 kB) and OLMo's at --precision bf16
 TOLERANCE = 0.002
-OLMO_ROTARY = ("OLMo at --precision bf16, 0.987: its rotary returns cos and sin in float32 (Llama's casts them "
-               "to x's dtype), 4,096 B the float32 export shows no cast for")
+OLMO_ROTARY = ("OLMo at --precision bf16, 0.987: its rotary returns cos and sin in float32 (Llama's casts "
+               "them to x's dtype), 4,096 B the float32 export shows no cast for")
 _reference: dict[tuple[str, str], int] = {}
 
 
@@ -45,7 +45,8 @@ def test_exports_at_a_precision_match_pytorch(hf_onnx, name, precision):
     """The dynamo export carries the casts (TorchScript cannot trace bf16 or autocast models here)."""
     path = hf_onnx(name, "dynamo", attn="default", precision=precision)
     got, want = saved(path), pytorch_at(name, precision)
-    assert abs(got / want - 1) <= TOLERANCE, f"{name} {precision} export: fusecli {got:,} B, PyTorch {want:,} B"
+    assert abs(got / want - 1) <= TOLERANCE, \
+        f"{name} {precision} export: fusecli {got:,} B, PyTorch {want:,} B"
 
 
 def _modelled_cases():
@@ -60,8 +61,8 @@ def _modelled_cases():
 def test_fp32_exports_at_a_modelled_precision_match_pytorch(hf_onnx, name, exporter, precision):
     path = hf_onnx(name, exporter, attn="default")
     got, want = saved(path, precision), pytorch_at(name, precision)
-    assert abs(got / want - 1) <= TOLERANCE, f"{name} {exporter} --precision {precision}: fusecli {got:,} B, " \
-                                             f"PyTorch {want:,} B"
+    assert abs(got / want - 1) <= TOLERANCE, \
+        f"{name} {exporter} --precision {precision}: fusecli {got:,} B, PyTorch {want:,} B"
     fp32 = saved(path)  # and the precision changed the answer: neither is the fp32 figure
     assert got < 0.99 * fp32
 
@@ -78,12 +79,21 @@ def test_precision_is_said_in_the_json(hf_onnx):
     assert plain == {"precision": "as exported", "parameter_dtypes": ["float32"]}
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama"])
+GPT2_PEAK = ("GPT-2 at 0.951 (amp-bf16 and bf16, seq 128): PyTorch peaks in AddmmBackward0's mm, 132 kB "
+             "(one (256, 256) bfloat16 tensor's worth) above fusecli's peak, a MulGrad step; at fp32 both "
+             "peak in that Mul's backward, exact: what the bf16 mm adds is not found yet (issue 53 item 6)")
+
+
+GPT2_XFAIL = pytest.mark.xfail(strict=True, reason=GPT2_PEAK)
+
+
+@pytest.mark.parametrize("name", [pytest.param("gpt2", marks=GPT2_XFAIL), "llama"])
 @pytest.mark.parametrize("precision", ["amp-bf16", "bf16"])
 def test_peak_at_a_modelled_precision_matches_the_profiler(hf_onnx, name, precision):
     """The step's peak at seq 128, against torch.profiler's allocations (hf_models.peak_memory) of the
-    same step under that precision (BERT, at 0.91 of PyTorch under both, is left out: its forward's
-    LayerNorm peak under autocast is not modelled yet)."""
+    same step under that precision, within TOLERANCE (Llama: 1.0004-1.0006); GPT-2 a strict xfail (GPT2_PEAK).
+    BERT, at 0.91 of PyTorch under both, is left out: its forward's LayerNorm peak under autocast is not
+    modelled yet (issue 53 item 6)."""
     seq = 128
     model, args = hf_models.at_precision(hf_models.build(name, attn="default"),
                                          hf_models.example_inputs(name, BATCH, seq), precision)
@@ -93,5 +103,5 @@ def test_peak_at_a_modelled_precision_matches_the_profiler(hf_onnx, name, precis
                                                                  precision=precision))
     got = a.liveness.peak_bytes
     print(f"peak at {precision} {name}: fusecli {got} PyTorch {want} ratio {got / want:.4f}")  # with -s
-    assert abs(got / want - 1) <= 0.05, f"{name} --precision {precision} peak: fusecli {got:,} B, " \
+    assert abs(got / want - 1) <= TOLERANCE, f"{name} --precision {precision} peak: fusecli {got:,} B, " \
                                         f"PyTorch {want:,} B"
