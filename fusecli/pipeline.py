@@ -12,7 +12,14 @@ from .fusion.match import Match
 from .grad.backward import build_backward
 from .grad.profiles import OPS, Profile, choose_profile
 from .grad.storage import held_to_boundary, storages, transients
-from .grad.torch_export import folded_batch_norm_note, folded_batch_norms, frequency_note, sinusoidal_note
+from .grad.torch_export import (
+    folded_batch_norm_note,
+    folded_batch_norms,
+    frequency_note,
+    scalar_parameter_note,
+    scalar_parameters,
+    sinusoidal_note,
+)
 from .load import load_model, resolve_sizes
 from .load.constant_weights import no_parameter_warning
 from .load.routing import ROUTER_OPS, routers_of
@@ -165,6 +172,7 @@ def analyze_graph(path: str, graph: Graph, options: Options) -> Analysis:
     progress.stage("sizes")
     sizes, warnings, unknown = size_graph(graph, options)
     profile, reason = choose_profile(graph, options.autodiff)
+    _, assumed = scalar_parameters(graph) if profile.name == "pytorch" else ([], [])
     precision = None
     if options.precision is not None:
         precision = apply_precision(graph, options.precision, options.device,
@@ -189,6 +197,8 @@ def analyze_graph(path: str, graph: Graph, options: Options) -> Analysis:
         warnings.insert(0, folded_batch_norm_note(graph))
     if profile.frozen is not None:
         warnings += [note for note in (frequency_note(graph), sinusoidal_note(graph)) if note]
+    if profile.name == "pytorch":
+        warnings += [note for note in (scalar_parameter_note(graph, assumed),) if note]
     no_params = None if options.wrt_inputs else no_parameter_warning(graph)
     if no_params:
         warnings.append(no_params)

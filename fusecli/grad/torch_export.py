@@ -153,6 +153,62 @@ def torchscript_conv_weights(graph: Graph) -> set[str]:
     return out
 
 
+_STATE_KEY = re.compile(r"^\w+(\.\w+)*$")  # a state_dict key: "1.weight", "alpha", "encoder.layer.0.scale"
+_PARAMETER_NAME = re.compile(r"\.(weight|bias)$")
+
+
+def scalar_parameters(graph: Graph) -> tuple[list[Tensor], list[Tensor]]:
+    """One-element float initializers the loader took for constants (an epsilon, 1/sqrt(d)) that PyTorch
+    trains (nn.PReLU()'s one slope, a ReZero alpha, a learned temperature), made parameters here, in place:
+    (those the export says are parameters, those assumed so). Dynamo's signature says it (PARAMETER, or a
+    value onnxscript folded from one: PReLU's slope reshaped to (1, 1), ``folded_from`` '1.weight'); a
+    TorchScript export names parameters and buffers alike by their state_dict key, so a scalar named
+    ``<module>.weight`` or ``<module>.bias``, or PRelu's slope (nn.PReLU's weight, which it folds to
+    ``onnx::PRelu_N``), is assumed a parameter (said); another state_dict key stays a constant (said too:
+    a trained one would be missed)."""
+    if graph.meta.get("producer") != "pytorch":
+        return [], []
+    scalars = [t for t in graph.tensors.values() if t.kind == "constant" and t.producer is None
+               and t.dtype in ("float32", "float16", "bfloat16", "float64") and t.shape is not None
+               and all(d == 1 for d in t.shape) and "value" in t.meta]
+    signature = (graph.meta.get("export") or {}).get(SIGNATURE)
+    said, assumed = [], []
+    if signature:
+        params = {n for name, kind, target in _INPUT.findall(signature) if kind == "PARAMETER"
+                  for n in (name, target)}
+        for t in scalars:
+            notes = t.meta.get("export") or {}
+            folded = _sources(notes.get(FOLDED)) or []
+            if notes.get(KIND) == "PARAMETER" or any(s in params for s in folded):
+                said.append(t)
+    else:
+        assumed = [t for t in scalars if (_STATE_KEY.match(t.name) and _PARAMETER_NAME.search(t.name))
+                   or any(c.op_type == "PRelu" and c.input(1) is t for c in t.consumers)]
+    for t in (*said, *assumed):
+        t.kind = "parameter"
+    graph.meta["scalar_state_keys"] = [t.name for t in scalars if not signature and _STATE_KEY.match(t.name)
+                                       and t not in assumed]
+    return said, assumed
+
+
+def scalar_parameter_note(graph: Graph, assumed: list[Tensor]) -> str | None:
+    """What ``scalar_parameters`` assumed of a TorchScript export, said out loud (None where nothing)."""
+    kept = graph.meta.get("scalar_state_keys") or []
+    if not assumed and not kept:
+        return None
+    parts = []
+    if assumed:
+        parts.append(f"{len(assumed)} one-element weight{'s' if len(assumed) > 1 else ''} "
+                     f"({', '.join(repr(t.name) for t in assumed[:3])}{', ...' if len(assumed) > 3 else ''}) "
+                     "taken for trained parameters, by their names or as PRelu's slope")
+    if kept:
+        parts.append(f"{len(kept)} other one-element state_dict value{'s' if len(kept) > 1 else ''} "
+                     f"({', '.join(repr(n) for n in kept[:3])}{', ...' if len(kept) > 3 else ''}) taken for "
+                     "constants (buffers); if trained, their gradients and what they read are not counted")
+    return ("assumed: " + "; ".join(parts) + ": a TorchScript export names parameters and buffers alike "
+            "(a dynamo export's signature tells them apart)")
+
+
 def folded_batch_norms(graph: Graph) -> list[str]:
     """The convolutions of a PyTorch export a BatchNorm was folded into (an eval-mode export): dynamo's,
     which onnxscript's FuseBatchNormIntoConv made (named for the BatchNorm's module), and TorchScript's,

@@ -11,6 +11,7 @@ from fusecli import __version__
 from fusecli.cli import main
 
 CONTRACT_KEYS = {"fusecli", "model", "format", "batch", "dims", "resolved_dims", "routing", "tensorflow",
+                 "folded_batch_norms",
                  "forward", "backward", "precision", "autodiff", "saved", "memory", "patterns", "near_misses",
                  "unsupported"}
 

@@ -21,6 +21,7 @@ import math
 import re
 import warnings
 
+import numpy as np
 import onnx
 import pytest
 
@@ -295,3 +296,76 @@ def test_batch_norm_folded_by_an_eval_export_is_said(tmp_path, exporter):
     # BatchNorms' per-channel save_mean and save_invstd (2 x 2 x 8 float32), which no export writes
     assert pytorch - 128 <= b.liveness.saved_activation_bytes <= pytorch
     assert a.liveness.saved_activation_bytes < 0.6 * pytorch
+
+
+class LearnedScale(nn.Module):
+    """tanh(alpha * linear(x)) with a trained one-element alpha (a ReZero gate, a learned temperature), then
+    nn.PReLU() and its one slope; ``buffer``: a one-element float buffer multiplies the output (trained by
+    nobody). Mul's backward keeps linear(x) for alpha's gradient: a constant alpha would keep nothing."""
+
+    def __init__(self, buffer: bool = False):
+        super().__init__()
+        self.lin, self.act = nn.Linear(H, H), nn.PReLU()
+        self.alpha = nn.Parameter(torch.full((1,), 0.5))
+        if buffer:
+            self.register_buffer("scale", torch.full((1,), 2.0))
+        self.buffer = buffer
+
+    def forward(self, x):
+        y = self.act(torch.tanh(self.alpha * self.lin(x)))
+        return y * self.scale if self.buffer else y
+
+
+def _export_scalar_model(path: str, exporter: str, buffer: bool) -> str:
+    torch.manual_seed(0)
+    x = (torch.randn(BATCH, SEQ, H),)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if exporter == "torchscript":
+            torch.onnx.export(LearnedScale(buffer).eval(), x, path, dynamo=False, opset_version=17,
+                              input_names=["x"], dynamic_axes={"x": {0: "batch"}})
+        else:
+            torch.onnx.export(LearnedScale(buffer).eval(), x, dynamo=True, input_names=["x"]).save(path)
+    return path
+
+
+@pytest.mark.parametrize("exporter", EXPORTERS)
+def test_a_trained_one_element_weight_is_a_parameter(tmp_path, exporter):
+    """nn.PReLU()'s slope and a learned scalar gate were constants, as every one-element float initializer
+    (an epsilon) is, without a word: the gate's gradient and the linear output it reads went uncounted.
+    Dynamo's signature says they are parameters (saved bytes then PyTorch's own); TorchScript folds the slope
+    (onnx::PRelu_N), taken for a parameter as PRelu's slope, and names alpha as it would a buffer: kept a
+    constant, and both said."""
+    torch.manual_seed(0)
+    model, x = LearnedScale(), torch.randn(BATCH, SEQ, H)
+    pytorch = sum(b for _, _, b in hf_models.saved_storages(model, (x,)))
+    a = analyze(_export_scalar_model(str(tmp_path / "scale.onnx"), exporter, False), Options(batch=BATCH))
+    scalars = [t for t in a.graph.tensors.values() if t.producer is None and t.shape is not None
+               and t.dtype == "float32" and all(d == 1 for d in t.shape) and t.shape]
+    said = [w for w in a.warnings if "one-element" in w]
+    if exporter == "dynamo":  # the signature tells: both parameters, nothing assumed, PyTorch's bytes
+        kinds = [(t.name, t.kind) for t in scalars]
+        assert sorted(k for _, k in kinds) == ["parameter", "parameter"], kinds
+        assert not said, a.warnings
+        assert a.liveness.saved_activation_bytes == pytorch
+    else:  # PRelu's slope (folded to onnx::PRelu_N) taken for a parameter; 'alpha', a bare state_dict key,
+        kinds = {t.name: t.kind for t in scalars}  # kept a constant: both said
+        slope = next(n for n in kinds if n.startswith("onnx::PRelu"))
+        assert kinds[slope] == "parameter" and kinds["alpha"] == "constant", kinds
+        assert len(said) == 1 and f"'{slope}') taken for trained parameters" in said[0], a.warnings
+        assert "'alpha') taken for constants" in said[0], said
+
+
+@pytest.mark.parametrize("exporter", EXPORTERS)
+def test_a_one_element_buffer_stays_a_constant(tmp_path, exporter):
+    """A registered one-element float buffer: dynamo's signature says BUFFER (a constant, nothing said of
+    it); TorchScript's 'scale' is a state_dict key as a parameter's would be: kept a constant, and said."""
+    a = analyze(_export_scalar_model(str(tmp_path / "buffer.onnx"), exporter, True), Options(batch=BATCH))
+    values = [t for t in a.graph.tensors.values() if t.producer is None and t.meta.get("value") is not None
+              and np.size(t.meta["value"]) == 1 and float(np.reshape(t.meta["value"], -1)[0]) == 2.0]
+    assert values and all(t.kind == "constant" for t in values), [(t.name, t.kind) for t in values]
+    said = [w for w in a.warnings if "one-element" in w]
+    if exporter == "dynamo":
+        assert not said, a.warnings
+    else:
+        assert len(said) == 1 and "'scale'" in said[0] and "taken for constants" in said[0], a.warnings
