@@ -123,11 +123,14 @@ def _tf_conv_bn(m: Match) -> dict:
 
 
 def _tf_bn_act(m: Match) -> dict:
-    """FusedBatchNorm + Relu (+ side input): _FusedBatchNormEx, GPU only."""
+    """FusedBatchNorm + Relu (+ side input): _FusedBatchNormEx; on CPU without the side input only (Grappler's
+    CPU remapper, asked in tests/fusion/test_frameworks.py, TensorFlow 2.21: inference and training)."""
     a = act(m)
     if m.roles["bn"].kind != "batch_norm":
         return verdict(False, False, "a decomposed BatchNorm (Mul/Add) is not a remapper pattern")
-    return verdict(False, a == "relu", "_FusedBatchNormEx on GPU only (cuDNN, NHWC), Relu only"
+    side = m.pattern.name == "bn_add_act"
+    where = "on GPU only (cuDNN, NHWC) with the side input" if side else "on CPU and GPU (cuDNN, NHWC)"
+    return verdict(a == "relu" and not side, a == "relu", f"_FusedBatchNormEx {where}, Relu only"
                    + ("" if a == "relu" else f", not {a}"))
 
 
