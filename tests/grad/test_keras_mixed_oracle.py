@@ -36,6 +36,22 @@ def test_saved_set_matches_tensorflow_names_and_bytes(model, policy):
     path = saved_mixed(model, policy)
     graph = load_model(path)
     assert _variable_casts(graph, LOWER[policy]), "the SavedModel does not carry the policy's casts"
+    _matches_tensorflow(path, graph)
+
+
+@pytest.mark.parametrize("policy", ["float16", "bfloat16"])
+@pytest.mark.parametrize("model", list(MIXED))
+def test_pure_policy_saved_set_matches_tensorflow_names_and_bytes(model, policy):
+    """The pure policies (variables and compute in float16 / bfloat16, no per-call casts): the SavedModels
+    test_keras_policy compares ``--precision fp16 / bf16`` with, tied to TensorFlow's own outputs too."""
+    path = saved_mixed(model, policy)
+    graph = load_model(path)
+    assert not _variable_casts(graph, policy) and any(
+        t.dtype == policy for t in graph.tensors.values() if "variable" in t.meta)
+    _matches_tensorflow(path, graph)
+
+
+def _matches_tensorflow(path: str, graph) -> None:
     assert_matches(path)  # names, value or shape reads, and which of them are allocated storages
     r = compare(path)
     x = graph.inputs[0]
