@@ -107,8 +107,10 @@ def onnxruntime_outputs(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) ->
 def _leaves(model: onnx.ModelProto, feeds: dict[str, np.ndarray]):
     """(graph inputs and float initializers: the differentiable leaves, other initializers).
 
-    One-element float initializers (a 1/sqrt(d) scale, an epsilon) are constants, as fusecli's loader
-    reads them: no framework is asked for their gradient."""
+    One-element float initializers (a 1/sqrt(d) scale, an epsilon) are constants here: an ONNX graph
+    cannot say whether a scalar is trained, and the graphs this runs on hold none that is. Where a model
+    has trained scalars (nn.PReLU's slope, a learned gate), its own framework is the judge
+    (tests/grad/test_torch_parameter_math.py), not this executor."""
     leaves = dict(feeds)
     consts = {}
     for init in model.graph.initializer:
