@@ -19,6 +19,7 @@ from .grad.torch_export import (
     scalar_parameter_note,
     scalar_parameters,
     sinusoidal_note,
+    softmax_dtypes,
 )
 from .load import load_model, resolve_sizes
 from .load.constant_weights import no_parameter_warning
@@ -173,6 +174,8 @@ def analyze_graph(path: str, graph: Graph, options: Options) -> Analysis:
     sizes, warnings, unknown = size_graph(graph, options)
     profile, reason = choose_profile(graph, options.autodiff)
     _, assumed = scalar_parameters(graph) if profile.name == "pytorch" else ([], [])
+    if profile.name == "pytorch":
+        softmax_dtypes(graph)  # the casts of softmax(x, dtype=float32) a dynamo export dropped
     precision = None
     if options.precision is not None:
         precision = apply_precision(graph, options.precision, options.device,

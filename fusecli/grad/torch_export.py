@@ -209,6 +209,36 @@ def scalar_parameter_note(graph: Graph, assumed: list[Tensor]) -> str | None:
             "(a dynamo export's signature tells them apart)")
 
 
+def softmax_dtypes(graph: Graph) -> int:
+    """``softmax(x, dim, dtype=torch.float32)`` on a lower-precision x (Gemma's eager attention under
+    ``model.to(bfloat16)``) computes in float32 and keeps its float32 output for backward, and the model's
+    ``.to(x.dtype)`` makes the copy the next matmul reads; the dynamo export drops both casts (its Softmax
+    reads and writes bfloat16; the FX node, ``softmax_dtype``, still says float32). Both put back, in
+    place: a Cast up before the Softmax, its output in that dtype, a Cast down for its readers. Returns
+    how many softmaxes."""
+    from ..precision.rewrite import Rewrite  # the casts --precision adds, placed as eager runs them
+
+    rw = Rewrite(graph)
+    fixed = 0
+    for node in list(graph.nodes):
+        want = node.meta.get("softmax_dtype")
+        x = node.inputs[0] if node.inputs else None
+        y = node.outputs[0] if node.outputs else None
+        if want is None or x is None or y is None or x.dtype == want or x.dtype not in _LOWER:
+            continue
+        readers = list(dict.fromkeys(y.consumers))
+        rw.cast(x, want, [node])
+        low, y.dtype = y.dtype, want
+        if readers:
+            rw.cast(y, low, readers)
+        fixed += 1
+    rw.finish()
+    return fixed
+
+
+_LOWER = frozenset({"float16", "bfloat16"})
+
+
 def folded_batch_norms(graph: Graph) -> list[str]:
     """The convolutions of a PyTorch export a BatchNorm was folded into (an eval-mode export): dynamo's,
     which onnxscript's FuseBatchNormIntoConv made (named for the BatchNorm's module), and TorchScript's,

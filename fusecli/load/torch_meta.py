@@ -8,6 +8,9 @@
 - ``fx_args``: for the nodes of an ``aten.scaled_dot_product_attention`` call, the FX names of its
   arguments ('transpose_2', 'cat', 'cat_1', 'expand': q, k, v, mask, from ``fx_node``): an argument the
   ONNX graph reads under another name was made by an op the exporter dropped (grad/sdpa.py);
+- ``softmax_dtype``: the dtype ``aten.softmax.int`` was asked to compute in (``softmax(x, dim,
+  dtype=torch.float32)``, Gemma's eager attention), which the dynamo export drops on a bf16 model: its
+  Softmax node then reads and writes bf16 (grad/torch_export.py restores the casts);
 - ``rewritten_by``: the onnxscript rewrite rule that made the node ('FuseBatchNormIntoConv', from
   ``pkg.onnxscript.rewriter.rule_name``): what the export's optimizer folded into it (grad/torch_export.py).
 """
@@ -42,8 +45,12 @@ def torch_node_meta(props) -> dict:
                 meta["torch_classes"] = classes
         elif key == RULE and len(p.value) < _LONGEST:
             meta["rewritten_by"] = p.value
+        elif key == FX_NODE and "aten.softmax.int" in p.value:
+            dtype = _softmax_dtype(p.value)
+            if dtype:
+                meta["softmax_dtype"] = dtype
         elif key == FX_NODE and "aten.scaled_dot_product_attention" in p.value:
-            args = _sdpa_args(p.value)
+            args = _fx_call_args(p.value)
             if args:
                 meta["fx_args"] = args
     return meta
@@ -71,8 +78,18 @@ def _classes(hierarchy: str) -> tuple[str, ...]:
 
 
 @lru_cache(maxsize=1024)  # the nodes of one sdpa call share its FX node
-def _sdpa_args(fx_node: str) -> tuple[str, ...]:
+def _fx_call_args(fx_node: str) -> tuple[str, ...]:
     if len(fx_node) >= _LONGEST:
         return ()
     m = _FX_ARGS.search(fx_node)
     return tuple(a.strip().removeprefix("%") for a in m.group(1).split(",")) if m else ()
+
+
+_TORCH_FLOATS = {"torch.float32": "float32", "torch.float16": "float16", "torch.bfloat16": "bfloat16",
+                 "torch.float64": "float64"}
+
+
+def _softmax_dtype(fx_node: str) -> str | None:
+    """softmax(x, dim, dtype)'s dtype argument, as ONNX names it ('float32'), or None without one."""
+    args = _fx_call_args(fx_node)  # the call's arguments: (%x, -1, torch.float32)
+    return _TORCH_FLOATS.get(args[2]) if len(args) == 3 else None

@@ -184,6 +184,13 @@ def _model_cast(graph: Graph, rw: Rewrite, low: str, p: Precision) -> None:
         readers = [c for c in dict.fromkeys(ln.outputs[0].consumers) if c.kind != "cast"]
         if readers:
             rw.cast(ln.outputs[0], low, readers)
+    softmaxes = [n for n in graph.nodes if n.meta.get("softmax_dtype") == "float32" and n.inputs
+                 and n.outputs]  # softmax(x, dtype=torch.float32).to(x.dtype): Gemma's eager attention
+    for sm in softmaxes:
+        readers = list(dict.fromkeys(sm.outputs[0].consumers))
+        rw.cast(sm.inputs[0], "float32", [sm])
+        if readers:
+            rw.cast(sm.outputs[0], low, readers)
     for norm in norms:  # x.to(float32) ... (weight *) hidden.to(input_dtype)
         rw.cast(norm.x, "float32", [c for c in dict.fromkeys(norm.x.consumers) if id(c) in inside])
         if norm.weight_param is not None and norm.weight_param_reader is not None:  # Gemma: 1 + w.float()
@@ -211,6 +218,10 @@ def _model_cast(graph: Graph, rw: Rewrite, low: str, p: Precision) -> None:
         p.assumed.append(f"{len(norms)} RMSNorm(s) compute in float32 as transformers' RMSNorm does "
                          "(x cast up; cast down before the weight" +
                          (f", or after it where the weight is 1 + w: {gemma})" if gemma else ")"))
+    if softmaxes:
+        p.assumed.append(f"{len(softmaxes)} softmax(es) compute in float32, as softmax(x, "
+                         "dtype=torch.float32) asks (the export's FX nodes say it), their output cast back "
+                         "for the next op")
     if upcast_norms:
         p.assumed.append(f"{len(upcast_norms)} LayerNorm(s) compute in float32: their input is cast to "
                          "float32 in the export, or their module is one of transformers' float32 LayerNorms "

@@ -187,12 +187,22 @@ def _probs(pv: Node, w: _Walk) -> tuple[Node | None, bool]:
             w.take(p, "guard")
             w.take(p.inputs[0].producer, "isnan")
             guard, t = True, x
-        elif p.kind == "dropout" or is_noop(p) or p.kind in PROB_LAYOUT:
+        elif p.kind == "dropout" or is_noop(p) or _float_cast(p) or p.kind in PROB_LAYOUT:
             w.take(p, "dropout" if p.kind == "dropout" else None)
             t = _arg(p, 0)
         else:
             return None, guard
     return None, guard
+
+
+def _float_cast(node: Node) -> bool:
+    """A Cast of float probabilities to another float dtype: P in the dtype P @ V runs in (autocast's bf16
+    copy of softmax's float32 output; ``softmax(x, dtype=float32).to(x.dtype)``)."""
+    x = node.inputs[0] if node.kind == "cast" and node.inputs else None
+    return x is not None and x.dtype in _FLOATS and node.outputs[0].dtype in _FLOATS
+
+
+_FLOATS = frozenset({"float16", "bfloat16", "float32", "float64"})
 
 
 def _leads_to_product(t: Tensor, depth: int = 12) -> bool:

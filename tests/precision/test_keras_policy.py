@@ -2,7 +2,8 @@
 ``amp-fp16`` / ``amp-bf16`` (``mixed_float16`` / ``mixed_bfloat16``) or ``fp16`` / ``bf16`` (the policies
 ``float16`` / ``bfloat16``) keeps what the same model built and saved under that policy keeps. The
 saved model is the judge: test_keras_mixed_oracle ties its saved set to TensorFlow's own
-``__forward_*`` outputs, names and bytes, under all four policies (the pure float16 / bfloat16 ones too). Same seed, same architecture (tests/grad/keras_apps MIXED).
+``__forward_*`` outputs, names and bytes, under all four policies (the pure float16 / bfloat16 ones
+too). Same seed, same architecture (tests/grad/keras_apps MIXED).
 
 Saved activations: equal, each tensor's (dtype, bytes) (the names differ: Keras's Casts are named by
 the layer, fusecli's by the tensor cast). Step peak: within 0.1% (the exported model casts Python
