@@ -11,6 +11,7 @@ from .fusion import find_fusions, select_patterns
 from .fusion.match import Match
 from .grad.backward import build_backward
 from .grad.profiles import OPS, Profile, choose_profile
+from .grad.sdpa import unshare_calls
 from .grad.storage import held_to_boundary, storages, transients
 from .grad.torch_export import (
     folded_batch_norm_note,
@@ -176,6 +177,7 @@ def analyze_graph(path: str, graph: Graph, options: Options) -> Analysis:
     _, assumed = scalar_parameters(graph) if profile.name == "pytorch" else ([], [])
     if profile.name == "pytorch":
         softmax_dtypes(graph)  # the casts of softmax(x, dtype=float32) a dynamo export dropped
+        unshare_calls(graph)  # sdpa calls an exporter's CSE merged: one kernel per call, as eager runs
     precision = None
     if options.precision is not None:
         precision = apply_precision(graph, options.precision, options.device,

@@ -121,9 +121,10 @@ def _pytorch() -> Profile:
                      2: G("BiasAddGrad")},
         },
         composites=PYTORCH_COMPOSITES,
-        # reshape/view/permute/squeeze/expand/split return views; .to(its own dtype) returns the tensor itself
+        # reshape/view/permute/squeeze/expand/split and x[a:b] (narrow, unbind as slices) return views;
+        # .to(its own dtype) returns the tensor itself
         views=frozenset({"reshape", "flatten", "squeeze", "unsqueeze", "transpose", "identity", "cast",
-                         "expand", "split"}),
+                         "expand", "split", "slice"}),
         frozen=frozen_parameters,  # dynamo: buffers and values folded from them are no parameters
         outputs_held=True)
 

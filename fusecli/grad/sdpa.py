@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..core.dims import dim_value
-from ..core.ir import Node, Tensor
+from ..core.ir import Graph, Node, Tensor, redirect, unique_name
 from ..spellings.attention import AttentionForm, depends_on_input, read_attention, scalar_value
 
 FLASH_OP = "ScaledDotProductFlashAttentionForCpuBackward0"
@@ -228,9 +228,9 @@ def choose(form: AttentionForm, rg: set[str], memo: dict[int, bool], device: str
     new = [(f"{pv.name}.logsumexp", "float32",
             None if form.q.shape is None else tuple(form.q.shape[:-1])), *cast_copies]
     for role, index, t in (("key", 1, k), ("value", 2, v)):
-        if _dropped_cat(pv, index, t):  # the kernel saves the copy, not the tensor the export shows
-            reads[index] = None
-            new.append((f"{pv.name}.{role}_cat", t.dtype, t.shape))
+        if _dropped_cat(pv, index, t):  # the kernel saves the copy, not the tensor the export shows,
+            reads[index] = None  # named by the FX cat it is: two calls on one cache update share it
+            new.append((f"{pv.meta['fx_args'][index]}.{role}_cat", t.dtype, t.shape))
     reads = [t for t in reads if t is not None]
     if device == "cpu":
         kernel, reason = "flash", "flash kernel for CPU: saves q, k, v, the output and the row logsumexp"
@@ -291,3 +291,54 @@ def flash_backward_work_bytes(queries: int, keys: int, dtype: str) -> int:
     q_split = min(queries, 256 if queries >= 768 else 64 if queries >= 192 else 32)
     reduced = 2 if dtype in ("bfloat16", "float16") else 0
     return 2 * q_split * min(keys, 512) * (4 + reduced)
+
+
+def unshare_calls(graph: Graph) -> int:
+    """Two sdpa calls on the same q, k and mask (DiffLlama's, one per half of V) whose op-by-op spellings
+    the exporter's common-subexpression pass merged: P @ V1 and P @ V2 read one P. PyTorch runs one kernel
+    per call and never makes P, so each later call gets its own copy of the shared nodes (the scores,
+    their mask and softmax), as it was traced; returns how many calls were given one."""
+    calls: dict[int, list[tuple[Node, AttentionForm]]] = {}
+    for node in graph.nodes:
+        if node.phase == "forward" and node.kind in ("matmul", "einsum"):
+            form = read_attention(node)
+            if isinstance(form, AttentionForm) and form.sdpa:
+                calls.setdefault(id(form.roles["softmax"]), []).append((node, form))
+    copied = 0
+    for group in calls.values():
+        first = {id(n) for n in group[0][1].nodes}
+        for pv, form in group[1:]:
+            shared = [n for n in form.nodes if id(n) in first and n is not pv]
+            if shared and _copy_before(graph, shared, [n for n in form.nodes if id(n) not in first], pv):
+                copied += 1
+    return copied
+
+
+def _copy_before(graph: Graph, shared: list[Node], own: list[Node], pv: Node) -> bool:
+    """Copies of ``shared`` (in order) placed before ``pv``; ``own`` (the call's nodes outside ``shared``)
+    read the copies instead."""
+    made: dict[int, Tensor] = {}
+    copies = []
+    for n in shared:
+        outs = []
+        for t in n.outputs:
+            if t is None:
+                outs.append(None)
+                continue
+            c = graph.tensor(unique_name(f"{t.name}.call", graph.tensors), dtype=t.dtype, shape=t.shape,
+                             kind=t.kind)
+            c.meta.update(t.meta)
+            made[id(t)] = c
+            outs.append(c)
+        ins = [None if t is None else made.get(id(t), t) for t in n.inputs]
+        copies.append(graph.add_node(Node(graph.unique_node_name(f"{n.name}.call"), n.op_type, n.kind, ins,
+                                          outs, dict(n.attrs), n.domain, n.phase, dict(n.meta))))
+    for n in shared:
+        for t in n.outputs:
+            if t is not None:
+                redirect([r for r in own if any(u is t for u in r.inputs)], t, made[id(t)])
+    added = {id(c) for c in copies}
+    rest = [n for n in graph.nodes if id(n) not in added]
+    at = next(i for i, n in enumerate(rest) if n is pv)
+    graph.nodes = [*rest[:at], *copies, *rest[at:]]
+    return True

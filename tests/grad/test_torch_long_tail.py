@@ -436,3 +436,52 @@ def test_buffer_rule_is_said(exported, exporter):
     a = analyze(exported("rotary_buffer", exporter), Options(batch=BATCH, dims={"seq": SEQ}))
     said = [w for w in a.warnings if w.startswith("assumed:") and "Cos/Sin of positions" in w]
     assert len(said) == (1 if exporter == "torchscript" else 0), a.warnings
+
+
+class TwoCallsOneScore(nn.Module):
+    """Differential attention's habit (DiffLlama): two causal F.scaled_dot_product_attention calls on the
+    same q and k, one per half of V. The dynamo export's common-subexpression pass merges the two
+    calls' op-by-op scores into one P read by both P @ V; PyTorch runs two flash kernels and never makes P."""
+
+    def __init__(self, heads: int = 2, size: int = 8):
+        super().__init__()
+        self.heads, self.size = heads, size
+        self.qkv = nn.Linear(heads * size, 3 * heads * size)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, self.heads, self.size).permute(2, 0, 3, 1, 4)
+        v1, v2 = (h.repeat(1, 2, 1, 1) for h in torch.chunk(v, 2, dim=1))
+        o1 = torch.nn.functional.scaled_dot_product_attention(q, k, v1, is_causal=True)
+        o2 = torch.nn.functional.scaled_dot_product_attention(q, k, v2, is_causal=True)
+        return torch.cat([o1, o2], dim=-1).transpose(1, 2).reshape(b, s, -1)
+
+
+@pytest.mark.parametrize("exporter", EXPORTERS)
+def test_two_sdpa_calls_sharing_their_scores_keep_no_probabilities(tmp_path, exporter):
+    """Each call is its own kernel (fusecli copies the merged nodes back, one chain per call): saved bytes
+    equal PyTorch's at seq 64, where one shared P kept by 'not fusable' attention read 1.3x at seq 128 and
+    6.98x at 1024 on DiffLlama."""
+    from tests import hf_models
+
+    seq = 64
+    torch.manual_seed(0)
+    model, x = TwoCallsOneScore().eval(), torch.randn(BATCH, seq, 16)
+    pytorch = sum(b for _, _, b in hf_models.saved_storages(model, (x,)))
+    path = str(tmp_path / f"two_calls_{exporter}.onnx")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if exporter == "torchscript":
+            torch.onnx.export(model, (x,), path, dynamo=False, opset_version=17, input_names=["x"],
+                              dynamic_axes={"x": {0: "batch", 1: "seq"}})
+        else:
+            seq_dim = torch.export.Dim("seq", min=2, max=512)
+            torch.onnx.export(model, (x,), dynamo=True, input_names=["x"],
+                              dynamic_shapes=({1: seq_dim},)).save(path)
+    a = analyze(path, Options(batch=BATCH, dims={"seq": seq}))
+    attention = [m for m in a.matches if m.pattern.name == "attention"]
+    assert len(attention) == 2 and all(m.verdict.state != "not fusable" for m in attention), \
+        [m.verdict.state for m in attention]
+    assert not [s for s in a.liveness.saved if s.tensor.shape is not None and len(s.tensor.shape) == 4
+                and s.tensor.shape[-1] == s.tensor.shape[-2] == "seq"], "P is kept"
+    assert a.liveness.saved_activation_bytes == pytorch, (a.liveness.saved_activation_bytes, pytorch)
