@@ -110,8 +110,8 @@ def test_the_pattern_language_and_spellings_sit_below_grad_and_fusion():
 
 
 # package -> the packages it may import (docs/layout.md): the flow load -> grad -> memory -> fusion, the
-# commands above it; the crossings named there (fusion's families hold their kernels' emitters from rewrite/,
-# diff reads report's JSON pieces and rewrite's emitter table, core/output.py an ONNX file's external data)
+# commands above it; the crossings named there (diff reads report's JSON pieces and rewrite's emitter table,
+# core/output.py an ONNX file's external data); fusion names its kernels by key and imports no rewrite/
 LAYERS = {
     "core": {"load"},
     "spellings": {"core"},
@@ -119,7 +119,7 @@ LAYERS = {
     "grad": {"core", "spellings"},
     "memory": {"core"},
     "precision": {"core", "spellings", "grad"},
-    "fusion": {"core", "memory", "spellings", "rewrite"},
+    "fusion": {"core", "memory", "spellings"},
     "pipeline": {"core", "load", "spellings", "grad", "memory", "precision", "fusion"},
     "report": {"fusecli", "core", "load", "spellings", "grad", "memory", "precision", "fusion", "pipeline"},
     "render": {"core", "fusion", "pipeline"},
@@ -127,6 +127,15 @@ LAYERS = {
     "plan": {"core", "memory", "precision", "fusion"},
     "diff": {"fusecli", "core", "load", "memory", "fusion", "pipeline", "report", "rewrite"},
 }
+
+
+def test_analysis_imports_no_rewrite_module_nor_onnxruntime():
+    """`fusecli analyze`'s modules (the pipeline and what it imports) load no module of rewrite/, nor
+    onnxruntime: analysis pays for no kernel emitter (fusion's families name theirs by key)."""
+    code = ("import sys, fusecli.pipeline, fusecli.report.document, fusecli.report.text; "
+            "print(sorted(m for m in sys.modules if m.startswith('fusecli.rewrite') or m == 'onnxruntime'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out
 
 
 def test_packages_follow_the_layout():

@@ -22,6 +22,7 @@ from __future__ import annotations
 import ast
 import re
 
+from ..core.casts import Rewrite
 from ..core.ir import Graph, Tensor
 from ..core.kinds import DATA_DEPENDENT_KINDS, value_inputs
 
@@ -216,8 +217,6 @@ def softmax_dtypes(graph: Graph) -> int:
     reads and writes bfloat16; the FX node, ``softmax_dtype``, still says float32). Both put back, in
     place: a Cast up before the Softmax, its output in that dtype, a Cast down for its readers. Returns
     how many softmaxes."""
-    from ..precision.rewrite import Rewrite  # the casts --precision adds, placed as eager runs them
-
     rw = Rewrite(graph)
     fixed = 0
     for node in list(graph.nodes):

@@ -12,9 +12,10 @@ graph) as ops on shapes alone, so NonZero and what follows it evaluate as shape 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import onnx
-from onnx import helper
+if TYPE_CHECKING:  # annotations only: onnx is imported where a routed graph is built (--routing)
+    import onnx
 
 from ..core.ir import Graph
 
@@ -68,6 +69,7 @@ def _reaches(start: str, readers: dict[str, list[onnx.NodeProto]]) -> bool:
 def balanced(model: onnx.ModelProto, routers: list[Router]) -> onnx.ModelProto:
     """A copy of ``model`` whose routers' indices are the balanced assignment, computed from shapes:
     Reshape(Range(0, numel) mod E, shape), E the size of the router's input along its axis."""
+    import onnx
     out = onnx.ModelProto()
     out.CopyFrom(model)
     g = out.graph
@@ -89,6 +91,8 @@ def balanced(model: onnx.ModelProto, routers: list[Router]) -> onnx.ModelProto:
 
 def _assignment(scores: str, raw: str, indices: str, axis: int) -> list[onnx.NodeProto]:
     """``indices`` = Reshape(Range(0, numel(raw)) mod shape(scores)[axis], shape(raw))."""
+    import onnx
+    from onnx import helper
     p = f"{indices}__fusecli_balanced"
 
     def const(name: str, value: int, rank0: bool = True) -> onnx.NodeProto:

@@ -1,11 +1,11 @@
-"""What ``--precision`` applied (``Precision``, for the report and JSON) and the Cast nodes it adds
-(``Rewrite``): shared by PyTorch's rules (transform) and Keras's (keras)."""
+"""What ``--precision`` applied (``Precision``, for the report and JSON); the Cast nodes it adds are
+core/casts.py's ``Rewrite``: shared by PyTorch's rules (transform) and Keras's (keras)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..core.ir import Graph, Node, Tensor, redirect, unique_name
+from ..core.casts import ONNX_DTYPES, Rewrite
 
 
 @dataclass
@@ -23,36 +23,4 @@ class Precision:
                 "assumed": self.assumed}
 
 
-class Rewrite:
-    """New Cast nodes, each placed right before the first node that reads it (eager casts on the call)."""
-
-    def __init__(self, graph: Graph) -> None:
-        self.graph = graph
-        self.position = {id(n): i for i, n in enumerate(graph.nodes)}
-        self.before: dict[int, list[Node]] = {}
-        self.count = 0
-
-    def cast(self, x: Tensor, dtype: str, readers: list[Node]) -> Tensor:
-        """A new tensor, ``x`` cast to ``dtype``, that ``readers`` read instead of ``x``."""
-        g = self.graph
-        base = f"{x.name}.{dtype}"
-        y = g.tensor(unique_name(base, g.tensors), dtype=dtype, shape=x.shape, kind="activation")
-        node = g.add_node(Node(g.unique_node_name(f"precision/{base}"), "Cast", "cast", [x], [y],
-                               {"to": ONNX_DTYPES[dtype]}, meta={"precision_cast": True}))
-        redirect(readers, x, y)
-        first = min(readers, key=lambda r: self.position.get(id(r), len(self.position)))
-        self.before.setdefault(id(first), []).append(node)
-        self.count += 1
-        return y
-
-    def finish(self) -> int:
-        added = {id(n) for ns in self.before.values() for n in ns}
-        if added:
-            nodes = [n for n in self.graph.nodes if id(n) not in added]
-            self.graph.nodes = [m for n in nodes for m in (*self.before.get(id(n), ()), n)]
-        return self.count
-
-
-ONNX_DTYPES = {"float32": 1, "float16": 10, "bfloat16": 16}
-
-
+__all__ = ["ONNX_DTYPES", "Precision", "Rewrite"]

@@ -15,7 +15,7 @@ import numpy as np
 from ..spellings.acts import gate_act_kind
 from .kit import MS, Context, Emission, attr_value, clip_bounds, dtype_of, make_node, out_name
 
-if TYPE_CHECKING:  # annotations only: fusion's families import these emitters
+if TYPE_CHECKING:  # annotations only
     from ..fusion.match import Match
 
 

@@ -21,17 +21,25 @@ import numpy as np
 
 from ..core.ir import Node, Tensor
 from ..core.trees import is_noop
-from ..spellings.attention import LAYOUT, AttentionForm, depends_on_input, read_attention, scalar_value
+from ..spellings.attention import (
+    ABSORBING,
+    LAYOUT,
+    AttentionForm,
+    depends_on_input,
+    read_attention,
+    scalar_value,
+    terms_refusal,
+    where_fill,
+)
 from ..spellings.common import ADD
 from .kit import MS, Context, Emission, attr_value, dtype_of, make_node, new_initializer, same_dims
-from .mask_band import MASKED, rows_kept
+from .mask_band import rows_kept
 from .merged_heads import merged_terms, read_merged, write_shapes
 from .shape_values import int_value
 
-if TYPE_CHECKING:  # annotations only: fusion's families import these emitters
+if TYPE_CHECKING:  # annotations only
     from ..fusion.match import Match
 
-ABSORBING = -1e30  # a fill at or below this absorbs any score term added to it in float32 (ulp ~ 1e23)
 
 
 def scalar_of(ctx: Context, t: Tensor | None, depth: int = 8) -> float | None:
@@ -99,45 +107,6 @@ def _mha_form(m: Match, layouts: bool = False) -> AttentionForm | str:
     if any(n.kind in LAYOUT and not is_noop(n) and between_scores(n, m) for n in m.nodes):
         return "a layout op between the scores and the softmax: no attention_bias shape fits"
     return terms_refusal(form, merged=False) or form
-
-
-def terms_refusal(form: AttentionForm, merged: bool,
-                  kept: Callable[[Node], str | None] | None = None) -> str | None:
-    """Why the score terms are more than the bias takes, else None: a mask and a position bias, one bool
-    mask alone, or one bool mask with up to two terms where the mask's fill absorbs the scores (-inf or
-    float32's lowest: s + c == c, so where(m, s, c) + t == s + where(m, 0, c) + t, GPT-2's causal Where
-    with its padding mask). A fill that does not absorb (GPT-2's older -10000) differs where a row's every
-    key is masked: the Where puts c in place of the score, an additive bias keeps s + c; so it is taken
-    only where ``kept`` (the Where -> why not, else None) proves that no row is."""
-    terms, wheres = len(form.terms), len(form.bool_masks)
-    if (wheres == 0 and terms <= 2) or (wheres == 1 and terms == 0):
-        return None
-    where, fill = where_fill(form)
-    if where is not None and terms <= 2 and fill is not None and fill <= ABSORBING:
-        return None
-    if where is not None and terms <= 2 and fill is not None:
-        why = "its rows are not checked" if kept is None else kept(where)
-        if why is None and fill <= MASKED:
-            return None
-        why = why or f"the fill {fill:g} does not hide a score (exp({fill:g}) is not 0 in float32)"
-        plural = "s" if terms > 1 else ""
-        return (f"a bool mask Where(m, s, {fill:g}) and {terms} additive term{plural}: where a row's every "
-                f"key is masked the Where puts {fill:g} in place of the score, which an additive "
-                f"attention_bias cannot (it keeps s + {fill:g}); a fill that absorbs the scores (-inf, "
-                f"float32's lowest) is emitted, another only where no row is fully masked ({why})")
-    return (f"{terms} additive terms and {wheres} bool masks: the emitter takes a mask and a position bias, "
-            "or one bool mask whose fill absorbs up to two terms")
-
-
-def where_fill(form: AttentionForm) -> tuple[Node | None, float | None]:
-    """The one bool mask's Where and the constant it puts in place of masked scores (None, None: not one)."""
-    if len(form.bool_masks) != 1:
-        return None, None
-    where = next((n for n in form.nodes if n.kind == "where" and n.inputs[0] is form.bool_masks[0]), None)
-    if where is None:
-        return None, None
-    fill = scalar_value(where.inputs[2])
-    return where, scalar_value(where.inputs[1]) if fill is None else fill
 
 
 def fill_note(form: AttentionForm, at: str) -> str:

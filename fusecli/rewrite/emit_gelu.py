@@ -20,7 +20,7 @@ from .kit import (
     param_of,
 )
 
-if TYPE_CHECKING:  # annotations only: fusion's families import these emitters
+if TYPE_CHECKING:  # annotations only
     from ..fusion.match import Match
 
 

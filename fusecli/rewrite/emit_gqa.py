@@ -40,7 +40,7 @@ from .kit import MS, Context, Emission, attr_value, make_node
 from .mask_band import causal_window
 from .shape_values import int_value
 
-if TYPE_CHECKING:  # annotations only: fusion's families import these emitters
+if TYPE_CHECKING:  # annotations only
     from ..fusion.match import Match
 
 SHAPE_DTYPES = frozenset({"int64", "int32", "bool"})  # what shape computations make (Equal: bool)

@@ -32,7 +32,7 @@ from .kit import (
     unused_extra_outputs,
 )
 
-if TYPE_CHECKING:  # annotations only: fusion's families import these emitters
+if TYPE_CHECKING:  # annotations only
     from ..fusion.match import Match
 
 

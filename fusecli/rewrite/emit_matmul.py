@@ -7,7 +7,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from ..spellings.common import swaps_last_two
+from .fold import channel_vector
 from .kit import (
     MS,
     Context,
@@ -18,12 +21,14 @@ from .kit import (
     gemm_activation,
     last_axis_vector,
     make_node,
+    new_initializer,
+    other_input,
     out_name,
     param_of,
     same_shape,
 )
 
-if TYPE_CHECKING:  # annotations only: fusion's families import these emitters
+if TYPE_CHECKING:  # annotations only
     from ..fusion.match import Match
 
 
@@ -110,3 +115,27 @@ def matmul_transpose(m: Match, ctx: Context) -> Emission | None:
         return None
     node = make_node("FusedMatMul", [a.name, w.name], out_name(m.root), mm.name, MS, transB=1)
     return Emission(m.pattern.name, "FusedMatMul(transB)", [n.name for n in m.nodes], [node])
+
+
+# -- matmul_bias_scale: the layer scale folded into constant weights ---------------------------------------
+def matmul_bias_scale(m: Match, ctx: Context) -> Emission | None:
+    """(x @ w + b) * g -> MatMul(x, w g) + b g: the layer scale folded into constant weights (float32)."""
+    mm, add, sc = m.roles["matmul"], m.roles["bias"], m.roles["scale"]
+    y = sc.outputs[0]
+    if mm.kind != "matmul" or y.dtype != "float32" or not y.shape:
+        return None
+    w_t, b_t, g_t = mm.inputs[1], param_of(add), other_input(sc, add.outputs[0])
+    w, b, g = (ctx.weights.value(t.name) for t in (w_t, b_t, g_t))
+    if w is None or b is None or g is None or w.ndim != 2 or w.dtype != np.float32:
+        return None
+    rank, cols = len(y.shape), w.shape[1]
+    gv, bv = channel_vector(g, rank, cols, axis=rank - 1), channel_vector(b, rank, cols, axis=rank - 1)
+    if gv is None or bv is None:
+        return None
+    gv = gv.astype(np.float64)
+    inits: list = []
+    w2 = new_initializer(ctx, f"{w_t.name}_scaled", (w.astype(np.float64) * gv).astype(np.float32), inits)
+    b2 = new_initializer(ctx, f"{b_t.name}_scaled", (bv.astype(np.float64) * gv).astype(np.float32), inits)
+    nodes = [make_node("MatMul", [mm.inputs[0].name, w2], out_name(mm), mm.name),
+             make_node("Add", [out_name(mm), b2], out_name(sc), add.name)]
+    return Emission(m.pattern.name, "MatMul + Add (scale folded)", [mm.name, add.name, sc.name], nodes, inits)

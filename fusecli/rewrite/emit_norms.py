@@ -26,7 +26,7 @@ from .kit import (
     skip_operands,
 )
 
-if TYPE_CHECKING:  # annotations only: fusion's families import these emitters
+if TYPE_CHECKING:  # annotations only
     from ..fusion.match import Match
 
 

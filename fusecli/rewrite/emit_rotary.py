@@ -26,7 +26,7 @@ from ..core.trees import through_noops
 from .kit import MS, Context, Emission, attr_value, make_node, new_initializer, same_dims
 from .shape_values import int_value
 
-if TYPE_CHECKING:  # annotations only: fusion's families import these emitters
+if TYPE_CHECKING:  # annotations only
     from ..fusion.match import Match
 
 INT_MAX = 2**62  # a Slice end at or past this means "to the end"

@@ -20,12 +20,12 @@ from onnx import helper, numpy_helper
 
 from ..core.budgets import check_elements
 from ..core.errors import FuseError, OverBudget
+from ..spellings.attention import MASKED
 from .values import Weights
 
 PROBES = (7, 19)  # sizes every mask is probed at
 MAX_PROBE = 4098  # a window constant past this is not probed: the mask is not proven causal
 MAX_NODES = 1024  # a mask's subgraph larger than this is not cut out
-MASKED = -1e4  # an additive term at or below this zeroes the probability (exp(-1e4) is 0 in float32)
 _VALUE_OPS = frozenset({"Add", "Sub", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Equal", "Mod",
                         "Mul", "Div", "Min", "Max", "Trilu"})  # where a window constant would be read
 

@@ -23,7 +23,7 @@ from ..core.trees import is_noop
 from ..spellings.attention import LAYOUT
 from .kit import Context, attr_value
 
-if TYPE_CHECKING:  # annotations only: fusion's families import these emitters
+if TYPE_CHECKING:  # annotations only
     from ..fusion.match import Match
 
 

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from ...rewrite import emit_attention, emit_gqa
-from ...spellings.attention import AttentionForm, attention_match, read_attention
+from ...spellings.attention import AttentionForm, attention_match, read_attention, terms_refusal
 from ..match import Match
 from ..notes_kit import float32_out, verdict
 from ..pattern_kit import (
@@ -17,20 +16,20 @@ PATTERNS: tuple[Pattern, ...] = (
             find=attention_match, roots=frozenset({"matmul", "einsum"}), recompute="flash"),
 )
 
-EMITTERS = {"attention": emit_gqa.attention}
+KERNELS = {"attention": "attention"}
 
 
 def attention_kernel(m: Match, mode: str = "inference") -> str | None:
     """MultiHeadAttention (GroupQueryAttention for repeated K/V) where the form is one the emitter takes:
     float32, MatMul or Einsum scores and output, no soft-cap, the score terms its bias takes
-    (emit_attention.terms_refusal)."""
+    (spellings.attention.terms_refusal)."""
     if not float32_out(m) or m.roles["qk"].kind not in ("matmul", "einsum") \
             or m.roles["pv"].kind not in ("matmul", "einsum"):
         return None
     form = read_attention(m.roles["pv"])
     if not isinstance(form, AttentionForm) or form.softcap is not None:
         return None
-    if emit_attention.terms_refusal(form, merged=False) is not None:
+    if terms_refusal(form, merged=False) is not None:
         return None
     return "GroupQueryAttention" if "repeat_k" in m.roles else "MultiHeadAttention"
 

@@ -18,7 +18,7 @@ PATTERNS: tuple[Pattern, ...] = (
             "dx, dgamma, dbeta, dz from dy and y in one kernel [seed post 2]", phase="backward"),
 )
 
-EMITTERS = {}
+KERNELS: dict[str, str] = {}
 
 NOTES = {"bn_grad_relu_grad": {"tensorflow": (False, True, "_FusedBatchNormGradEx on GPU (the backward of "
                                               "_FusedBatchNormEx)")}}

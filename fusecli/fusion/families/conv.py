@@ -4,7 +4,6 @@ tf2onnx's per-channel scale, and the BatchNorm + add + activation of ResNet bloc
 from __future__ import annotations
 
 from ...core.trees import op
-from ...rewrite import emit_layout
 from ..match import Match
 from ..notes_kit import ORT_CPU_CONV_ACTS, TF_CPU_ACTS, act, float32_out, verdict
 from ..pattern_kit import (
@@ -51,9 +50,9 @@ PATTERNS: tuple[Pattern, ...] = (
             "_FusedConv2D (Squeeze + BiasAdd)", "y = squeeze(conv(x, w)) + b: Grappler's CPU-only remap"),
 )
 
-# through tf2onnx's layout Transpose or not (emit_layout hands the plain ones to emit_conv)
-EMITTERS = {name: emit_layout.through_layout
-            for name in ("conv_bias_add_act", "conv_bias_act", "conv_bias", "conv_bias_bn_act",
+# through tf2onnx's layout Transpose or not (rewrite's emit_layout hands the plain ones to emit_conv)
+KERNELS = {name: "conv_through_layout"
+           for name in ("conv_bias_add_act", "conv_bias_act", "conv_bias", "conv_bias_bn_act",
                          "conv_bias_bn", "conv_bn_act", "conv_bn", "conv_squeeze_bias")}
 
 # FusedConv activations (CPU; rewrite/emit_conv.conv_activation)

@@ -22,7 +22,7 @@ PATTERNS: tuple[Pattern, ...] = (
             "BiasDropout", "y = dropout(x + b) (+ residual): backward reads only the dropout mask"),
 )
 
-EMITTERS = {}
+KERNELS: dict[str, str] = {}
 
 NOTES = {
     "bias_softmax": {"onnxruntime": (False, True, "BiasSoftmax (BiasSoftmaxFusion, CUDA and ROCm only)")},

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from ...core.trees import Var, op
-from ...rewrite import emit_acts
 from ...spellings.acts import HARD_SWISH, SILU
 from ..pattern_kit import (
     Pattern,
@@ -25,7 +24,7 @@ PATTERNS: tuple[Pattern, ...] = (
             "y = x relu6(x + 3) / 6: one op whose backward reads x"),
 )
 
-EMITTERS = {"silu": emit_acts.silu, "swiglu": emit_acts.swiglu, "hard_swish": emit_acts.hard_swish}
+KERNELS = {"silu": "silu", "swiglu": "swiglu", "hard_swish": "hard_swish"}
 
 NOTES = {
     "swiglu": {"onnxruntime": (False, False, "no ONNX Runtime fusion of silu(a) * b"),

@@ -3,7 +3,6 @@ MatMul and its bias (GemmFastGelu)."""
 
 from __future__ import annotations
 
-from ...rewrite import emit_gelu
 from ...spellings import gelu
 from ...spellings.common import is_param, select
 from ..match import Match
@@ -46,7 +45,8 @@ PATTERNS: tuple[Pattern, ...] = (
             "y = x Phi(x): erf form, or the tanh approximation", fused_kind="gelu"),
 )
 
-EMITTERS = {"gelu": emit_gelu.gelu, "bias_gelu": emit_gelu.gelu, "matmul_fast_gelu": emit_gelu.gemm_fast_gelu}
+# pattern -> the key of its kernel emitter (rewrite/emit.py maps keys to emitters)
+KERNELS = {"gelu": "gelu", "bias_gelu": "gelu", "matmul_fast_gelu": "gemm_fast_gelu"}
 
 
 

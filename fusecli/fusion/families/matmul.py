@@ -3,12 +3,7 @@ transposed at run time."""
 
 from __future__ import annotations
 
-import numpy as np
-
 from ...core.trees import Var, op
-from ...rewrite import emit_matmul
-from ...rewrite.fold import channel_vector
-from ...rewrite.kit import Context, Emission, make_node, new_initializer, other_input, out_name, param_of
 from ..match import Match
 from ..notes_kit import TF_CPU_ACTS, act, float32_out, verdict
 from ..pattern_kit import (
@@ -28,7 +23,7 @@ from ..pattern_kit import (
 def _per_column(roles, bound) -> bool:
     """The layer scale's one sized dim is the last (a column of w), not a row of x."""
     sc, y = roles["scale"], roles["bias"].outputs[0]
-    g = other_input(sc, y)
+    g = sc.inputs[1] if sc.inputs[0] is y else sc.inputs[0]
     return bool(g.shape) and g.shape[-1] != 1 and y.shape is not None and len(g.shape) <= len(y.shape)
 
 
@@ -55,32 +50,9 @@ PATTERNS: tuple[Pattern, ...] = (
 
 
 
-def matmul_bias_scale(m: Match, ctx: Context) -> Emission | None:
-    """(x @ w + b) * g -> MatMul(x, w g) + b g: the layer scale folded into constant weights (float32)."""
-    mm, add, sc = m.roles["matmul"], m.roles["bias"], m.roles["scale"]
-    y = sc.outputs[0]
-    if mm.kind != "matmul" or y.dtype != "float32" or not y.shape:
-        return None
-    w_t, b_t, g_t = mm.inputs[1], param_of(add), other_input(sc, add.outputs[0])
-    w, b, g = (ctx.weights.value(t.name) for t in (w_t, b_t, g_t))
-    if w is None or b is None or g is None or w.ndim != 2 or w.dtype != np.float32:
-        return None
-    rank, cols = len(y.shape), w.shape[1]
-    gv, bv = channel_vector(g, rank, cols, axis=rank - 1), channel_vector(b, rank, cols, axis=rank - 1)
-    if gv is None or bv is None:
-        return None
-    gv = gv.astype(np.float64)
-    inits: list = []
-    w2 = new_initializer(ctx, f"{w_t.name}_scaled", (w.astype(np.float64) * gv).astype(np.float32), inits)
-    b2 = new_initializer(ctx, f"{b_t.name}_scaled", (bv.astype(np.float64) * gv).astype(np.float32), inits)
-    nodes = [make_node("MatMul", [mm.inputs[0].name, w2], out_name(mm), mm.name),
-             make_node("Add", [out_name(mm), b2], out_name(sc), add.name)]
-    return Emission(m.pattern.name, "MatMul + Add (scale folded)", [mm.name, add.name, sc.name], nodes, inits)
-
-
-EMITTERS = {"matmul_bias_scale": matmul_bias_scale,
-            "matmul_bias_act": emit_matmul.matmul_family, "matmul_bias": emit_matmul.matmul_family,
-            "matmul_scale": emit_matmul.matmul_scale, "matmul_transpose": emit_matmul.matmul_transpose}
+KERNELS = {"matmul_bias_scale": "matmul_bias_scale", "matmul_bias_act": "matmul_family",
+           "matmul_bias": "matmul_family", "matmul_scale": "matmul_scale",
+           "matmul_transpose": "matmul_transpose"}
 
 # FusedGemm's activations (CPU; rewrite/emit_matmul's gemm_activation)
 FUSED_GEMM_ACTS = frozenset({"relu", "sigmoid", "tanh", "leaky_relu", "elu", "hard_sigmoid"})

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from ...rewrite import emit_norms
 from ..match import Match
 from ..notes_kit import verdict
 from ..pattern_kit import (
@@ -20,7 +19,7 @@ PATTERNS: tuple[Pattern, ...] = (
             "y = x rsqrt(mean(x^2) + eps) g: backward reads x, g and the row rsqrt", fused_kind="rms_norm"),
 )
 
-EMITTERS = {"rms_norm": emit_norms.rms_norm, "skip_rms_norm": emit_norms.skip_rms_norm}
+KERNELS = {"rms_norm": "rms_norm", "skip_rms_norm": "skip_rms_norm"}
 
 
 def _ort_rms_norm(m: Match) -> dict:

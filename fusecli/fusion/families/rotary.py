@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from ...rewrite import emit_rotary
 from ...spellings.rotary import ROTARY
 from ..pattern_kit import (
     Pattern,
@@ -13,7 +12,7 @@ PATTERNS: tuple[Pattern, ...] = (
             fused_kind="rotary"),
 )
 
-EMITTERS = {"rotary": emit_rotary.rotary}
+KERNELS = {"rotary": "rotary"}
 
 NOTES = {"rotary": {"onnxruntime": (None, None, "com.microsoft RotaryEmbedding "
                                     "(onnxruntime.transformers.optimizer)")}}
