@@ -335,6 +335,21 @@ def shape_constant_claims(folder: str, op: str = "Expand", length: int = 200) ->
     return save(model([c, helper.make_node(op, reads, ["y"], "r")], [vi("x", 1)], [vi("y")]), folder)
 
 
+def long_names(folder: str, where: str = "node", length: int = 100_000) -> str:
+    """A Relu whose node name, output name or input dim name (``where``) is ``length`` characters."""
+    long = "n" * length
+    name, out, dim = (long, "y", "N") if where == "node" else ("r", long, "N") if where == "output" \
+        else ("r", "y", long)
+    return save(model([helper.make_node("Relu", ["x"], [out], name)], [vi("x", dim, 3)], [vi(out, dim, 3)]),
+                folder)
+
+
+def many_inputs(folder: str, count: int = 200) -> str:
+    """A Sum of ``count`` inputs (one graph input read ``count`` times)."""
+    return save(model([helper.make_node("Sum", ["x"] * count, ["y"], "sum")], [vi("x", 2, 3)], [vi("y")]),
+                folder)
+
+
 def complex_conv_bias(folder: str) -> str:
     """Conv + BatchNorm + ReLU whose Conv bias is complex64, which onnxruntime refuses (and a fold of the
     BatchNorm into it would discard the imaginary part, numpy warning on stderr)."""

@@ -21,6 +21,9 @@ DEFAULTS = {
     "ARRAY_ELEMENTS": (1 << 28, "elements of one array a rewrite makes from a declared shape"),
     # numpy's own limit on dims (NPY_MAXDIMS); a tensor read as a shape has one element per dim it makes
     "RANK": (64, "dims of one tensor"),
+    # a name, dim name or string attribute the reports, pictures and kernels carry (metadata is read apart)
+    "STRING": (65_536, "characters of one name or string"),
+    "FIELD_ENTRIES": (1 << 20, "entries of one node's list (its inputs, outputs or an attribute's values)"),
 }
 
 

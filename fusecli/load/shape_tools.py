@@ -63,25 +63,37 @@ def _dim_value(d) -> int | None:
     return d if isinstance(d, int) else d.dim_value if d.HasField("dim_value") else None
 
 
-def check_shape_costs(model: onnx.ModelProto) -> None:
+def check_shape_costs(model: onnx.ModelProto, fields: bool = True) -> None:
     """OverBudget (one line, naming the tensor and the figure) when a declared or inferred shape costs
     more than the RANK budget: a value, initializer or tensor attribute of more dims, or a tensor an op
     reads as a shape (ConstantOfShape, Reshape, Expand, Tile) of more elements (a rank-N output, one dim
-    each), in the graph and its subgraphs. Linear in the model's values and nodes; run before the shape
-    tools build anything from a shape."""
-    cap = budgets.limit("RANK")
+    each), in the graph and its subgraphs; or when a name, dim name or string attribute is longer than
+    the STRING budget, or a node's inputs, outputs or an attribute's list longer than FIELD_ENTRIES.
+    Linear in the model's values and nodes; run before the shape tools build anything from a shape.
+    ``fields``: the node checks too (not again on an inferred copy, whose nodes are the model's)."""
+    cap, chars, entries = budgets.limit("RANK"), budgets.limit("STRING"), budgets.limit("FIELD_ENTRIES")
     graphs = [model.graph]
     while graphs:
         g = graphs.pop()
         as_shape = {}  # tensor read as a shape -> the node that reads it
         for n in g.node:
+            if fields:
+                _node_fields(n, chars, entries)
             for a in n.attribute:
                 graphs += [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)
             k = SHAPE_INPUTS.get(n.op_type)
             if k is not None and len(n.input) > k and n.input[k]:
                 as_shape.setdefault(n.input[k], []).append(n)
+        for t in g.initializer:
+            if len(t.name) > chars:
+                _text(t.name, "an initializer's name")
         for label, name, dims, _ in _declared(g):
+            if len(name) > chars:
+                _text(name, "a value's name")
             budgets.check("RANK", len(dims), f"{label} declares {len(dims):,} dims")
+            for d in dims:
+                if not isinstance(d, int) and len(d.dim_param) > chars:
+                    _text(d.dim_param, f"a dim name of {label}")
             if name not in as_shape:
                 continue
             known = [v for v in map(_dim_value, dims) if v is not None]
@@ -90,6 +102,43 @@ def check_shape_costs(model: onnx.ModelProto) -> None:
                 n = as_shape[name][0]
                 budgets.check("RANK", elements, f"{n.op_type} {n.name or n.output[0]!r} reads "
                               f"{name!r} as a shape of {elements:,} elements")
+
+
+def _text(value: str | bytes, what: str) -> None:
+    """The STRING budget on one name or string (its first characters, escaped, name it)."""
+    if len(value) > budgets.limit("STRING"):
+        budgets.check("STRING", len(value), f"{what} {ascii(value[:32])[:48]}... of {len(value):,} "
+                      "characters")
+
+
+def _node_fields(n: onnx.NodeProto, chars: int, entries: int) -> None:
+    """The STRING and FIELD_ENTRIES budgets on one node: its names, its lists, its string attributes
+    (a length test per field; the message is made only for a field over its budget)."""
+    label = f"{n.op_type[:32]} {ascii(n.name[:32])}"
+    for value, what in ((n.name, "a node's name"), (n.op_type, "an op type"), (n.domain, "a domain")):
+        if len(value) > chars:
+            _text(value, what)
+    for what, values in (("inputs", n.input), ("outputs", n.output)):
+        if len(values) > entries:
+            budgets.check("FIELD_ENTRIES", len(values), f"{label} lists {len(values):,} {what}")
+        for v in values:
+            if len(v) > chars:
+                _text(v, f"a tensor name of {label}")
+    for a in n.attribute:
+        if len(a.name) > chars or len(a.s) > chars:
+            _text(a.name, f"an attribute name of {label}")
+            _text(a.s, f"attribute {ascii(a.name[:32])} of {label}")
+        if a.type in _LISTS:
+            for what, values in (("ints", a.ints), ("floats", a.floats), ("strings", a.strings)):
+                if len(values) > entries:
+                    budgets.check("FIELD_ENTRIES", len(values), f"attribute {ascii(a.name[:32])} of "
+                                  f"{label} lists {len(values):,} {what}")
+            for v in a.strings:
+                if len(v) > chars:
+                    _text(v, f"attribute {ascii(a.name[:32])} of {label}")
+
+
+_LISTS = frozenset({onnx.AttributeProto.INTS, onnx.AttributeProto.FLOATS, onnx.AttributeProto.STRINGS})
 
 
 def huge_shape_value(model: onnx.ModelProto) -> str | None:

@@ -59,3 +59,29 @@ def test_the_budget_is_raised_by_its_variable(tmp_path):
     path = H.shape_constant_claims(str(tmp_path / "case"), "Expand", 70)
     code, _, err, *_ = run_cli("analyze", path, env={"FUSECLI_MAX_RANK": "80"})
     assert code == 0, err[-400:]
+
+
+@pytest.mark.parametrize(("where", "pattern"), [
+    ("node", r"a node's name 'nnnnnnnn.*'\.\.\. of 100,000 characters: over fusecli's budget of 65,536 "
+             r"characters of one name or string"),
+    ("output", r"a tensor name of Relu 'r' 'nnnn.*'\.\.\. of 100,000 characters"),
+    ("dim", r"a dim name of graph input 'x' 'nnnn.*'\.\.\. of 100,000 characters"),
+])
+@pytest.mark.parametrize("command", ["analyze", "rewrite"])
+def test_a_name_over_the_string_budget_is_one_error_line(tmp_path, where, pattern, command):
+    """A 100,000-character name (a node's, a tensor's, a dim's): one line naming its start, the figure and
+    the budget, before any report, picture or kernel carries it."""
+    path = H.long_names(str(tmp_path / "case"), where)
+    args = [command, path] + (["-o", str(tmp_path / "out.onnx")] if command == "rewrite" else [])
+    assert_one_error(run_cli(*args), pattern if command == "analyze" else f"{pattern}|{INVALID}")
+    assert not os.path.exists(tmp_path / "out.onnx")
+
+
+def test_a_list_over_the_field_budget_is_one_error_line_and_its_variable_raises_it(tmp_path):
+    """FIELD_ENTRIES, lowered to 100 by its variable: a Sum of 200 inputs is refused in one line; at 256
+    it is analyzed."""
+    path = H.many_inputs(str(tmp_path / "case"), 200)
+    assert_one_error(run_cli("analyze", path, env={"FUSECLI_MAX_FIELD_ENTRIES": "100"}),
+                     r"Sum 'sum' lists 200 inputs: over fusecli's budget of 100 entries of one node's list")
+    code, _, err, *_ = run_cli("analyze", path, env={"FUSECLI_MAX_FIELD_ENTRIES": "256"})
+    assert code == 0, err[-400:]
