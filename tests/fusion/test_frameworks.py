@@ -37,8 +37,8 @@ def ort_cpu_ops(model: onnx.ModelProto, folder) -> list[str]:
     return [n.op_type for n in onnx.load(so.optimized_model_filepath).graph.node]
 
 
-# the GPU columns are modelled, not measured (no GPU here); the CPU columns are asked of Grappler and
-# onnxruntime by the tests below
+# the GPU columns are modelled, not measured: no GPU was available to the tests; the CPU columns are asked of
+# Grappler and onnxruntime by the tests below
 @pytest.mark.parametrize("act, bias, k, tf, onnxruntime", [
     ("Relu", "add", 3, (True, True), (True, True)),
     ("Relu", "own", 3, (True, True), (True, True)),
