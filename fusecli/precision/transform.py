@@ -127,9 +127,27 @@ def _autocast(graph: Graph, rw: Rewrite, low: str, device: str, p: Precision) ->
             else:
                 rw.cast(x, dtype, [node])
 
+    order = {id(n): i for i, n in enumerate(graph.nodes)}
+    first_of = {}  # the first node of each RMSNorm -> the norm: x.to(float32) where x is lower
+    for norm in _rms_norms(graph):
+        inside_ids = {id(n) for n in norm.nodes}
+        first_of[id(min(norm.nodes, key=lambda n: order.get(id(n), len(order))))] = (norm, inside_ids)
+    upcast = 0
     for node in list(graph.nodes):
         if node.meta.get("constant") or node.meta.get("precision_cast"):
             continue
+        entry = first_of.get(id(node))
+        low_in = None if entry is None else _norm_input_dtype(entry[0].x)
+        if low_in is not None and low_in != "float32":  # transformers' RMSNorm: x.to(float32), then
+            norm, inside_ids = entry  # hidden.to(input_dtype) before the weight (q_norm / k_norm on a bf16 q)
+            if norm.x.dtype != "float32":  # the export dropped x.to(float32) (dynamo): put back
+                inner = [c for c in dict.fromkeys(norm.x.consumers) if id(c) in inside_ids]
+                rw.cast(norm.x, "float32", inner)
+            readers = [c for c in dict.fromkeys(norm.out.consumers) if id(c) not in inside_ids
+                       and not (c.kind == "cast" and c.outputs and c.outputs[0].dtype == "float32")]
+            if readers:
+                rw.cast(norm.out, low_in, readers)
+            upcast += 1
         if id(node) in interior:  # one lower-precision kernel; its interior is never allocated
             _set_outputs(node, low)
             continue
@@ -151,6 +169,19 @@ def _autocast(graph: Graph, rw: Rewrite, low: str, device: str, p: Precision) ->
                 _layer_norm_stats(node)
     p.assumed.append(f"torch.autocast({device!r}, {low}): parameters float32; a copy of each weight a "
                      "lower-precision op reads, once per forward; other casts at each call")
+    if upcast:
+        p.assumed.append(f"{upcast} RMSNorm(s) on a {low} input (a per-head q / k norm after a {low} "
+                         "projection) compute in float32 as transformers' RMSNorm does, cast back before "
+                         "the weight")
+
+
+def _norm_input_dtype(x: Tensor) -> str | None:
+    """The dtype an RMSNorm's input had before its x.to(float32): x's own, or, where the export kept that
+    cast (TorchScript), what the cast reads."""
+    p = x.producer
+    if x.dtype == "float32" and p is not None and p.kind == "cast" and p.inputs and p.inputs[0] is not None:
+        return p.inputs[0].dtype
+    return x.dtype
 
 
 def _value_inputs(node: Node) -> list[Tensor | None]:
