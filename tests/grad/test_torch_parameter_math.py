@@ -369,3 +369,34 @@ def test_a_one_element_buffer_stays_a_constant(tmp_path, exporter):
         assert not said, a.warnings
     else:
         assert len(said) == 1 and "'scale'" in said[0] and "taken for constants" in said[0], a.warnings
+
+
+class LearnedActivation(nn.Module):
+    """xIELU's form (Apertus): softplus of one-element parameters scales the positive and negative branches,
+    expm1 on the negative one; the parameters' gradients read the branches' products."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(H, H)
+        self.alpha_p, self.alpha_n = nn.Parameter(torch.full((1,), 0.8)), nn.Parameter(torch.full((1,), 0.8))
+
+    def forward(self, x):
+        x = self.lin(x)
+        ap, an = nn.functional.softplus(self.alpha_p), 0.5 + nn.functional.softplus(self.alpha_n)
+        neg = (torch.expm1(torch.clamp(x, max=0.0)) - x) * an + 0.5 * x
+        return torch.where(x > 0, ap * x * x + 0.5 * x, neg)
+
+
+def test_a_learned_activation_of_scalar_parameters_matches_pytorch(tmp_path):
+    """Dynamo (TorchScript cannot export expm1 at opset 17): the one-element alphas are parameters, so the
+    branch products their gradients read are saved, as PyTorch saves them (an Apertus export read 0.923
+    of PyTorch's saved bytes while they were constants)."""
+    torch.manual_seed(0)
+    model, x = LearnedActivation(), torch.randn(BATCH, SEQ, H)
+    pytorch = sum(b for _, _, b in hf_models.saved_storages(model, (x,)))
+    path = str(tmp_path / "xielu.onnx")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model.eval(), (x,), dynamo=True, input_names=["x"]).save(path)
+    a = analyze(path, Options(batch=BATCH))
+    assert a.liveness.saved_activation_bytes == pytorch, (a.liveness.saved_activation_bytes, pytorch)
