@@ -78,6 +78,10 @@ ARCHS = {  # model_type -> (kind, config overrides) (transformers' AutoConfig.fo
                                     n_group=1, topk_group=1, first_k_dense_replace=1)),
     # FalconConfig's default: one K/V head for every query head (multi_query), the old decoder
     "falcon_multi_query": ("decoder", dict(model_type="falcon")),
+    # differential attention: two sdpa calls per layer on the same q, k (one per half of V), a GroupNorm
+    "diffllama": ("decoder", dict(num_key_value_heads=2)),
+    # xIELU: a learned activation of one-element parameters (softplus, expm1)
+    "apertus": ("decoder", dict(num_key_value_heads=2)),
     "gpt_neox": ("decoder", dict(rotary_pct=0.5)),  # q, k, v split from one projection's output
     # issue 43: encoders with a padded row, vision, speech and encoder-decoder models
     "roberta": ("encoder", dict(pad_token_id=1, max_position_embeddings=260)),
