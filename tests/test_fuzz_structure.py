@@ -33,7 +33,8 @@ SEVEN_BASES = [959, 20276634, 20282674, 40007101, 40012830, 40012895, 40014094, 
 # initializer (20265754) and on a value_info claiming a 2^62-element shape vector (31123532), onnxruntime's
 # symbolic inference of a Reshape to a 2^40-element shape in rewrite's shape refinement (20264134); the
 # attention reader meeting a Softmax with its input removed (41123987, 41124788)
-TRANSFORMER_BASES = [700099, 20264134, 20265754, 31123532, 41123987, 41124788]
+# and a Gemm input whose declared dim became 2^64 - 1, which bound_fit cut into a subgraph input (3188)
+TRANSFORMER_BASES = [700099, 20264134, 20265754, 31123532, 41123987, 41124788, 3188]
 
 
 def _run(args: list[str], timeout: float) -> dict:

@@ -217,13 +217,18 @@ def sub_model(model: onnx.ModelProto, keep: set[int], seen: set[str], need: set[
     return out
 
 
+_INT64 = 1 << 63
+
+
 def _cuttable(t: Tensor | None, shape: tuple | None, variables: tuple[str, ...], plain: bool = False) -> bool:
     """A float activation sized by the input dims: a shape is known, its values size nothing."""
     if t is None or t.producer is None or t.dtype not in _FLOAT_TYPES or shape is None:
         return False
 
     def known(d) -> bool:  # plain: a number or an input dim itself, not an expression of them
-        return (isinstance(d, int) or d in variables) if plain else over_variables(d, variables)
+        if isinstance(d, int):
+            return 0 <= d < _INT64  # a dim ONNX can write (a mutated file claims 2^64 - 1)
+        return d in variables if plain else over_variables(d, variables)
 
     return any(not isinstance(d, int) for d in shape) and all(known(d) for d in shape)
 
