@@ -174,8 +174,9 @@ def analyze_graph(path: str, graph: Graph, options: Options) -> Analysis:
     progress.stage("sizes")
     sizes, warnings, unknown = size_graph(graph, options)
     profile, reason = choose_profile(graph, options.autodiff)
-    _, assumed = scalar_parameters(graph) if profile.name == "pytorch" else ([], [])
-    if profile.name == "pytorch":
+    pytorch = profile.name == "pytorch"
+    _, assumed, kept = scalar_parameters(graph) if pytorch else ([], [], [])
+    if pytorch:
         softmax_dtypes(graph)  # the casts of softmax(x, dtype=float32) a dynamo export dropped
         unshare_calls(graph)  # sdpa calls an exporter's CSE merged: one kernel per call, as eager runs
     precision = None
@@ -199,11 +200,12 @@ def analyze_graph(path: str, graph: Graph, options: Options) -> Analysis:
     folded = folded_batch_norms(graph)
     if folded:  # a PyTorch export's (tf2onnx's are found and said by its loader)
         graph.meta["folded_batch_norms"] = folded
-        warnings.insert(0, folded_batch_norm_note(graph))
+        warnings.insert(0, folded_batch_norm_note(folded))
     if profile.frozen is not None:
         warnings += [note for note in (frequency_note(graph), sinusoidal_note(graph)) if note]
-    if profile.name == "pytorch":
-        warnings += [note for note in (scalar_parameter_note(graph, assumed),) if note]
+    scalars = scalar_parameter_note(assumed, kept) if pytorch else None
+    if scalars:
+        warnings.append(scalars)
     no_params = None if options.wrt_inputs else no_parameter_warning(graph)
     if no_params:
         warnings.append(no_params)

@@ -528,9 +528,8 @@ def _child(path: str, out_path: str) -> dict:
         try:
             make_plan(a, PlanOptions(max(1, a.liveness.peak_bytes // 2)))
         except FuseError as e:  # a budget below the floor is refused in one line: diff and rewrite go on
-            if str(e).strip().count("\n"):
-                return {"result": "error", "stage": stage, "message": " ".join(str(e).split())[:300],
-                        "lines": str(e).strip().count("\n") + 1}
+            if "\n" in str(e).strip():
+                raise  # a refusal of more lines: the finding the handler below reports
         stage = "diff"  # the model against itself: every pairing and memory comparison runs
         old, new, notes, rename = analyze_pair(path, path, 2, {})
         compare(old, new, DiffOptions(notes=notes, dim_rename=rename))

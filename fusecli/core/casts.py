@@ -30,6 +30,14 @@ class Rewrite:
         self.count += 1
         return y
 
+    def around(self, node: Node, dtype: str, back: str) -> None:
+        """``node`` computes in ``dtype``: it reads its first input cast to ``dtype``, and the readers of its
+        first output read that cast back to ``back`` (softmax(x, dtype=torch.float32).to(x.dtype))."""
+        readers = list(dict.fromkeys(node.outputs[0].consumers))
+        self.cast(node.inputs[0], dtype, [node])
+        if readers:
+            self.cast(node.outputs[0], back, readers)
+
     def finish(self) -> int:
         added = {id(n) for ns in self.before.values() for n in ns}
         if added:

@@ -32,6 +32,7 @@ _DTYPE_BYTES = {
     "int4": 1, "uint4": 1, "resource": 0, "variant": 0,
 }
 FLOAT_DTYPES = frozenset({"float64", "float32", "float16", "bfloat16"})
+LOWER_FLOAT_DTYPES = frozenset({"float16", "bfloat16"})  # what autocast and a model cast compute in
 
 
 def dtype_size(dtype: str) -> int:

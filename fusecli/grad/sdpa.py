@@ -309,12 +309,13 @@ def unshare_calls(graph: Graph) -> int:
         first = {id(n) for n in group[0][1].nodes}
         for pv, form in group[1:]:
             shared = [n for n in form.nodes if id(n) in first and n is not pv]
-            if shared and _copy_before(graph, shared, [n for n in form.nodes if id(n) not in first], pv):
+            if shared:
+                _copy_before(graph, shared, [n for n in form.nodes if id(n) not in first], pv)
                 copied += 1
     return copied
 
 
-def _copy_before(graph: Graph, shared: list[Node], own: list[Node], pv: Node) -> bool:
+def _copy_before(graph: Graph, shared: list[Node], own: list[Node], pv: Node) -> None:
     """Copies of ``shared`` (in order) placed before ``pv``; ``own`` (the call's nodes outside ``shared``)
     read the copies instead."""
     made: dict[int, Tensor] = {}
@@ -341,4 +342,3 @@ def _copy_before(graph: Graph, shared: list[Node], own: list[Node], pv: Node) ->
     rest = [n for n in graph.nodes if id(n) not in added]
     at = next(i for i, n in enumerate(rest) if n is pv)
     graph.nodes = [*rest[:at], *copies, *rest[at:]]
-    return True

@@ -21,7 +21,7 @@ it (a view's base), or to None (never allocated); a tensor not in the map is its
 
 from __future__ import annotations
 
-from ..core.ir import Graph, Node, Tensor, redirect, unique_name
+from ..core.ir import LOWER_FLOAT_DTYPES, Graph, Node, Tensor, redirect, unique_name
 from ..core.scopes import node_scope
 from .layout import Layouts
 from .torch_export import folded_away
@@ -187,7 +187,6 @@ def made_each_step(graph: Graph, profile) -> list[str]:
     return [t.name for t in graph.tensors.values() if id(t) in made]
 
 
-_LOWER = frozenset({"bfloat16", "float16"})
 _MATMULS = frozenset({"matmul", "gemm"})
 
 
@@ -205,7 +204,7 @@ def per_call_casts(graph: Graph, profile) -> list[str]:
                 or len(node.outputs) != 1:
             continue
         x, y = node.inputs[0], node.outputs[0]
-        if x is None or y is None or x.dtype != "float32" or y.dtype not in _LOWER:
+        if x is None or y is None or x.dtype != "float32" or y.dtype not in LOWER_FLOAT_DTYPES:
             continue
         readers = [c for c in dict.fromkeys(y.consumers) if c.kind in _MATMULS and _under_autocast(c, y)]
         for i, reader in enumerate(readers[1:], 1):

@@ -23,7 +23,7 @@ import ast
 import re
 
 from ..core.casts import Rewrite
-from ..core.ir import Graph, Tensor
+from ..core.ir import FLOAT_DTYPES, LOWER_FLOAT_DTYPES, Graph, Tensor
 from ..core.kinds import DATA_DEPENDENT_KINDS, value_inputs
 
 SIGNATURE = "pkg.torch.export.ExportedProgram.graph_signature"
@@ -158,7 +158,7 @@ _STATE_KEY = re.compile(r"^\w+(\.\w+)*$")  # a state_dict key: "1.weight", "alph
 _PARAMETER_NAME = re.compile(r"\.(weight|bias)$")
 
 
-def scalar_parameters(graph: Graph) -> tuple[list[Tensor], list[Tensor]]:
+def scalar_parameters(graph: Graph) -> tuple[list[Tensor], list[Tensor], list[str]]:
     """One-element float initializers the loader took for constants (an epsilon, 1/sqrt(d)) that PyTorch
     trains (nn.PReLU()'s one slope, a ReZero alpha, a learned temperature), made parameters here, in place:
     (those the export says are parameters, those assumed so). Dynamo's signature says it (PARAMETER, or a
@@ -168,9 +168,9 @@ def scalar_parameters(graph: Graph) -> tuple[list[Tensor], list[Tensor]]:
     ``onnx::PRelu_N``), is assumed a parameter (said); another state_dict key stays a constant (said too:
     a trained one would be missed)."""
     if graph.meta.get("producer") != "pytorch":
-        return [], []
+        return [], [], []
     scalars = [t for t in graph.tensors.values() if t.kind == "constant" and t.producer is None
-               and t.dtype in ("float32", "float16", "bfloat16", "float64") and t.shape is not None
+               and t.dtype in FLOAT_DTYPES and t.shape is not None
                and all(d == 1 for d in t.shape) and "value" in t.meta]
     signature = (graph.meta.get("export") or {}).get(SIGNATURE)
     said, assumed = [], []
@@ -187,14 +187,12 @@ def scalar_parameters(graph: Graph) -> tuple[list[Tensor], list[Tensor]]:
                    or any(c.op_type == "PRelu" and c.input(1) is t for c in t.consumers)]
     for t in (*said, *assumed):
         t.kind = "parameter"
-    graph.meta["scalar_state_keys"] = [t.name for t in scalars if not signature and _STATE_KEY.match(t.name)
-                                       and t not in assumed]
-    return said, assumed
+    kept = [t.name for t in scalars if not signature and _STATE_KEY.match(t.name) and t not in assumed]
+    return said, assumed, kept
 
 
-def scalar_parameter_note(graph: Graph, assumed: list[Tensor]) -> str | None:
+def scalar_parameter_note(assumed: list[Tensor], kept: list[str]) -> str | None:
     """What ``scalar_parameters`` assumed of a TorchScript export, said out loud (None where nothing)."""
-    kept = graph.meta.get("scalar_state_keys") or []
     if not assumed and not kept:
         return None
     parts = []
@@ -223,19 +221,14 @@ def softmax_dtypes(graph: Graph) -> int:
         want = node.meta.get("softmax_dtype")
         x = node.inputs[0] if node.inputs else None
         y = node.outputs[0] if node.outputs else None
-        if want is None or x is None or y is None or x.dtype == want or x.dtype not in _LOWER:
+        if want is None or x is None or y is None or x.dtype == want or x.dtype not in LOWER_FLOAT_DTYPES:
             continue
-        readers = list(dict.fromkeys(y.consumers))
-        rw.cast(x, want, [node])
-        low, y.dtype = y.dtype, want
-        if readers:
-            rw.cast(y, low, readers)
+        rw.around(node, want, y.dtype)
+        y.dtype = want
         fixed += 1
     rw.finish()
     return fixed
 
-
-_LOWER = frozenset({"float16", "bfloat16"})
 
 
 def folded_batch_norms(graph: Graph) -> list[str]:
@@ -259,9 +252,9 @@ def folded_batch_norms(graph: Graph) -> list[str]:
     return found
 
 
-def folded_batch_norm_note(graph: Graph) -> str | None:
-    """What an export that folded its BatchNorms lost, said out loud (None where it folded none)."""
-    found = folded_batch_norms(graph)
+def folded_batch_norm_note(found: list[str]) -> str | None:
+    """What an export that folded the BatchNorms ``found`` (folded_batch_norms) lost, said out loud (None
+    where it folded none)."""
     if not found:
         return None
     many = len(found) > 1

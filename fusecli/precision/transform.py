@@ -218,10 +218,7 @@ def _model_cast(graph: Graph, rw: Rewrite, low: str, p: Precision) -> None:
     softmaxes = [n for n in graph.nodes if n.meta.get("softmax_dtype") == "float32" and n.inputs
                  and n.outputs]  # softmax(x, dtype=torch.float32).to(x.dtype): Gemma's eager attention
     for sm in softmaxes:
-        readers = list(dict.fromkeys(sm.outputs[0].consumers))
-        rw.cast(sm.inputs[0], "float32", [sm])
-        if readers:
-            rw.cast(sm.outputs[0], low, readers)
+        rw.around(sm, "float32", low)
     for norm in norms:  # x.to(float32) ... (weight *) hidden.to(input_dtype)
         rw.cast(norm.x, "float32", [c for c in dict.fromkeys(norm.x.consumers) if id(c) in inside])
         if norm.weight_param is not None and norm.weight_param_reader is not None:  # Gemma: 1 + w.float()

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..core.ir import Graph, Node, Tensor
+from ..core.ir import FLOAT_DTYPES, Graph, Node, Tensor
 from ..core.trees import dataflow_order, is_noop
 from .common import ADD
 
@@ -200,10 +200,7 @@ def _float_cast(node: Node) -> bool:
     """A Cast of float probabilities to another float dtype: P in the dtype P @ V runs in (autocast's bf16
     copy of softmax's float32 output; ``softmax(x, dtype=float32).to(x.dtype)``)."""
     x = node.inputs[0] if node.kind == "cast" and node.inputs else None
-    return x is not None and x.dtype in _FLOATS and node.outputs[0].dtype in _FLOATS
-
-
-_FLOATS = frozenset({"float16", "bfloat16", "float32", "float64"})
+    return x is not None and x.dtype in FLOAT_DTYPES and node.outputs[0].dtype in FLOAT_DTYPES
 
 
 def _leads_to_product(t: Tensor, depth: int = 12) -> bool:

@@ -316,17 +316,23 @@ class LearnedScale(nn.Module):
         return y * self.scale if self.buffer else y
 
 
-def _export_scalar_model(path: str, exporter: str, buffer: bool) -> str:
-    torch.manual_seed(0)
-    x = (torch.randn(BATCH, SEQ, H),)
+def _export_one_input(model, x, path: str, exporter: str) -> str:
+    """``model(x)`` exported by ``exporter``, its batch dynamic (both exporters)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if exporter == "torchscript":
-            torch.onnx.export(LearnedScale(buffer).eval(), x, path, dynamo=False, opset_version=17,
-                              input_names=["x"], dynamic_axes={"x": {0: "batch"}})
+            torch.onnx.export(model.eval(), (x,), path, dynamo=False, opset_version=17, input_names=["x"],
+                              dynamic_axes={"x": {0: "batch"}})
         else:
-            torch.onnx.export(LearnedScale(buffer).eval(), x, dynamo=True, input_names=["x"]).save(path)
+            batch = torch.export.Dim("batch", min=1, max=64)
+            torch.onnx.export(model.eval(), (x,), dynamo=True, input_names=["x"],
+                              dynamic_shapes=({0: batch},)).save(path)
     return path
+
+
+def _export_scalar_model(path: str, exporter: str, buffer: bool) -> str:
+    torch.manual_seed(0)
+    return _export_one_input(LearnedScale(buffer), torch.randn(BATCH, SEQ, H), path, exporter)
 
 
 @pytest.mark.parametrize("exporter", EXPORTERS)
@@ -394,9 +400,5 @@ def test_a_learned_activation_of_scalar_parameters_matches_pytorch(tmp_path):
     torch.manual_seed(0)
     model, x = LearnedActivation(), torch.randn(BATCH, SEQ, H)
     pytorch = sum(b for _, _, b in hf_models.saved_storages(model, (x,)))
-    path = str(tmp_path / "xielu.onnx")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(model.eval(), (x,), dynamo=True, input_names=["x"]).save(path)
-    a = analyze(path, Options(batch=BATCH))
+    a = analyze(_export_one_input(model, x, str(tmp_path / "xielu.onnx"), "dynamo"), Options(batch=BATCH))
     assert a.liveness.saved_activation_bytes == pytorch, (a.liveness.saved_activation_bytes, pytorch)
