@@ -162,8 +162,8 @@ def main() -> None:
             f"`python benchmarks/bench_counts.py{' --no-keras' if args.no_keras else ''}`\n\n{about}\n\n"
             f"{md}\n\nEvery fusecli output above verified; largest relative L2 error {worst:.2g}. Keras "
             "applications with weights=None end in a near-uniform softmax, so their verification says little "
-            "about the convs; tests/rewrite/test_layout.py and test_fold_scales.py check those folds on "
-            "graphs with signal.\n")
+            "about the convs; tests/rewrite/kernels/test_layout.py and graph/test_fold_scales.py check those "
+            "folds on graphs with signal.\n")
     Path(args.out).write_text(text)
     print(md)
     print(f"wrote {args.out}")

@@ -52,9 +52,9 @@ from fusecli.rewrite import RewriteOptions, rewrite  # noqa: E402
 from tests import transformer_graphs as tg  # noqa: E402
 from tests.fusion import models as fm  # noqa: E402
 from tests.rewrite import test_peer_graphs as pg  # noqa: E402
+from tests.rewrite.graph.test_edit import gpt2_embedding  # noqa: E402
 from tests.rewrite.helpers import ort_run  # noqa: E402
 from tests.rewrite.test_array_budget import spelled_layer_norm  # noqa: E402
-from tests.rewrite.test_edit import gpt2_embedding  # noqa: E402
 
 # Kernel families: one ORT kernel and the fusecli kernel that does the same work count as one family.
 # Attention: Attention (packed QKV), MultiHeadAttention and GroupQueryAttention all compute softmax(QK^T)V
@@ -199,7 +199,7 @@ def hand_cases() -> list[Case]:
                    "tests/rewrite/test_array_budget.py", ("bert",), 2, 64))
     for rev in (True, False):
         c.append(_hand(f"gpt2_embedding(reverse={rev})", lambda r=rev: gpt2_embedding(r),
-                       "tests/rewrite/test_edit.py", ("gpt2",), 2, 8, {"batch": 2, "seq": 5}))
+                       "tests/rewrite/graph/test_edit.py", ("gpt2",), 2, 8, {"batch": 2, "seq": 5}))
     return c
 
 

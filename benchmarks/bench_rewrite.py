@@ -18,7 +18,7 @@ Latency: every model is loaded at ONNX Runtime's default level (ORT_ENABLE_ALL, 
 all are timed in one interleaved round-robin (the order rotates every round) after warm-up, with the
 same intra-op thread count and spinning off; each row gives the median and its 25th-75th percentiles,
 and fusecli's verdict against each is "faster" / "slower" only where the interquartile ranges part
-(fusecli.rewrite.benchverdict).
+(fusecli.rewrite.verify.benchverdict).
 """
 
 from __future__ import annotations
@@ -41,9 +41,9 @@ sys.path.insert(0, str(ROOT))
 
 from fusecli.core.errors import FuseError  # noqa: E402
 from fusecli.rewrite import RewriteOptions, rewrite  # noqa: E402
-from fusecli.rewrite.benchverdict import Spread, compare  # noqa: E402
-from fusecli.rewrite.values import Weights  # noqa: E402
-from fusecli.rewrite.verify import bench, default_threads, open_session, session_options  # noqa: E402
+from fusecli.rewrite.graph.values import Weights  # noqa: E402
+from fusecli.rewrite.verify.benchverdict import Spread, compare  # noqa: E402
+from fusecli.rewrite.verify.outputs import bench, default_threads, open_session, session_options  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import peers  # noqa: E402

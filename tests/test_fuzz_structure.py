@@ -17,7 +17,7 @@ from tests import fuzz_structure as F
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Seeds whose cases once ended in an internal error, each fixed (kept as regression cases):
-# initializer data that does not fit its dims, read by rewrite's emitters (rewrite/values.py)
+# initializer data that does not fit its dims, read by rewrite's emitters (rewrite/graph/values.py)
 SHORT_DATA = [66, 107, 160, 162, 172, 259, 353]
 # Dropout left without inputs (load/onnx.py _fill_missing_shapes)
 DROPOUT = [478, 614]
@@ -29,11 +29,11 @@ SEVEN_BASES = [959, 20276634, 20282674, 40007101, 40012830, 40012895, 40014094, 
                40023291,
                182, 281, 284, 326, 1049]  # region verification's feeds: huge and negative dims
 # drawn from the 11 bases with the transformer blocks: a Slice bound through Gather of a scalar index
-# (rewrite/shape_values.py, the rotary emitter's bound reader); hangs: ONNX's data propagation on a sparse
-# initializer (20265754) and on a value_info claiming a 2^62-element shape vector (31123532), onnxruntime's
-# symbolic inference of a Reshape to a 2^40-element shape in rewrite's shape refinement (20264134); the
-# attention reader meeting a Softmax with its input removed (41123987, 41124788)
-# and a Gemm input whose declared dim became 2^64 - 1, which bound_fit cut into a subgraph input (3188)
+# (rewrite/graph/shape_values.py, the rotary emitter's bound reader); hangs: ONNX's data propagation on a
+# sparse initializer (20265754) and on a value_info claiming a 2^62-element shape vector (31123532),
+# onnxruntime's symbolic inference of a Reshape to a 2^40-element shape in rewrite's shape refinement
+# (20264134); the attention reader meeting a Softmax with its input removed (41123987, 41124788) and a Gemm
+# input whose declared dim became 2^64 - 1, which bound_fit cut into a subgraph input (3188)
 TRANSFORMER_BASES = [700099, 20264134, 20265754, 31123532, 41123987, 41124788, 3188]
 
 

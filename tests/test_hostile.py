@@ -198,7 +198,7 @@ def test_constant_attribute_external_data_in_folder_is_rewritten(tmp_path):
 def test_symbolic_shape_rounds_are_bounded(tmp_path):
     """onnxruntime's symbolic inference loop never ended on an UNDEFINED-typed input feeding a MatMul."""
     from fusecli.core.ir import Graph
-    from fusecli.rewrite.shapes import refine_shapes
+    from fusecli.rewrite.graph.shapes import refine_shapes
 
     m = onnx.load(H.undefined_elem_type(str(tmp_path / "c")))
     g = Graph("g")

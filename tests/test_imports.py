@@ -162,6 +162,60 @@ def test_the_top_holds_packages_and_the_two_joining_modules():
     assert loose == ["__init__.py", "__main__.py", "cli.py", "pipeline.py"]
 
 
+# rewrite/'s packages, lowest first: each imports only those before it (docs/layout.md), none the command's
+# modules on top of rewrite/ (run, plan, source, report)
+REWRITE_LAYERS = {
+    "graph": set(),
+    "kernels": {"graph"},
+    "verify": {"graph", "kernels"},
+}
+MAX_REWRITE_TOP = 6
+
+
+def _rewrite_upward(edges: dict[str, set[str]]) -> dict[str, list[str]]:
+    """Each module of a rewrite/ package -> its imports of a rewrite/ module REWRITE_LAYERS does not allow."""
+    prefix = "fusecli.rewrite."
+    upward: dict[str, list[str]] = {}
+    for m, targets in edges.items():
+        package = m.removeprefix(prefix).split(".")[0]
+        if not m.startswith(prefix) or package not in REWRITE_LAYERS:
+            continue
+        for t in sorted(targets):
+            other = t.removeprefix(prefix).split(".")[0] if t.startswith(prefix) else None
+            if t == "fusecli.rewrite" or (other is not None and other != package
+                                          and other not in REWRITE_LAYERS[package]):
+                upward.setdefault(m, []).append(t)
+    return upward
+
+
+def test_rewrite_packages_point_down():
+    """Inside rewrite/: graph/ imports neither kernels/ nor verify/, kernels/ does not import verify/, and no
+    package imports a module on top of rewrite/ (run, plan, source, report)."""
+    edges, _ = _graph()
+    packages = {m.split(".")[2] for m in edges if m.startswith("fusecli.rewrite.") and m.count(".") >= 3}
+    assert set(REWRITE_LAYERS) <= packages
+    assert _rewrite_upward(edges) == {}
+
+
+def test_the_rewrite_check_finds_an_upward_import():
+    edges = {"fusecli.rewrite.graph.edit": {"fusecli.rewrite.kernels.kit", "fusecli.core.ir"},
+             "fusecli.rewrite.kernels.conv": {"fusecli.rewrite.graph.fold", "fusecli.rewrite.verify.outputs"},
+             "fusecli.rewrite.verify.outputs": {"fusecli.rewrite.run", "fusecli.rewrite.kernels.cuda"},
+             "fusecli.rewrite.run": {"fusecli.rewrite.verify.outputs"}}
+    assert _rewrite_upward(edges) == {"fusecli.rewrite.graph.edit": ["fusecli.rewrite.kernels.kit"],
+                                      "fusecli.rewrite.kernels.conv": ["fusecli.rewrite.verify.outputs"],
+                                      "fusecli.rewrite.verify.outputs": ["fusecli.rewrite.run"]}
+
+
+def test_the_top_of_rewrite_holds_packages_and_few_modules():
+    """rewrite/ holds its packages and at most six modules: the command's flow and what only it uses."""
+    rewrite = ROOT / "rewrite"
+    loose = sorted(p.name for p in rewrite.glob("*.py"))
+    packages = sorted(p.parent.name for p in rewrite.glob("*/__init__.py"))
+    assert len(loose) <= MAX_REWRITE_TOP, loose
+    assert packages == sorted(REWRITE_LAYERS)
+
+
 def test_every_module_imports_first():
     """Each module imported first, in a fresh set of fusecli modules: an import cycle through a package's
     ``__init__`` (a kernel module importing fusion, whose families import the kernels) fails only then."""

@@ -165,7 +165,7 @@ def compare_fusions(old: list[Block], new: list[Block], unpaired: set[str]) -> t
 def _fusion_entries(kind: str, bs: list[Block], side: list[Block], other: list[Block]) -> list[dict]:
     """Grouped per (pattern, scope); a block held by a larger match that the other model has too is
     'within' it (the loss of bias_softmax inside an attention that stays is no regression)."""
-    from ..rewrite.emit import EMITTERS  # the patterns `fusecli rewrite` has a kernel emitter for
+    from ..rewrite.kernels.registry import EMITTERS  # the patterns `fusecli rewrite` has a kernel emitter for
 
     holders = _holders(side)
     kept = {(b.match.pattern.name, b.scope) for b in other}

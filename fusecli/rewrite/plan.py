@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from ..fusion.match import Match
 from ..fusion.select import select
-from .emit import emit
-from .kit import Context, Emission
+from .graph.kit import Context, Emission
+from .kernels.registry import emit
 
 NO_KERNEL = "no kernel takes it"  # the 'not rewritten' line of a match its emitter refused
 

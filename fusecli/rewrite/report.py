@@ -6,8 +6,8 @@ import os
 from collections import Counter
 
 from .. import __version__
-from .benchverdict import Spread, comparisons
 from .run import RewriteResult
+from .verify.benchverdict import Spread, comparisons
 
 _LEVEL_NAMES = {"disabled": "ORT_DISABLE_ALL", "default": "default optimizations"}
 
@@ -39,7 +39,7 @@ def to_json(r: RewriteResult) -> dict:
 
 def _levels(checks: dict, key: str) -> dict:
     return {lvl: [{key: c.name, "dtype": c.dtype, "relative_l2_error": c.error, "tolerance": c.tolerance,
-                   **({} if c.rounding is None else {  # weighed against float64: verify.explain_by_rounding
+                   **({} if c.rounding is None else {  # weighed against float64: explain_by_rounding
                        "float64_errors": {"original": c.rounding[0], "rewritten": c.rounding[1]},
                        "explained_by_rounding": c.explained})}
                   for c in cs] for lvl, cs in checks.items()}

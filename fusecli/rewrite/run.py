@@ -19,9 +19,7 @@ from ..core.progress import stage
 from ..core.units import format_bytes
 from ..load.onnx import dtype_name, graph_of_model, opset_of
 from ..pipeline import Analysis, Options, analyze, analyze_graph
-from .benchverdict import slowdown
-from .cuda import CPU_STAND_INS, cpu_stand_ins
-from .edit import (
+from .graph.edit import (
     apply,
     cast_likes_to_casts,
     import_used_domains,
@@ -32,20 +30,22 @@ from .edit import (
     sound_emissions,
     undefined_read,
 )
-from .fold_scales import fold_conv_scales
-from .kit import Context
+from .graph.fold_scales import fold_conv_scales
+from .graph.kit import Context
+from .graph.proto import light_copy
+from .graph.save import needs_external_data, payload_bytes, write_model
+from .graph.shape_reads import reroute_shape_reads
+from .graph.shapes import refine_shapes
+from .graph.splice import write_spliced
+from .graph.values import Names, Weights
+from .kernels.cuda import CPU_STAND_INS, cpu_stand_ins
 from .plan import is_safe, plan
-from .proto import light_copy
-from .regions import Case, Cutter
-from .save import needs_external_data, payload_bytes, write_model
-from .shape_reads import reroute_shape_reads
-from .shapes import refine_shapes
 from .source import load_weights, open_source, restore_weights
-from .splice import write_spliced
-from .values import Names, Weights
+from .verify.benchverdict import slowdown
+from .verify.regions import Case, Cutter
 
 if TYPE_CHECKING:
-    from .verify import Timing, Verification
+    from .verify.outputs import Timing, Verification
 
 TARGETS = ("cpu", "cuda")
 MODES = ("inference", "training")
@@ -264,7 +264,7 @@ def rewrite(path: str, options: RewriteOptions | None = None, output: str | None
         checked = functools.partial(check_model_file, original=source.onnx_path,
                                     session_source=_stand_in(model))
         if result.refused is None and options.bench:
-            from .verify import bench  # onnxruntime, imported only when it runs
+            from .verify.outputs import bench  # onnxruntime, imported only when it runs
 
             stage(f"benchmarking ({options.bench_runs} runs of 4 sessions)")
             result.timings = bench([("original", source.onnx_path, "disabled"),
@@ -291,7 +291,7 @@ def rewrite(path: str, options: RewriteOptions | None = None, output: str | None
 
 def _stand_in(model: onnx.ModelProto) -> Callable[[str], bytes] | None:
     """What the written file's load check opens where it holds a kernel the CPU provider lacks: the file
-    with CPU stand-ins (cuda.cpu_stand_ins); None where it holds none."""
+    with CPU stand-ins (kernels.cuda.cpu_stand_ins); None where it holds none."""
     if not any(n.op_type in CPU_STAND_INS for n in model.graph.node):
         return None
     return lambda path: cpu_stand_ins(onnx.load(path)).SerializeToString()
@@ -355,7 +355,8 @@ def _attempt(path: str, output: str | None, source, work: str, first: Analysis, 
         result.refused = (f"none of the {safe} {options.mode}-safe matches has a kernel on target "
                           f"{options.target} in tf2onnx's conversion; nothing written")
     # written once, when a whole-model session needs it
-    # the CPU provider's sessions run a CUDA-only kernel's stand-in (cuda.cpu_stand_ins); the file keeps it
+    # the CPU provider's sessions run a CUDA-only kernel's stand-in (kernels.cuda.cpu_stand_ins); the file
+    # keeps it
     rewritten = functools.cache(lambda: _session_source(cpu_stand_ins(model), work,
                                                         base_dir if spliced else None))
     stand_ins = sorted({n.op_type for n in model.graph.node if n.op_type in CPU_STAND_INS})
@@ -374,7 +375,7 @@ def _verify(original: str, rewritten: Callable[[], bytes | str], model: onnx.Mod
             options: RewriteOptions, regions: list[list[Case | str]], scales: bool) -> Verification:
     """Regions against the nodes they replaced, and the whole model where asked, where it is small, or
     where a region could not be cut out on its own."""
-    from .verify import RunFailed, Verification, verify, verify_regions
+    from .verify.outputs import RunFailed, Verification, verify, verify_regions
 
     result, scope = Verification(), options.verify_scope
     whole = scope == "model"
@@ -419,7 +420,7 @@ def _verify(original: str, rewritten: Callable[[], bytes | str], model: onnx.Mod
             return result
         result.checks = model_check.checks
         if not result.ok and scope == "auto":  # every region agrees: rounding the model amplifies?
-            from .verify import explain_by_rounding
+            from .verify.outputs import explain_by_rounding
 
             stage("weighing the whole model's difference against float64")
             explain_by_rounding(original, rewritten(), result, first.sizes.batch or 1, dict(first.sizes))

@@ -21,7 +21,7 @@ from ..load import load_model
 from ..load.onnx import external_location, tensors_of
 from ..load.onnx_wire import read_structure
 from ..memory.sizes import model_variables
-from .converted import fix_conversion
+from .graph.converted import fix_conversion
 
 SAVEDMODEL_OPSET = 17
 
@@ -185,7 +185,7 @@ def restore_weights(model: onnx.ModelProto, path: str) -> None:
 
 def save_plain(model: onnx.ModelProto, path: str) -> None:
     """Save to a scratch path; external data beside it when the weights pass 2 GB."""
-    from .save import needs_external_data
+    from .graph.save import needs_external_data
 
     if needs_external_data(model):
         onnx.save_model(model, path, save_as_external_data=True, all_tensors_to_one_file=True,

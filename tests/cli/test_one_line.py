@@ -8,7 +8,7 @@ import onnx
 from click.testing import CliRunner
 from onnx import TensorProto, helper, numpy_helper
 
-import fusecli.rewrite.emit_conv as emit_conv
+import fusecli.rewrite.kernels.conv as conv_kernel
 from fusecli.cli import main
 
 NAME = "ln(x - mean) / sqrt(var +\neps)"  # what onnxruntime's message then carries
@@ -57,7 +57,7 @@ def test_a_warning_naming_a_node_over_two_lines_is_one_line(tmp_path, sample, mo
     def fails(*args):
         raise ValueError("weights it cannot take\n(a second line)")
 
-    monkeypatch.setattr(emit_conv, "fold_batch_norm", fails)
+    monkeypatch.setattr(conv_kernel, "fold_batch_norm", fails)
     r = CliRunner().invoke(main, ["rewrite", src, "-o", str(tmp_path / "out.onnx"), "--batch", "2"])
     assert r.exit_code == 0, r.output
     lines = _lines(r.stderr)

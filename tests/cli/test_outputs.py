@@ -283,7 +283,7 @@ def test_sigterm_during_rewrite_removes_its_scratch_folder(tmp_path, model):
     child = _child("""
         import sys, time, tempfile
         tempfile.tempdir = sys.argv[3]
-        import fusecli.rewrite.verify as verify  # rewrite imports it when it verifies
+        import fusecli.rewrite.verify.outputs as verify  # rewrite imports it when it verifies
         def slow(*a, **k):
             open(sys.argv[4], "w").close()
             time.sleep(60)

@@ -104,7 +104,7 @@ def test_lost_fusion_exits_1_and_fail_on_selects(mlps):
     assert_counts_reconcile(doc, old, new, batch=4)
     lost = of(doc, "fusion_lost")
     assert lost and all(d["regression"] for d in lost)
-    from fusecli.rewrite.emit import EMITTERS
+    from fusecli.rewrite.kernels.registry import EMITTERS
 
     assert all(d["rewrite"] == (d["pattern"] in EMITTERS) for d in lost)
     assert any(d["rewrite"] for d in lost) and any(not d["rewrite"] for d in lost)  # relu_grad_bias_grad

@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from fusecli.cli import main
 from fusecli.core.errors import FuseError
-from fusecli.rewrite.fold import channel_vector
+from fusecli.rewrite.graph.fold import channel_vector
 from tests.test_hostile import assert_one_error, run_cli
 
 BUDGET = "FUSECLI_MAX_ARRAY_ELEMENTS"
@@ -144,7 +144,7 @@ def test_the_issues_files_end_in_one_line_within_the_memory_cap(tmp_path, build,
 def _mask_weights(fold: bool):
     """A mask computed from the shape of a fixed [1, 16] input (and, with ``fold``, a constant subgraph of
     64 elements): what the attention emitters probe with onnxruntime."""
-    from fusecli.rewrite.values import Weights
+    from fusecli.rewrite.graph.values import Weights
 
     nodes = [helper.make_node("Shape", ["ids"], ["s"], "shape"),
              helper.make_node("Cast", ["s"], ["m0"], "cast", to=TensorProto.FLOAT)]
@@ -167,7 +167,7 @@ def test_a_mask_probe_over_the_budget_is_refused_not_taken_for_a_reason(monkeypa
     """A mask's probe inputs and its folded constants: over the budget, the rewrite is refused (an
     OverBudget is not one more reason the mask is not causal)."""
     from fusecli.core.errors import OverBudget
-    from fusecli.rewrite.mask_band import causal_window
+    from fusecli.rewrite.kernels.mask_band import causal_window
 
     monkeypatch.setenv(BUDGET, "8")
     with pytest.raises(OverBudget, match=named + rf".*{BUDGET}=N"):

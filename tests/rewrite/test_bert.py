@@ -12,7 +12,7 @@ import pytest
 
 from fusecli.pipeline import Options, analyze
 from fusecli.rewrite import RewriteOptions, rewrite
-from fusecli.rewrite.verify import ort_optimized
+from fusecli.rewrite.verify.outputs import ort_optimized
 from tests.rewrite.helpers import assert_cuda_kernels_only, assert_same_outputs, fused_kernel_count, ops
 
 torch = pytest.importorskip("torch")
@@ -152,7 +152,7 @@ def test_verifier_feeds_token_ids_and_sized_dims(bert):
     """fusecli's verifier feeds ids 0/1 (valid for any vocabulary) shaped (batch, --dim seq)."""
     import onnxruntime as ort
 
-    from fusecli.rewrite.verify import make_feeds
+    from fusecli.rewrite.verify.outputs import make_feeds
 
     feeds = make_feeds(ort.InferenceSession(bert, providers=["CPUExecutionProvider"]), batch=2, dims=DIMS)
     assert set(feeds) == {"input_ids", "attention_mask"}

@@ -14,9 +14,9 @@ import onnx
 import pytest
 from click.testing import CliRunner
 
-import fusecli.rewrite.emit_conv as emit_conv
-import fusecli.rewrite.save as save
-import fusecli.rewrite.verify as verify
+import fusecli.rewrite.graph.save as save
+import fusecli.rewrite.kernels.conv as conv_kernel
+import fusecli.rewrite.verify.outputs as verify
 from fusecli.cli import main
 from tests.rewrite.helpers import assert_same_outputs, ops
 
@@ -121,8 +121,8 @@ def test_verification_failure_writes_nothing(sample, tmp_path, monkeypatch):
 
 def test_a_corrupted_fold_is_caught(sample, tmp_path, monkeypatch):
     """A wrong BatchNorm fold (weights doubled) must fail verification; the output is not written."""
-    real = emit_conv.fold_batch_norm
-    monkeypatch.setattr(emit_conv, "fold_batch_norm", lambda *a: (real(*a)[0] * 2, real(*a)[1]))
+    real = conv_kernel.fold_batch_norm
+    monkeypatch.setattr(conv_kernel, "fold_batch_norm", lambda *a: (real(*a)[0] * 2, real(*a)[1]))
     out = tmp_path / "o.onnx"
     line = _one_error_line(run("rewrite", sample("conv_bn_relu"), "-o", out))
     assert "verification failed" in line and "'y'" in line

@@ -33,7 +33,7 @@ def test_a_region_that_fails_its_check_is_left_unfused_and_the_rest_written(hf_o
     import onnx
 
     from fusecli.rewrite import RewriteOptions, rewrite
-    from fusecli.rewrite import emit as emit_module
+    from fusecli.rewrite.kernels import registry as emit_module
 
     right = emit_module.EMITTERS["bias_gelu"]
 

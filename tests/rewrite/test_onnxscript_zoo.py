@@ -16,7 +16,7 @@ import onnx
 import pytest
 
 from fusecli.rewrite import RewriteOptions, rewrite
-from fusecli.rewrite.edit import undefined_read
+from fusecli.rewrite.graph.edit import undefined_read
 from tests.load.onnxscript_models import save
 from tests.rewrite.helpers import left_unfused
 

@@ -12,9 +12,16 @@ from onnx import TensorProto, helper, numpy_helper
 
 from fusecli.core.errors import FuseError
 from fusecli.pipeline import Options, analyze
-from fusecli.rewrite import RewriteOptions, emit_attention, rewrite
-from fusecli.rewrite.cuda import cpu_stand_ins
-from fusecli.rewrite.verify import ROUNDING_FACTOR, OutputCheck, Verification, explain_by_rounding, verify
+from fusecli.rewrite import RewriteOptions, rewrite
+from fusecli.rewrite.kernels import attention as attention_kernel
+from fusecli.rewrite.kernels.cuda import cpu_stand_ins
+from fusecli.rewrite.verify.outputs import (
+    ROUNDING_FACTOR,
+    OutputCheck,
+    Verification,
+    explain_by_rounding,
+    verify,
+)
 from fusecli.spellings.attention import read_attention
 from tests.conftest import make_model
 from tests.rewrite.helpers import assert_same_outputs, ort_run
@@ -225,7 +232,7 @@ def test_a_kernel_onnxruntime_cannot_run_is_left_unfused_with_the_reason(save_mo
     """An attention_bias of the wrong length (what fusecli wrote before for a scalar bias): the region does
     not run, so it is left unfused and said, with no hint to set sizes that were set; the model is written
     without it."""
-    monkeypatch.setattr(emit_attention, "length_of",
+    monkeypatch.setattr(attention_kernel, "length_of",
                         lambda ctx, b, packed: b.const("one", np.array([1], np.int64)))
     path, r = _rewrite(save_model, scalar_bias_attention())
     assert MS + "MultiHeadAttention" not in r.ops_after and r.left_out == 1

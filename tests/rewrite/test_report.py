@@ -7,7 +7,7 @@ import pytest
 
 from fusecli.rewrite.report import format_summary
 from fusecli.rewrite.run import RewriteOptions, RewriteResult
-from fusecli.rewrite.verify import OutputCheck, Verification
+from fusecli.rewrite.verify.outputs import OutputCheck, Verification
 
 
 def _result(verification: Verification, dims: dict[str, int]) -> RewriteResult:

@@ -9,7 +9,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 from fusecli.rewrite import RewriteOptions, rewrite
-from fusecli.rewrite.verify import ort_optimized
+from fusecli.rewrite.verify.outputs import ort_optimized
 from tests.conftest import ZOO
 from tests.rewrite.helpers import assert_same_outputs, attr, fused_kernel_count, nodes, ops
 

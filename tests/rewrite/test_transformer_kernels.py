@@ -11,7 +11,7 @@ import onnxruntime as ort
 import pytest
 
 from fusecli.rewrite import RewriteOptions, rewrite
-from fusecli.rewrite.cuda import CUDA_KERNELS
+from fusecli.rewrite.kernels.cuda import CUDA_KERNELS
 from tests.rewrite.helpers import left_unfused, ops
 
 DIMS = {"batch": 2, "seq": 16}

@@ -1,8 +1,9 @@
 """The fusion families, one module each: its catalogue entries (PATTERNS), its kernels (KERNELS, pattern
-name -> the key rewrite/emit.py registers the kernel's emitter under: nothing here imports rewrite), the
-after view's label of each kernel (LABELS, pattern name -> (match, mode) -> kernel or None), and its
-framework notes (NOTES, pattern name -> {framework: entry}, notes_kit). The catalogue and the registries
-are their unions, in this order (the catalogue's order: the most complete conv and matmul forms first)."""
+name -> the key rewrite/kernels/registry.py registers the kernel's emitter under: nothing here imports
+rewrite), the after view's label of each kernel (LABELS, pattern name -> (match, mode) -> kernel or None),
+and its framework notes (NOTES, pattern name -> {framework: entry}, notes_kit). The catalogue and the
+registries are their unions, in this order (the catalogue's order: the most complete conv and matmul forms
+first)."""
 
 from __future__ import annotations
 

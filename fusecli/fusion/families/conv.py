@@ -50,12 +50,12 @@ PATTERNS: tuple[Pattern, ...] = (
             "_FusedConv2D (Squeeze + BiasAdd)", "y = squeeze(conv(x, w)) + b: Grappler's CPU-only remap"),
 )
 
-# through tf2onnx's layout Transpose or not (rewrite's emit_layout hands the plain ones to emit_conv)
+# through tf2onnx's layout Transpose or not (rewrite/kernels/layout.py hands the plain ones to conv.py)
 KERNELS = {name: "conv_through_layout"
            for name in ("conv_bias_add_act", "conv_bias_act", "conv_bias", "conv_bias_bn_act",
                          "conv_bias_bn", "conv_bn_act", "conv_bn", "conv_squeeze_bias")}
 
-# FusedConv activations (CPU; rewrite/emit_conv.conv_activation)
+# FusedConv activations (CPU; rewrite/kernels/conv.conv_activation)
 FUSED_CONV_ACTS = frozenset({"relu", "relu6", "clip", "leaky_relu", "sigmoid", "tanh", "hard_sigmoid"})
 
 

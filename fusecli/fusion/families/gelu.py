@@ -45,7 +45,7 @@ PATTERNS: tuple[Pattern, ...] = (
             "y = x Phi(x): erf form, or the tanh approximation", fused_kind="gelu"),
 )
 
-# pattern -> the key of its kernel emitter (rewrite/emit.py maps keys to emitters)
+# pattern -> the key of its kernel emitter (rewrite/kernels/registry.py maps keys to emitters)
 KERNELS = {"gelu": "gelu", "bias_gelu": "gelu", "matmul_fast_gelu": "gemm_fast_gelu"}
 
 

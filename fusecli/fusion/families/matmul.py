@@ -54,7 +54,7 @@ KERNELS = {"matmul_bias_scale": "matmul_bias_scale", "matmul_bias_act": "matmul_
            "matmul_bias": "matmul_family", "matmul_scale": "matmul_scale",
            "matmul_transpose": "matmul_transpose"}
 
-# FusedGemm's activations (CPU; rewrite/emit_matmul's gemm_activation)
+# FusedGemm's activations (CPU; rewrite/kernels/matmul.py's gemm_activation)
 FUSED_GEMM_ACTS = frozenset({"relu", "sigmoid", "tanh", "leaky_relu", "elu", "hard_sigmoid"})
 
 

@@ -7,7 +7,7 @@ from fusecli.fusion import families
 from fusecli.fusion.notes_kit import FRAMEWORKS
 from fusecli.fusion.patterns import BY_NAME, CATALOGUE
 from fusecli.fusion.recompute import RULES
-from fusecli.rewrite.emit import BY_KEY, EMITTERS
+from fusecli.rewrite.kernels.registry import BY_KEY, EMITTERS
 
 
 def _short(family) -> str:
