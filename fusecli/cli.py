@@ -229,6 +229,36 @@ def _device_option(f):
                              "they keep for backward) and autocast's op lists differ.")(f)
 
 
+def _layout_options(f):
+    """A data-parallel layout (torchtitan's words; docs/cli.md maps them to Megatron's and DeepSpeed's)."""
+    f = click.option("--world", type=click.IntRange(min=1), default=None, metavar="N",
+                     help="Ranks in all, checked against the degrees' product.")(f)
+    f = click.option("--reshard-after-forward/--no-reshard-after-forward", "reshard", default=True,
+                     show_default=True,
+                     help="FSDP2: free a block's gathered parameters after its forward (gather them again "
+                          "for its backward), or keep them to its backward (ZeRO-2-like).")(f)
+    f = click.option("--zero", type=click.IntRange(1, 3), default=None, metavar="1",
+                     help="ZeRO-1 over the --dp-replicate ranks: ZeroRedundancyOptimizer shards the "
+                          "optimizer state (ZeRO-2/3: use --dp-shard).")(f)
+    f = click.option("--dp-shard", type=click.IntRange(min=1), default=1, show_default=True, metavar="N",
+                     help="Ranks sharing one copy of the parameters, gradients and optimizer state "
+                          "(FSDP2 fully_shard per block and the root; ZeRO-3).")(f)
+    return click.option("--dp-replicate", type=click.IntRange(min=1), default=1, show_default=True,
+                        metavar="N", help="Ranks each holding a whole replica (DDP); with --dp-shard: "
+                                          "HSDP. --batch is each rank's own.")(f)
+
+
+def _layout(dp_replicate: int, dp_shard: int, zero: int | None, reshard: bool, world: int | None):
+    """The layout the flags say, checked; None for one device with no data-parallel flag."""
+    from .parallel.layout import Layout
+
+    layout = Layout(dp_replicate, dp_shard, zero, reshard, world)
+    if layout == Layout():
+        return None
+    layout.check()
+    return layout
+
+
 def _common_options(f):
     """--batch, --dim and --signature, shared by the commands that load and size a model."""
     f = click.option("--signature", default=None, metavar="NAME",
@@ -551,9 +581,11 @@ def _parse_budget(ctx, param, value: str) -> int:
               help="Draw the step peak against the FLOPs recomputation adds (.png, .svg or .pdf).")
 @click.option("--emit-pytorch", "emit_path", default=None, metavar="FILE.py",
               help="Write a helper module whose apply(model) checkpoints the planned submodules.")
+@_layout_options
 def plan_command(model: str, budget: int, batch: int | None, dims: tuple[str, ...], signature: str | None,
                  optimizer: str, device: str, precision: str | None, solve: str, recompute: str,
-                 as_json: bool, plot_path: str | None, emit_path: str | None) -> None:
+                 as_json: bool, plot_path: str | None, emit_path: str | None, dp_replicate: int,
+                 dp_shard: int, zero: int | None, reshard: bool, world: int | None) -> None:
     """Fit MODEL's training step into --budget: its memory as formulas, the largest batch that fits,
     and what to recompute (checkpoint) when it does not. Exit 1 when it cannot fit."""
     from .core import progress
@@ -571,12 +603,21 @@ def plan_command(model: str, budget: int, batch: int | None, dims: tuple[str, ..
             raise UsageError("--emit-pytorch writes torch.utils.checkpoint calls, which recompute blocks "
                              "only: use --recompute blocks (the default with --emit-pytorch)")
     recompute = recompute or ("blocks" if emit_path else "all")
+    layout = _layout(dp_replicate, dp_shard, zero, reshard, world)
     options = Options(batch=batch, dims=_parse_dims(dims), signature=signature, device=device,
                       precision=precision)
     with progress.stages() as stage:
         result = run_analysis(model, options)
         stage("planning")
         plan = make_plan(result, PlanOptions(budget, optimizer, precision, solve, recompute))
+        ranks = None
+        if layout is not None:
+            from .parallel import ranks as parallel_ranks
+            from .plan.planner import solve_dims
+
+            stage("ranks")
+            ranks = parallel_ranks.rank_memory(result, layout, optimizer)
+            most = parallel_ranks.largest(result, layout, budget, solve_dims(result.graph, solve), optimizer)
     for w in result.warnings:
         _warn(w)
     name = os.path.basename(os.path.normpath(model))
@@ -590,9 +631,23 @@ def plan_command(model: str, budget: int, batch: int | None, dims: tuple[str, ..
 
         note = write_pytorch_helper(emit_path, plan, name)
         _echo(f"wrote {emit_path} ({note})", err=True)
+    doc = plan_json(plan)
+    lines = plan_lines(plan, name)
+    fits = plan.fits
+    if ranks is not None:
+        from .parallel.report import layout_json, ranks_json, ranks_lines
+
+        local = result.sizes.batch
+        doc["layout"] = layout_json(layout, device, local)
+        doc["ranks"] = ranks_json(ranks, budget)
+        doc["ranks_largest"] = most
+        doc["ranks_fit"] = fits = all(e.peak_bytes <= budget for e in ranks)
+        label = f"{plan.solve_dim}={most:,}" if most else "none" if most == 0 else "no dim to solve for"
+        lines += ["", *ranks_lines(ranks, layout, device, local, budget, label),
+                  "(the recomputation plan above is for one device, not per rank)"]
     if as_json:
-        _echo_json(plan_json(plan))
+        _echo_json(doc)
     else:
-        _echo("\n".join(plan_lines(plan, name)))
-    if not plan.fits:
+        _echo("\n".join(lines))
+    if not fits:
         sys.exit(1)

@@ -125,6 +125,7 @@ LAYERS = {
     "render": {"core", "fusion", "pipeline"},
     "rewrite": {"fusecli", "core", "load", "spellings", "memory", "fusion", "pipeline"},
     "plan": {"core", "memory", "precision", "fusion"},
+    "parallel": {"core", "plan"},
     "diff": {"fusecli", "core", "load", "memory", "fusion", "pipeline", "report", "rewrite"},
 }
 

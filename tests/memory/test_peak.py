@@ -36,22 +36,54 @@ CASES = [  # (name, exporter, kv_heads, seqs)
     ("vit", "torchscript", None, (None,)),
     ("vit", "dynamo", None, (None,)),
     ("mixtral", "torchscript", None, (128, 1024)),
+    # the misses benchmarks/RESULTS-peak.md documents, each kept as a strict xfail (MISSES) beside the
+    # lengths where the same model is exact
+    ("deberta_v2", "dynamo", None, (128,)),
+    ("falcon", "torchscript", None, (128,)),
+    ("falcon", "dynamo", None, (128,)),
+    ("t5_encoder", "torchscript", None, (128, 1024)),
+    ("bloom", "dynamo", None, (128, 1024)),
+    ("opt", "dynamo", None, (128,)),
+    ("convnext", "dynamo", None, (None,)),
+    ("whisper_encoder", "dynamo", None, (None,)),
 ]
 
 
 TOLERANCE = 0.002  # RESULTS-peak.md: the ratios are exact (1.000-1.001) but where MISSES says why
-MISSES = {  # the known misses, strict xfails: fusecli / PyTorch as RESULTS-peak.md measures them
-    "bert": "0.993-0.997: the pooler's parameters (64 x 64 + 64 float32, 16,640 B), which the export drops "
-            "(the output does not read them) while the module keeps them resident",
-    "vit": "0.967: the patch convolution's oneDNN scratchpad (not counted, said in memory.peak.not_counted) "
-           "and the pooler's parameters, which the export drops while the module keeps them resident",
+# the known misses, strict xfails: fusecli / PyTorch as RESULTS-peak.md measures them, by (name,
+# exporter, seq) with None for any
+MISSES = {
+    ("bert", None, None): "0.993-0.997: the pooler's parameters (64 x 64 + 64 float32, 16,640 B), which the "
+                          "export drops (the output does not read them) while the module keeps them resident",
+    ("vit", None, None): "0.967: the patch convolution's oneDNN scratchpad (not counted, said in "
+                         "memory.peak.not_counted) and the pooler's parameters, which the export drops while "
+                         "the module keeps them resident",
+    ("deberta_v2", None, None): "0.81: the saved set is short (0.91): DeBERTa's per-layer relative-position "
+                                "indices, which both exporters compute once",
+    ("falcon", "torchscript", None): "0.92: the saved set is short (0.89): Falcon's causal mask, which a "
+                                     "TorchScript export cannot tell from one transformers builds only "
+                                     "while tracing",
+    ("t5_encoder", None, 1024): "0.84: the peak is in forward, in attention written op by op (the learned "
+                                "position bias sends sdpa to its math kernel), where Python locals keep the "
+                                "scores alive beside their masked and softmaxed copies",
+    ("bloom", None, 1024): "0.90: as T5's: BLOOM's eager-only attention, its scores kept by a Python local "
+                           "beside the masked and softmaxed copies",
+    ("convnext", None, None): "0.16: oneDNN's scratchpad in the depthwise convolutions' backward (not "
+                              "counted, said in memory.peak.not_counted)",
+    ("whisper_encoder", None, None): "0.97: the saved set is short (0.94)",
 }
+
+
+def _miss(name: str, exporter: str, seq: int | None) -> str | None:
+    return next((why for (n, e, s), why in MISSES.items()
+                 if n == name and e in (None, exporter) and s in (None, seq)), None)
 
 
 def _params():
     for name, exporter, kv_heads, seqs in CASES:
         for seq in seqs:
-            marks = [pytest.mark.xfail(strict=True, reason=MISSES[name])] if name in MISSES else []
+            why = _miss(name, exporter, seq)
+            marks = [pytest.mark.xfail(strict=True, reason=why)] if why else []
             yield pytest.param(name, exporter, kv_heads, seq, marks=marks,
                                id=f"{name}-{exporter}-{seq or 'image'}")
 

@@ -1,0 +1,71 @@
+"""A data-parallel layout as users write it in torchtitan configs, and what each degree means.
+
+``dp_replicate`` ranks hold whole replicas (DDP: ``DistributedDataParallel``); ``dp_shard`` ranks shard
+the parameters, gradients and optimizer state among them (FSDP2's ``fully_shard`` on every block and the
+root, ZeRO-3); both together are HSDP (shard within a group of ``dp_shard``, replicate across).
+``zero=1`` under plain replication shards only the optimizer state (torch's ``ZeroRedundancyOptimizer``).
+The world is the product of the degrees; ``--batch`` is each rank's own (torchtitan's
+``local_batch_size``), so the global batch is it times the data-parallel degree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..core.errors import UsageError
+
+DEVICES = {"cpu": "gloo", "cuda": "NCCL"}  # the backend each device's collectives run on
+
+
+@dataclass(frozen=True)
+class Layout:
+    dp_replicate: int = 1
+    dp_shard: int = 1
+    zero: int | None = None  # 1: optimizer state sharded over the replicas (ZeroRedundancyOptimizer)
+    reshard_after_forward: bool = True  # FSDP2: free a block's gathered parameters after its forward
+    world: int | None = None  # the world size the user says, checked against the degrees' product
+
+    @property
+    def size(self) -> int:
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def sharded(self) -> bool:
+        return self.dp_shard > 1
+
+    @property
+    def name(self) -> str:
+        """torchtitan's words for it: 'FSDP 4', 'HSDP 2x4', 'DDP 8 + ZeRO-1', 'single device'."""
+        if self.sharded:
+            kind = f"HSDP {self.dp_replicate}x{self.dp_shard}" if self.dp_replicate > 1 else \
+                f"FSDP {self.dp_shard}"
+            return kind + ("" if self.reshard_after_forward else " (no reshard after forward)")
+        if self.dp_replicate > 1:
+            return f"DDP {self.dp_replicate}" + (" + ZeRO-1" if self.zero == 1 else "")
+        return "single device"
+
+    def check(self) -> None:
+        """UsageError for a layout that cannot run: a degree below 1, a world the degrees do not
+        multiply to, ZeRO levels that are another flag's job."""
+        for name, n in (("--dp-replicate", self.dp_replicate), ("--dp-shard", self.dp_shard)):
+            if n < 1:
+                raise UsageError(f"{name} {n}: a degree is at least 1")
+        if self.world is not None and self.world != self.size:
+            raise UsageError(f"--world {self.world}: the degrees multiply to {self.size} "
+                             f"(--dp-replicate {self.dp_replicate} x --dp-shard {self.dp_shard})")
+        if self.zero == 1 and self.sharded:
+            raise UsageError("--zero 1 shards the optimizer state over replicas; with --dp-shard the "
+                             "parameters, gradients and state are sharded already (ZeRO-3)")
+        if self.zero == 1 and self.dp_replicate < 2:
+            raise UsageError("--zero 1 needs replicas to shard over: give --dp-replicate N (N >= 2)")
+        if self.zero in (2, 3):
+            raise UsageError(f"--zero {self.zero}: give --dp-shard N (FSDP2, ZeRO-3; with "
+                             "--no-reshard-after-forward the gathered parameters stay from forward to "
+                             "backward, as ZeRO-2 keeps them whole)")
+        if not self.reshard_after_forward and not self.sharded:
+            raise UsageError("--no-reshard-after-forward is an FSDP setting: give --dp-shard N")
+
+
+def ranks_of(layout: Layout) -> list[int]:
+    """Every rank id of the layout, in the mesh's order (replicate outer, shard inner)."""
+    return list(range(layout.size))

@@ -1,0 +1,63 @@
+"""Per-rank memory for people (lines at 80 columns) and for programs (the JSON's ``layout`` and ``ranks``)."""
+
+from __future__ import annotations
+
+from ..core.units import format_bytes
+from .layout import DEVICES, Layout
+from .ranks import RankMemory
+
+NOT_COUNTED = ["the collective library's own buffers (NCCL's channels, gloo's pairs)", "the CUDA context",
+               "cuBLAS and cuDNN workspaces", "the caching allocator's fragmentation and reserve"]
+
+
+PHASES = {"forward": "fwd", "backward": "bwd", "optimizer": "opt"}  # where the peak is
+
+
+def ranks_text(ids: list[int]) -> str:
+    """0-3,6 for [0, 1, 2, 3, 6]."""
+    out, start = [], None
+    for i, r in enumerate(ids):
+        if start is None:
+            start = r
+        if i + 1 == len(ids) or ids[i + 1] != r + 1:
+            out.append(str(start) if start == r else f"{start}-{r}")
+            start = None
+    return ",".join(out)
+
+
+def layout_json(layout: Layout, device: str, batch: int | None) -> dict:
+    return {"name": layout.name, "world": layout.size, "dp_replicate": layout.dp_replicate,
+            "dp_shard": layout.dp_shard, "zero": layout.zero,
+            "reshard_after_forward": layout.reshard_after_forward, "device": device,
+            "backend": DEVICES.get(device), "batch_per_rank": batch,
+            "global_batch": batch * layout.size if batch is not None else None,
+            "not_counted": NOT_COUNTED}
+
+
+def ranks_json(entries: list[RankMemory], budget: int | None) -> list[dict]:
+    return [{"ranks": e.ranks, "parameter_bytes": e.parameter_bytes, "gradient_bytes": e.gradient_bytes,
+             "optimizer_bytes": e.optimizer_bytes, "saved_activation_bytes": e.saved_activation_bytes,
+             "buffer_bytes": e.buffer_bytes, "peak_bytes": e.peak_bytes, "peak_phase": e.peak_phase,
+             "peak_step": e.peak_step, **({"fits": e.peak_bytes <= budget} if budget is not None else {})}
+            for e in entries]
+
+
+def ranks_lines(entries: list[RankMemory], layout: Layout, device: str, batch: int | None,
+                budget: int | None = None, largest: str | None = None) -> list[str]:
+    """The table: one row per distinct rank."""
+    per = f"batch {batch} per rank, global {batch * layout.size}" if batch is not None else "no batch dim"
+    out = [f"per rank: {layout.name} on {layout.size} ranks ({DEVICES.get(device, device)}), {per}",
+           f"  {'ranks':<7}" + "".join(f"{h:>10}" for h in ("params", "grads", "optimizer", "saved",
+                                                             "buffers", "peak"))
+           + "  at " + (" fits" if budget is not None else "")]
+    for e in entries:
+        fits = ("  yes" if e.peak_bytes <= budget else "   NO") if budget is not None else ""
+        out.append(f"  {ranks_text(e.ranks):<7}" + "".join(
+            f"{format_bytes(v):>10}" for v in (e.parameter_bytes, e.gradient_bytes, e.optimizer_bytes,
+                                                e.saved_activation_bytes, e.buffer_bytes, e.peak_bytes))
+            + f"  {PHASES[e.peak_phase]}{fits}")
+    if largest is not None:
+        out.append(f"largest that fits every rank, nothing recomputed: {largest}")
+    out.append("not counted (--json: layout.not_counted): collective libraries' own buffers,")
+    out.append("  the CUDA context, cuBLAS/cuDNN workspaces, allocator fragmentation")
+    return out

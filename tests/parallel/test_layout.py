@@ -1,0 +1,86 @@
+"""``plan``'s data-parallel flags: what a layout may be, and the ranks it reports (their bytes are judged
+against real ranks in test_ranks.py); on the shipped decoder sample, no framework needed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from fusecli.cli import main
+from fusecli.parallel.layout import Layout
+from fusecli.parallel.ranks import rank_memory, zero1_owners
+from fusecli.pipeline import Options, analyze
+from tests.conftest import SAMPLES
+
+DECODER = str(SAMPLES / "decoder" / "llama_tiny.onnx")
+SIZED = ["--batch", "2", "--dim", "seq=64", "--budget", "1GiB"]
+
+
+def _plan(*args: str):
+    return CliRunner().invoke(main, ["plan", DECODER, *SIZED, *args])
+
+
+@pytest.mark.parametrize(("flags", "said"), [
+    (["--dp-replicate", "2", "--dp-shard", "3", "--world", "5"], "the degrees multiply to 6"),
+    (["--zero", "1"], "--zero 1 needs replicas"),
+    (["--zero", "1", "--dp-replicate", "2", "--dp-shard", "2"], "sharded already"),
+    (["--zero", "3", "--dp-replicate", "2"], "give --dp-shard N"),
+    (["--no-reshard-after-forward"], "an FSDP setting"),
+])
+def test_a_layout_that_cannot_run_is_one_line_and_exit_2(flags, said):
+    done = _plan(*flags)
+    assert done.exit_code == 2, done.output
+    assert said in done.output and "Traceback" not in done.output
+    assert len([line for line in done.output.splitlines() if line.startswith("error")]) == 1
+
+
+def test_the_json_has_every_rank_once_and_the_text_fits_80_columns():
+    done = _plan("--dp-shard", "8", "--json")
+    assert done.exit_code == 0, done.output
+    doc = json.loads(done.output)
+    assert doc["layout"]["world"] == 8 and doc["layout"]["global_batch"] == 16
+    ids = sorted(r for e in doc["ranks"] for r in e["ranks"])
+    assert ids == list(range(8))
+    keys = {"ranks", "parameter_bytes", "gradient_bytes", "optimizer_bytes", "saved_activation_bytes",
+            "buffer_bytes", "peak_bytes", "fits"}
+    assert all(keys <= set(e) for e in doc["ranks"])
+    assert doc["ranks_fit"] and doc["ranks_largest"] >= 2
+    text = _plan("--dp-shard", "8")
+    assert text.exit_code == 0 and "per rank: FSDP 8 on 8 ranks" in text.output
+    table = text.output[text.output.index("per rank:"):].splitlines()
+    assert max(len(line) for line in table) <= 80
+
+
+def test_an_uneven_shard_tells_its_rank_apart():
+    """FSDP2 pads dim 0 to ceil(d0 / N) rows: the embedding's 100 rows over 8 ranks are 13 on ranks 0-6
+    and 9 on rank 7, whose optimizer state (AdamW: two fp32 moments per element) is smaller by 4 rows."""
+    a = analyze(DECODER, Options(batch=2, dims={"seq": 64}))
+    entries = rank_memory(a, Layout(dp_shard=8))
+    assert [e.ranks for e in entries] == [[0, 1, 2, 3, 4, 5, 6], [7]]
+    assert entries[0].optimizer_bytes - entries[1].optimizer_bytes == 2 * 4 * 4 * 64
+    assert entries[0].parameter_bytes == entries[1].parameter_bytes  # the padded shard, every rank alike
+
+
+def test_a_budget_one_rank_misses_exits_1():
+    a = analyze(DECODER, Options(batch=2, dims={"seq": 64}))
+    peak = max(e.peak_bytes for e in rank_memory(a, Layout(dp_shard=2)))
+    done = CliRunner().invoke(main, ["plan", DECODER, "--batch", "2", "--dim", "seq=64", "--budget",
+                                     str(peak - 1), "--dp-shard", "2", "--json"])
+    assert done.exit_code == 1 and json.loads(done.output)["ranks_fit"] is False
+
+
+def test_sharding_leaves_the_activations_and_shrinks_the_state():
+    a = analyze(DECODER, Options(batch=2, dims={"seq": 64}))
+    one, = rank_memory(a, Layout(dp_replicate=2))
+    shard, = rank_memory(a, Layout(dp_shard=2))
+    assert shard.saved_activation_bytes == one.saved_activation_bytes == a.liveness.saved_activation_bytes
+    assert shard.optimizer_bytes < one.optimizer_bytes and shard.parameter_bytes < one.parameter_bytes
+
+
+def test_zero1_gives_the_largest_parameter_first_to_the_emptiest_rank():
+    """torch's ZeroRedundancyOptimizer._partition_parameters: sorted by size, largest first, each to the
+    rank with the fewest elements so far (ties: the lowest rank)."""
+    assert zero1_owners([10, 40, 30, 20], 2) == [0, 0, 1, 1]
+    assert zero1_owners([5, 5, 5], 2) == [0, 1, 0]

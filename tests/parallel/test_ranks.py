@@ -1,0 +1,119 @@
+"""Each rank's memory under a data-parallel layout against real torch.distributed ranks: fusecli's
+``parallel.ranks`` for the export of a tests/hf_models.py model (default attention, batch 2 per rank)
+against ``torch_ranks.py`` run under ``torchrun`` on 2 gloo ranks (DDP, DDP + ZeroRedundancyOptimizer,
+FSDP2 with and without ``reshard_after_forward`` and with a bf16 MixedPrecisionPolicy). Per rank:
+saved activations within 2% (what autograd's hooks see, less the gathered parameters FSDP frees after
+each block), the peak over forward, backward and the optimizer step within the 2% these models reach
+(the issue asked for 10%), parameters, gradients and optimizer state exact.
+
+Sequences: 16 (the parameters and their buffers dominate: where a layout's mechanisms show), 128, and the
+longest the model's positions allow (rotary Llama and Qwen2: 1024; GPT-2 and DistilBERT have 256 learned
+positions). One torchrun per model runs every configuration (multi-process: this module alone).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fusecli.parallel.layout import Layout
+from fusecli.parallel.ranks import rank_memory
+from fusecli.pipeline import Options, analyze
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+HERE = Path(__file__).resolve().parent
+BATCH = 2
+WORLD = 2
+SAVED_TOLERANCE = 0.02
+PEAK_TOLERANCE = 0.02
+LONG = {"llama": 1024, "qwen2": 1024, "gpt2": 256, "distilbert": 256}
+RUNS = ("ddp:16", "zero1:16", "fsdp:16", "fsdp:16:no-reshard", "fsdp:16:bf16", "ddp:128", "zero1:128",
+        "fsdp:128", "fsdp:128:no-reshard", "fsdp:128:bf16")
+MODELS = [  # (model, exporter, kv_heads): TorchScript cannot export sdpa's GQA, so its Llama has 2 K/V heads
+    ("llama", "dynamo", None), ("llama", "torchscript", 2), ("qwen2", "dynamo", None),
+    ("gpt2", "dynamo", None), ("gpt2", "torchscript", None), ("distilbert", "dynamo", None),
+    ("distilbert", "torchscript", None)]
+
+
+def _runs(model: str) -> tuple[str, ...]:
+    return RUNS + (f"fsdp:{LONG[model]}", f"ddp:{LONG[model]}")
+
+
+@functools.cache
+def measured(model: str, kv_heads: int | None, out: str) -> dict[str, dict[int, dict]]:
+    """run -> rank -> what torch_ranks.py measured there."""
+    args = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={WORLD}",
+            str(HERE / "torch_ranks.py"), "--model", model, "--runs", ",".join(_runs(model)),
+            "--batch", str(BATCH), "--out", out]
+    if kv_heads is not None:
+        args += ["--kv-heads", str(kv_heads)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(args, capture_output=True, text=True, timeout=900, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results: dict[str, dict[int, dict]] = {}
+    for path in Path(out).glob("*/rank_*.json"):
+        m = json.loads(path.read_text())
+        results.setdefault(path.parent.name, {})[m["rank"]] = m
+    return results
+
+
+@functools.cache
+def _analysis(path: str, seq: int, precision: str | None):
+    return analyze(path, Options(batch=BATCH, dims={"seq": seq}, precision=precision))
+
+
+def _layout(mode: str, flags: list[str]) -> Layout:
+    if mode == "fsdp":
+        return Layout(dp_shard=WORLD, reshard_after_forward="no-reshard" not in flags)
+    return Layout(dp_replicate=WORLD, zero=1 if mode == "zero1" else None)
+
+
+# (model, run) -> the peak's bound where it is wider than PEAK_TOLERANCE, and why (both exporters alike)
+WIDER = {
+    ("gpt2", "fsdp:128:bf16"): (0.04, "0.97: GPT-2's one-device peak under a bf16 model cast reads low "
+                                      "(tests/precision: a strict xfail there)"),
+    ("distilbert", "fsdp:128:bf16"): (0.06, "0.955: the one-device peak under a bf16 model cast reads low"),
+    ("distilbert", "fsdp:128:no-reshard"): (0.03, "0.978: PyTorch's forward peak at the last LayerNorm is "
+                                                  "higher (RESULTS-peak.md: the BERT family)"),
+    ("distilbert", "ddp:16"): (0.03, "1.02: AdamW's for-loop temporaries, modelled as three the size of the "
+                                     "largest parameter (the position table), read high"),
+    ("distilbert", "zero1:16"): (0.05, "1.04 on the rank that owns the position table: the same temporaries"),
+}
+
+
+def _cases():
+    for model, exporter, kv in MODELS:
+        for run in _runs(model):
+            yield pytest.param(model, exporter, kv, run, id=f"{model}-{exporter}-{run.replace(':', '-')}")
+
+
+@pytest.mark.parametrize(("model", "exporter", "kv_heads", "run"), list(_cases()))
+def test_each_rank_is_torchs(hf_onnx, tmp_path_factory, model, exporter, kv_heads, run):
+    folder = tmp_path_factory.getbasetemp() / f"ranks-{model}-{kv_heads}"
+    got = measured(model, kv_heads, str(folder))[run.replace(":", "-")]
+    assert sorted(got) == list(range(WORLD))
+    mode, seq, *flags = run.split(":")
+    a = _analysis(hf_onnx(model, exporter, attn="default", kv_heads=kv_heads), int(seq),
+                  "bf16" if "bf16" in flags else None)
+    predicted = {r: e for e in rank_memory(a, _layout(mode, flags)) for r in e.ranks}
+    assert sorted(predicted) == list(range(WORLD))
+    for rank, m in got.items():
+        p = predicted[rank]
+        print(f"{model} {exporter} {run} rank {rank}: peak {p.peak_bytes} / {m['peak_bytes']} = "
+              f"{p.peak_bytes / m['peak_bytes']:.4f} ({p.peak_phase}; torch {m['peak_op']}), saved "
+              f"{p.saved_activation_bytes / m['saved_bytes']:.4f}")
+        assert p.saved_activation_bytes == pytest.approx(m["saved_bytes"], rel=SAVED_TOLERANCE)
+        bound = WIDER.get((model, run), (PEAK_TOLERANCE, ""))[0]
+        assert p.peak_bytes == pytest.approx(m["peak_bytes"], rel=bound)
+        # the export's parameters, each as torch holds it on this rank; the rotary inverse frequencies,
+        # a buffer torch keeps and the export writes as an initializer, are the few bytes allowed
+        for key in ("parameter_bytes", "gradient_bytes", "optimizer_bytes"):
+            assert getattr(p, key) == pytest.approx(m[key], abs=256), key

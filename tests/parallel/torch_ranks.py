@@ -1,0 +1,285 @@
+"""The judge of fusecli's per-rank memory: one training step of a tests/hf_models.py model on real
+torch.distributed ranks (gloo, CPU), run under ``torchrun``, each rank writing what it holds to
+``OUT/<run>/rank_<r>.json`` (run: ``fsdp-128-bf16``).
+
+    torchrun --standalone --nproc-per-node=2 tests/parallel/torch_ranks.py --model llama \
+        --runs ddp:128,fsdp:128,fsdp:128:no-reshard,fsdp:16:bf16 --batch 2 --out DIR
+
+Modes, as users write them: ``single`` (no wrapper: one device's step, for a world of 1), ``ddp``
+(DistributedDataParallel, default 25 MiB buckets), ``zero1`` (DDP and torch's ZeroRedundancyOptimizer),
+``fsdp`` (FSDP2: ``fully_shard`` on every block, then on the root as torchtitan does; ``no-reshard``:
+the blocks' ``reshard_after_forward=False``; ``bf16``: ``MixedPrecisionPolicy(param_dtype=bf16,
+reduce_dtype=fp32)``). Optimizer AdamW (its CPU default, the for-loop form). Each rank reads its own
+batch (seed = rank), loss ``sum(output)``, the output kept through backward as a training loop's name
+keeps it.
+
+Per rank, the step measured is the second (the first makes the optimizer state, as any step after the
+first finds it): ``parameter_bytes``, ``gradient_bytes`` and ``optimizer_bytes`` (distinct storages of the
+local parameters, of their gradients after backward, of the optimizer's state), ``saved_bytes`` (what
+saved_tensors_hooks sees, distinct storages that are no parameter the module holds at that moment (FSDP's
+all-gathered parameters are the module's while its block runs), buffer or input) and ``peak_bytes``: the
+profiler's live bytes, recorded from before the model is built, at their largest during the step
+(forward, backward, optimizer step), with ``resident_bytes`` the live bytes when the step begins.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+MODES = ("single", "ddp", "zero1", "fsdp")
+STEPS = 3  # measured steps after the warm-up (the least of them is the measurement: _peak)
+sys.path.insert(0, str(ROOT))
+
+
+def _storages(tensors) -> dict[int, int]:
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    out = {}
+    for t in tensors:
+        if isinstance(t, DTensor):
+            t = t._local_tensor
+        if isinstance(t, torch.Tensor):
+            s = t.untyped_storage()
+            out[s.data_ptr()] = s.nbytes()
+    return out
+
+
+def _settle_collectives() -> None:
+    """After each blocking collective, a pause holding its tensors: gloo's worker thread drops its
+    references to them before the caller goes on, so the caller's release is the last one and the
+    profiler, which follows the calling thread only, records the free (timing changes, bytes do not)."""
+    import time
+
+    import torch.distributed as dist
+
+    def settled(collective):
+        def run(*args, **kwargs):
+            work = collective(*args, **kwargs)
+            if not kwargs.get("async_op", False):
+                time.sleep(0.002)
+            return work
+        return run
+
+    for name in ("all_gather_single", "all_gather_into_tensor", "reduce_scatter_single",
+                 "reduce_scatter_tensor", "all_reduce", "broadcast"):
+        setattr(dist, name, settled(getattr(dist, name)))
+
+
+def _wrap(model, mode: str, reshard: bool, param_dtype: str | None):
+    import torch
+    import torch.distributed as dist
+
+    if mode == "single":
+        return model
+    if mode in ("ddp", "zero1"):
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        # every rank builds the same model from one seed: no initial broadcast, whose flat buffers gloo's
+        # threads free unrecorded (the step's own collectives are settled: _settle_collectives)
+        return DDP(model, init_sync=False)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    mp = MixedPrecisionPolicy(param_dtype=getattr(torch, {"bf16": "bfloat16"}[param_dtype]),
+                              reduce_dtype=torch.float32) if param_dtype else MixedPrecisionPolicy()
+    for block in _blocks(model):
+        fully_shard(block, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)  # the root as torchtitan's: kept gathered after forward
+    return model
+
+
+def _blocks(model):
+    """The model's repeated blocks: the children of its one ModuleList."""
+    import torch
+
+    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
+    assert len(lists) == 1, f"expected one ModuleList of blocks, found {len(lists)}"
+    return list(lists[0])
+
+
+RUN = "MODE:SEQ[:no-reshard][:bf16]"  # one step's configuration on the command line: fsdp:128:bf16
+
+
+def parse_run(text: str) -> dict:
+    mode, seq, *flags = text.split(":")
+    assert mode in MODES and set(flags) <= {"no-reshard", "bf16"}, text
+    return {"mode": mode, "seq": int(seq), "reshard": "no-reshard" not in flags,
+            "param_dtype": "bf16" if "bf16" in flags else None}
+
+
+def run_name(text: str) -> str:
+    return text.replace(":", "-")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--runs", required=True, help=f"comma-separated {RUN}")
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--kv-heads", type=int, default=None, help="hf_models.build's kv_heads")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    _settle_collectives()
+    for text in args.runs.split(","):
+        result = measure(args.model, args.batch, args.kv_heads, **parse_run(text))
+        out = Path(args.out) / run_name(text)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"rank_{result['rank']}.json").write_text(json.dumps(result, indent=1))
+        dist.barrier()
+    dist.destroy_process_group()
+
+
+def measure(name: str, batch: int, kv_heads: int | None, mode: str, seq: int, reshard: bool,
+            param_dtype: str | None) -> dict:
+    """One configuration's steps on this rank, and what it holds (the module docstring)."""
+    import torch
+    import torch.distributed as dist
+    from torch._C._profiler import _EventType
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from tests import hf_models
+
+    rank = dist.get_rank()
+    gc.collect()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        module = hf_models.build(name, attn="default", kv_heads=kv_heads)
+        model = _wrap(module, mode, reshard, param_dtype)
+        params = list(model.parameters())
+        if mode == "zero1":
+            from torch.distributed.optim import ZeroRedundancyOptimizer
+
+            opt = ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, lr=1e-3)
+        else:
+            opt = torch.optim.AdamW(params, lr=1e-3)
+        inputs = hf_models.example_inputs(name, batch, seq, seed=rank)
+        held = {}
+
+        def pack(t):
+            current = _storages(module.parameters()) | _storages(module.buffers()) | _storages(inputs)
+            s = t.untyped_storage()
+            if s.data_ptr() not in current and s.nbytes() > 0:
+                held[s.data_ptr()] = s.nbytes()
+            return t
+
+        for step in range(1 + STEPS):
+            gc.collect()
+            measured = step == 1  # the saved set is the same at every step: hooked on the first
+            with record_function("## step ##" if step else "## warm-up ##"):
+                if measured:
+                    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                        out = model(*inputs)
+                else:
+                    out = model(*inputs)
+                loss = out.float().sum()  # the output kept through backward, as a training loop names it
+                with record_function("## backward ##"):
+                    loss.backward()
+                del loss, out
+                grads = _storages(p.grad for p in params if p.grad is not None)
+                with record_function("## optimizer ##"):
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+        state = [v for s in opt.optim.state.values() for v in s.values()] if mode == "zero1" else \
+            [v for s in opt.state.values() for v in s.values()]
+        result = {"rank": rank, "world": dist.get_world_size(), "model": name, "mode": mode, "seq": seq,
+                  "reshard_after_forward": reshard, "param_dtype": param_dtype,
+                  "parameter_bytes": sum(_storages(params).values()),
+                  "gradient_bytes": sum(grads.values()),
+                  "optimizer_bytes": sum(_storages(state).values()),
+                  "saved_bytes": sum(held.values())}
+    result.update(_peak(prof, _EventType))
+    return result
+
+
+def _peak(prof, event_type) -> dict:
+    """Live bytes over the whole profiled run, in time order (hf_models.peak_memory's replay of the raw
+    allocation records), per measured step: at its start, and at its largest in each phase.
+
+    The profiler follows the calling thread only. Gloo's reduce-scatter copies its input (``aten::clone``
+    inside ``c10d::_reduce_scatter_base_``: it reduces the copy with an all-reduce) and its worker thread
+    frees the copy when the collective completes, unrecorded: a buffer allocated inside a ``c10d::`` op
+    counts as freed when the caller of that op returns (a blocking collective has completed by then). A
+    pointer handed out again was freed too. Any other miss only adds bytes, so of the STEPS equal steps
+    the least is the measurement: ``resident_bytes`` the least live total at a step's start,
+    ``peak_bytes`` the least of the steps' largest totals (each phase's alike)."""
+    events, marks = [], {}  # (time, size, pointer)
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        e = stack.pop()
+        if e.typed[0] == event_type.Allocation:
+            size, ptr = e.extra_fields.alloc_size, e.extra_fields.ptr
+            events.append((e.start_time_ns, size, ptr, e))
+            op = e.parent
+            while op is not None and not op.name.startswith("c10d::"):
+                op = op.parent
+            if size > 0 and op is not None:
+                caller = op.parent if op.parent is not None else op
+                events.append((caller.end_time_ns, -size, ptr, None))
+        elif e.name.startswith("## "):
+            marks.setdefault(e.name, []).append((e.start_time_ns, e.end_time_ns))
+        stack.extend(e.children)
+    events.sort(key=lambda e: e[0])
+    steps = sorted(marks["## step ##"])
+
+    def inside(name, start, end):
+        return next(b for b in marks[name] if start <= b[0] <= end)
+
+    bounds = [(start, end, inside("## backward ##", start, end)[0], inside("## optimizer ##", start, end)[0])
+              for start, end in steps]
+    starts = [None] * len(steps)
+    tops = [{"forward": 0, "backward": 0, "optimizer": 0} for _ in steps]
+    live: dict[int, int] = {}
+    total = 0
+    k = 0
+    where = [None] * len(steps)
+    for t, size, ptr, e in events:
+        while k < len(steps) and t > bounds[k][1]:
+            k += 1
+        if k < len(steps) and starts[k] is None and t >= bounds[k][0]:
+            starts[k] = total
+        if size > 0:
+            total -= live.pop(ptr, 0)  # handed out again: it was freed on a thread the profiler missed
+            live[ptr] = size
+        elif live.pop(ptr, None) is None:
+            continue
+        total += size
+        if k < len(steps) and t >= bounds[k][0]:
+            start, _, backward, optimizer = bounds[k]
+            phase = "optimizer" if t >= optimizer else "backward" if t >= backward else "forward"
+            if total > max(tops[k].values()):
+                where[k] = e
+            tops[k][phase] = max(tops[k][phase], total)
+    peaks = [max(top.values()) for top in tops]
+    least = peaks.index(min(peaks))
+    return {"peak_op": _ops(where[least]), "resident_bytes": min(s for s in starts if s is not None),
+            "peak_bytes": min(peaks),
+            "phase_peaks": {p: min(top[p] for top in tops) for p in tops[0]},
+            "step_starts": starts, "step_peaks": peaks}
+
+
+def _ops(event) -> str | None:
+    """The ops an allocation happened in, innermost last, without the profiler's own marks."""
+    names, e = [], event.parent if event is not None else None
+    while e is not None:
+        if not e.name.startswith("## "):
+            names.append(e.name.removeprefix("autograd::engine::evaluate_function: "))
+        e = e.parent
+    return " < ".join(names[:4]) if names else None
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    main()
