@@ -300,10 +300,12 @@ def main() -> None:
 @click.option("--annotate", "annotate_path", metavar="FILE.onnx", default=None,
               help="ONNX: write a copy of MODEL with saved bytes, pattern and verdict as node metadata "
                    "(shown by Netron) and totals as model metadata.")
+@_layout_options
 def analyze(model: str, as_json: bool, batch: int | None, dims: tuple[str, ...], signature: str | None,
             wrt: str, plot_path: str | None, patterns: tuple[str, ...], constant_weights: str,
             autodiff: str | None, device: str, routing: str | None, precision: str | None, verbose: bool,
-            quiet: bool, all_saved: bool, overlay_path: str | None, annotate_path: str | None) -> None:
+            quiet: bool, all_saved: bool, overlay_path: str | None, annotate_path: str | None,
+            dp_replicate: int, dp_shard: int, zero: int | None, reshard: bool, world: int | None) -> None:
     """Analyze MODEL (an .onnx file or a SavedModel folder)."""
     from .pipeline import Options
     from .pipeline import analyze as run_analysis
@@ -318,7 +320,13 @@ def analyze(model: str, as_json: bool, batch: int | None, dims: tuple[str, ...],
     if plot_path:
         _check_plot(plot_path, model)
     _check_viewer_outputs(model, overlay_path, annotate_path)
+    layout = _layout(dp_replicate, dp_shard, zero, reshard, world)
     result = run_analysis(model, options)
+    ranks = None
+    if layout is not None:
+        from .parallel.ranks import rank_memory
+
+        ranks = rank_memory(result, layout)  # AdamW, as plan's default
     if as_json:
         for w in result.warnings:
             _warn(w)
@@ -333,12 +341,24 @@ def analyze(model: str, as_json: bool, batch: int | None, dims: tuple[str, ...],
         _echo(f"wrote {plot_path} ({note})", err=True)
     _write_viewer_outputs(result, model, overlay_path, annotate_path)
     if as_json:
-        _echo_json(to_json(result))
+        doc = to_json(result)
+        if ranks is not None:
+            from .parallel.report import layout_json, ranks_json
+
+            entry = layout_json(layout, device, result.sizes.batch)
+            doc["memory"]["layout"] = {**entry, "optimizer": "adamw"}
+            doc["memory"]["ranks"] = ranks_json(ranks, None)
+        _echo_json(doc)
         return
     from .report.text import TextOptions, print_text_report
 
     color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
     print_text_report(result, TextOptions(verbose=verbose, quiet=quiet, all_saved=all_saved, color=color))
+    if ranks is not None:
+        from .parallel.report import ranks_lines
+
+        _echo("\n".join(["", *ranks_lines(ranks, layout, device, result.sizes.batch),
+                         "(AdamW's state; fusecli plan --optimizer for another)"]))
     for w in result.warnings:  # after the report, where a reader at a terminal sees them last
         _warn(w)
 
@@ -604,20 +624,22 @@ def plan_command(model: str, budget: int, batch: int | None, dims: tuple[str, ..
                              "only: use --recompute blocks (the default with --emit-pytorch)")
     recompute = recompute or ("blocks" if emit_path else "all")
     layout = _layout(dp_replicate, dp_shard, zero, reshard, world)
+    if layout is not None and emit_path:
+        raise UsageError("--emit-pytorch writes one device's plan and its predictions; with a layout, "
+                         "checkpoint the modules the per-rank plan lists")
     options = Options(batch=batch, dims=_parse_dims(dims), signature=signature, device=device,
                       precision=precision)
     with progress.stages() as stage:
         result = run_analysis(model, options)
         stage("planning")
-        plan = make_plan(result, PlanOptions(budget, optimizer, precision, solve, recompute))
+        plan = make_plan(result, PlanOptions(budget, optimizer, precision, solve, recompute,
+                                             floor_check=layout is None))
         ranks = None
         if layout is not None:
-            from .parallel import ranks as parallel_ranks
-            from .plan.planner import solve_dims
+            from .parallel.plan import plan_ranks
 
             stage("ranks")
-            ranks = parallel_ranks.rank_memory(result, layout, optimizer)
-            most = parallel_ranks.largest(result, layout, budget, solve_dims(result.graph, solve), optimizer)
+            ranks = plan_ranks(result, plan, layout, optimizer)
     for w in result.warnings:
         _warn(w)
     name = os.path.basename(os.path.normpath(model))
@@ -635,16 +657,11 @@ def plan_command(model: str, budget: int, batch: int | None, dims: tuple[str, ..
     lines = plan_lines(plan, name)
     fits = plan.fits
     if ranks is not None:
-        from .parallel.report import layout_json, ranks_json, ranks_lines
+        from .parallel.report import rank_plan_json, rank_plan_lines
 
-        local = result.sizes.batch
-        doc["layout"] = layout_json(layout, device, local)
-        doc["ranks"] = ranks_json(ranks, budget)
-        doc["ranks_largest"] = most
-        doc["ranks_fit"] = fits = all(e.peak_bytes <= budget for e in ranks)
-        label = f"{plan.solve_dim}={most:,}" if most else "none" if most == 0 else "no dim to solve for"
-        lines += ["", *ranks_lines(ranks, layout, device, local, budget, label),
-                  "(the recomputation plan above is for one device, not per rank)"]
+        doc.update(rank_plan_json(ranks))
+        fits = ranks.fits
+        lines += ["", *rank_plan_lines(ranks, plan.solve_dim)]
     if as_json:
         _echo_json(doc)
     else:

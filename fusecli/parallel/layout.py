@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from ..core.errors import UsageError
 
 DEVICES = {"cpu": "gloo", "cuda": "NCCL"}  # the backend each device's collectives run on
+MAX_WORLD = 1 << 17  # 131,072 ranks: beyond the largest clusters trained on; the JSON lists every rank id
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,8 @@ class Layout:
         for name, n in (("--dp-replicate", self.dp_replicate), ("--dp-shard", self.dp_shard)):
             if n < 1:
                 raise UsageError(f"{name} {n}: a degree is at least 1")
+        if self.size > MAX_WORLD:
+            raise UsageError(f"a world of {self.size:,} ranks: at most {MAX_WORLD:,}")
         if self.world is not None and self.world != self.size:
             raise UsageError(f"--world {self.world}: the degrees multiply to {self.size} "
                              f"(--dp-replicate {self.dp_replicate} x --dp-shard {self.dp_shard})")

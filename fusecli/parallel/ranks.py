@@ -20,6 +20,7 @@ ZeroRedundancyOptimizer and FSDP2 hold them on that rank, read from torch's sour
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -141,18 +142,20 @@ def zero1_owners(numels: list[int], n: int) -> list[int]:
     """ZeroRedundancyOptimizer's partition: parameters largest first, each to the rank with the fewest
     elements so far (the lowest rank on a tie)."""
     order = sorted(range(len(numels)), key=lambda i: -numels[i])  # sorted() is stable: model order on ties
-    totals, owner = [0] * n, [0] * len(numels)
+    heap = [(0, r) for r in range(min(n, len(numels)))]  # (elements so far, rank): the emptiest first
+    owner = [0] * len(numels)
     for i in order:
-        r = min(range(n), key=lambda k: totals[k])
+        total, r = heapq.heappop(heap)
         owner[i] = r
-        totals[r] += numels[i]
+        heapq.heappush(heap, (total + numels[i], r))
     return owner
 
 
-def rank_memory(analysis, layout: Layout, optimizer: str = "adamw",
-                dims: dict[str, int] | None = None) -> list[RankMemory]:
+def rank_memory(analysis, layout: Layout, optimizer: str = "adamw", dims: dict[str, int] | None = None,
+                chosen: list | None = None) -> list[RankMemory]:
     """Each distinct rank of ``layout`` (equal ranks merged, their ids listed), for the analysis' step at
-    its own dims (the rank's local batch), or at ``dims`` where given (the formulas evaluated there)."""
+    its own dims (the rank's local batch), or at ``dims`` where given (the formulas evaluated there), with
+    the recomputations ``chosen`` (plan.candidates: checkpointed blocks, fused kernels) applied."""
     layout.check()
     device = analysis.profile.device if analysis.profile is not None else "cpu"
     if device not in DEVICES:
@@ -160,7 +163,7 @@ def rank_memory(analysis, layout: Layout, optimizer: str = "adamw",
     graph, joint, live, sizes = analysis.graph, analysis.joint, analysis.liveness, analysis.sizes
     values = {**{n: sizes[n] for n in sizes}, **(dims or {})}
     model = StepModel(joint, live, values, Poly())
-    model.sizes_at = {n: sizes[n] for n in sizes}  # the analysis' own dims
+    own = not chosen and all(sizes.get(k) == v for k, v in (dims or {}).items())  # the analysis' step
     params = parameters(graph)
     shapes = {p.name: sizes.shape(p) for p in params}
     unknown = [p.name for p in params if shapes[p.name] is None]
@@ -177,16 +180,46 @@ def rank_memory(analysis, layout: Layout, optimizer: str = "adamw",
     fsdp_units = units(graph, joint, live) if layout.sharded else []
     out: list[RankMemory] = []
     n = layout.dp_shard
-    for rank in range(layout.size):
-        shard = rank % n
+    owner = zero1_owners([int(np.prod(shapes[p.name], dtype=object)) for p in params], layout.dp_replicate) \
+        if layout.zero == 1 else None
+    for rank, ids in _classes(layout, [shapes[p.name] for p in params], owner):
         entry = _one_rank(analysis, model, values, layout, params, shapes, grads, compute, moments,
-                          mixed, precision, shard, rank, device, fsdp_units)
+                          mixed, precision, rank % n, rank, device, fsdp_units, list(chosen or ()), own,
+                          owner)
         same = next((e for e in out if e.key() == entry.key()), None)
         if same is not None:
-            same.ranks.append(rank)
+            same.ranks = sorted(same.ranks + ids)
         else:
+            entry.ranks = ids
             out.append(entry)
     return out
+
+
+def _classes(layout: Layout, shapes: list, owner: list[int] | None) -> list[tuple[int, list[int]]]:
+    """The ranks that can differ, each as (a representative, every rank id like it): under FSDP a shard
+    index's dim-0 rows change only where some parameter's last full, partial or empty shard begins (at
+    most two places per parameter), so the indices between those places hold alike; under ZeRO-1 a
+    replica differs by the parameters it owns."""
+    n, world = layout.dp_shard, layout.size
+    if layout.sharded:
+        cuts = {0, n}
+        for shape in shapes:
+            d0 = shape[0] if shape else 1
+            c = -(-d0 // n)
+            cuts.update(k for k in (d0 // c, -(-d0 // c)) if 0 < k < n)
+        edges = sorted(cuts)
+        # the mesh's order: replicas outer, shards inner (rank = replica * n + shard index)
+        return [(lo, [q * n + s for q in range(layout.dp_replicate) for s in range(lo, hi)])
+                for lo, hi in zip(edges, edges[1:], strict=False)]
+    if owner is not None:
+        owned: dict[int, list[int]] = {}
+        for i, o in enumerate(owner):
+            owned.setdefault(o, []).append(i)
+        groups: dict[tuple, list[int]] = {}
+        for r in range(world):
+            groups.setdefault(tuple(owned.get(r, ())), []).append(r)
+        return [(ids[0], ids) for ids in groups.values()]
+    return [(0, list(range(world)))]
 
 
 class Timeline:
@@ -204,23 +237,23 @@ class Timeline:
 
     def add(self, born: int, last: int, value: int, buffer: bool = False) -> None:
         """Made by step ``born`` (or before it: -1 before the first) and freed after step ``last``."""
-        StepModel._add(self.at, (born, last), value)
+        StepModel.add_span(self.at, (born, last), value)
         if last > born:
-            StepModel._add(self.between, (born, last - 1), value)
+            StepModel.add_span(self.between, (born, last - 1), value)
         if buffer:
-            StepModel._add(self.buffers_at, (born, last), value)
+            StepModel.add_span(self.buffers_at, (born, last), value)
             if last > born:
-                StepModel._add(self.buffers_between, (born, last - 1), value)
+                StepModel.add_span(self.buffers_between, (born, last - 1), value)
 
     def hooked(self, first: int, last: int, value: int, buffer: bool = True) -> None:
         """Made by a hook before step ``first`` and freed by one after step ``last``."""
         if last >= first:
-            StepModel._add(self.at, (first, last), value)
+            StepModel.add_span(self.at, (first, last), value)
             if buffer:
-                StepModel._add(self.buffers_at, (first, last), value)
-        StepModel._add(self.between, (first - 1, last - 1), value)
+                StepModel.add_span(self.buffers_at, (first, last), value)
+        StepModel.add_span(self.between, (first - 1, last - 1), value)
         if buffer:
-            StepModel._add(self.buffers_between, (first - 1, last - 1), value)
+            StepModel.add_span(self.buffers_between, (first - 1, last - 1), value)
 
     def top(self) -> tuple[int, int | None, int]:
         """(largest live bytes, the step at or after which it happens, buffer bytes there)."""
@@ -240,17 +273,22 @@ class Timeline:
 
 
 def _one_rank(analysis, model: StepModel, values: dict[str, int], layout: Layout, params, shapes, grads,
-              compute, moments, mixed, precision, shard, rank, device, fsdp_units: list[Unit]) -> RankMemory:
+              compute, moments, mixed, precision, shard, rank, device, fsdp_units: list[Unit],
+              chosen: list, own: bool, owner: list[int] | None) -> RankMemory:
     live = analysis.liveness
     steps = model.steps
     line = Timeline(steps, model.base.dtype)
     sharded = layout.sharded
     mine_grads = {g.name for g in grads.values()} if sharded else set()
+    changed, stats = model.changes(chosen) if chosen else ({}, [])
     for name, value in model.value.items():  # the one-device step's tensors (FSDP's gradients below)
         if name not in mine_grads:
-            line.add(*live.lifetimes[name], value)
+            for born, last in changed.get(name, [live.lifetimes[name]]):
+                line.add(born, last, value)
     for step, f in model.transients:
         line.add(step, step, f.evaluate(values) or 0)
+    for (born, last), f in stats:  # kept statistics, a re-run block's outputs made again
+        line.add(born, last, f.evaluate(values) or 0)
     weights = sum(model.bytes_formula(p).evaluate(values) or 0 for p in params)
     constants = (model.resident.evaluate(values) or 0) - weights
     numel = {p.name: int(np.prod(shapes[p.name], dtype=object)) if shapes[p.name] else 1 for p in params}
@@ -259,8 +297,7 @@ def _one_rank(analysis, model: StepModel, values: dict[str, int], layout: Layout
     if not sharded:
         state_dtype = 4 if precision in ("bf16", "fp16") else dtype_size(params[0].dtype) if params else 4
         mine = list(range(len(params)))
-        if layout.zero == 1:
-            owner = zero1_owners([numel[p.name] for p in params], layout.dp_replicate)
+        if owner is not None:
             mine = [i for i in mine if owner[i] == rank]
         param_bytes = weights
         grad_bytes = sum(model.value.get(g.name, 0) for g in grads.values())
@@ -298,22 +335,22 @@ def _one_rank(analysis, model: StepModel, values: dict[str, int], layout: Layout
     phase = "forward" if step is not None and step < live.boundary else "backward"
     if optimizer_peak > peak:
         peak, phase, step, buffered = optimizer_peak, "optimizer", None, buckets
-    saved = live.saved_activation_bytes if values == dict(model.sizes_at) else \
-        sum(f.evaluate(values) or 0 for f in (model.bytes_formula(s.tensor) for s in live.saved
-                                              if s.tensor.kind == "activation") if f is not None)
+    saved = live.saved_activation_bytes if own else model.saved(chosen).evaluate(values) or 0
     return RankMemory([rank], param_bytes, grad_bytes, state, saved, buffered, peak, phase, step)
 
 
-def largest(analysis, layout: Layout, budget: int, names: list[str], optimizer: str = "adamw") -> int | None:
+def largest(analysis, layout: Layout, budget: int, names: list[str], optimizer: str = "adamw",
+            chosen: list | None = None) -> int | None:
     """The largest value of the dims ``names`` (set together: the local batch, or the sequence) whose
-    step fits ``budget`` on every rank; 0 when not even 1 does, None when there is no such dim."""
+    step fits ``budget`` on every rank (``chosen`` recomputed); 0 when not even 1 does, None when there is
+    no such dim."""
     if not names:
         return None
     base = {n: analysis.sizes[n] for n in analysis.sizes}
 
     def fits(v: int) -> bool:
         dims = {**base, **{n: v for n in names}}
-        return max(e.peak_bytes for e in rank_memory(analysis, layout, optimizer, dims)) <= budget
+        return max(e.peak_bytes for e in rank_memory(analysis, layout, optimizer, dims, chosen)) <= budget
 
     if not fits(1):
         return 0
@@ -383,3 +420,4 @@ def _reduce(line: Timeline, live, model: StepModel, fsdp_units: list[Unit], grad
         line.hooked(end + 1, steps - 1, u.sharded, buffer=False)
         clone = u.reduce if device == "cpu" else 0
         line.moments.append((end, max(whole - u.sharded, clone), max(0, clone)))
+

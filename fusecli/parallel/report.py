@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..core.units import format_bytes
 from .layout import DEVICES, Layout
+from .plan import RankPlan
 from .ranks import RankMemory
 
 NOT_COUNTED = ["the collective library's own buffers (NCCL's channels, gloo's pairs)", "the CUDA context",
@@ -49,7 +50,7 @@ def ranks_lines(entries: list[RankMemory], layout: Layout, device: str, batch: i
     out = [f"per rank: {layout.name} on {layout.size} ranks ({DEVICES.get(device, device)}), {per}",
            f"  {'ranks':<7}" + "".join(f"{h:>10}" for h in ("params", "grads", "optimizer", "saved",
                                                              "buffers", "peak"))
-           + "  at " + (" fits" if budget is not None else "")]
+           + "  at" + ("  fits" if budget is not None else "")]
     for e in entries:
         fits = ("  yes" if e.peak_bytes <= budget else "   NO") if budget is not None else ""
         out.append(f"  {ranks_text(e.ranks):<7}" + "".join(
@@ -57,7 +58,34 @@ def ranks_lines(entries: list[RankMemory], layout: Layout, device: str, batch: i
                                                 e.saved_activation_bytes, e.buffer_bytes, e.peak_bytes))
             + f"  {PHASES[e.peak_phase]}{fits}")
     if largest is not None:
-        out.append(f"largest that fits every rank, nothing recomputed: {largest}")
+        out.append(f"largest that fits every rank: {largest}")
     out.append("not counted (--json: layout.not_counted): collective libraries' own buffers,")
     out.append("  the CUDA context, cuBLAS/cuDNN workspaces, allocator fragmentation")
+    return out
+
+
+def _solved(dim: str | None, value: int | None) -> str:
+    if value is None or dim is None:
+        return "no dim to solve for"
+    return f"{dim}={value:,}" if value else f"none (not even {dim}=1)"
+
+
+def rank_plan_json(rp: RankPlan) -> dict:
+    """The plan's JSON fields for a layout."""
+    return {"layout": layout_json(rp.layout, rp.device, rp.batch), "ranks": ranks_json(rp.ranks, rp.budget),
+            "ranks_largest": rp.largest, "ranks_fit": rp.fits,
+            "ranks_plan": None if rp.planned is None else {
+                "recompute": rp.names, "ranks": ranks_json(rp.planned, rp.budget),
+                "largest": rp.planned_largest}}
+
+
+def rank_plan_lines(rp: RankPlan, dim: str | None) -> list[str]:
+    out = ranks_lines(rp.ranks, rp.layout, rp.device, rp.batch, rp.budget,
+                      _solved(dim, rp.largest))
+    if rp.planned is None:
+        return out
+    head = "every rank fits recomputing" if rp.fits else "not every rank fits even recomputing"
+    out += ["", f"{head} the first {rp.chosen} of the plan's steps: {', '.join(rp.names)}",
+            *ranks_lines(rp.planned, rp.layout, rp.device, rp.batch, rp.budget,
+                         _solved(dim, rp.planned_largest))[1:-2]]
     return out

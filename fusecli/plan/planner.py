@@ -48,6 +48,8 @@ class PlanOptions:
     precision: str | None = None
     solve: str = "batch"  # which dim "largest" solves for: batch | seq
     recompute: str = "all"  # all (fused kernels and checkpointed blocks) | blocks (checkpointing only)
+    # a budget below one device's floor is an error, but where each rank holds a share (parallel/)
+    floor_check: bool = True
 
 
 @dataclass
@@ -134,11 +136,11 @@ class StepModel:
         self.dtype_ = np.int64 if 2 * sum(self.value.values()) < INT64_SAFE else object
         self.base = np.zeros(self.steps + 2, dtype=self.dtype_)
         for n, v in self.value.items():
-            self._add(self.base, live.lifetimes[n], v)
+            self.add_span(self.base, live.lifetimes[n], v)
         self.transients = [(step, f) for t, step in live.transients
                            if (f := self.bytes_formula(t)) is not None]
         for step, f in self.transients:
-            self._add(self.base, (step, step), f.evaluate(self.sizes) or 0)
+            self.add_span(self.base, (step, step), f.evaluate(self.sizes) or 0)
         self.fwd_last = forward_last_use(live)
 
     def bytes_formula(self, t: Tensor) -> Poly | None:
@@ -146,32 +148,32 @@ class StepModel:
         return tensor_formula(t.shape, t.dtype)
 
     @staticmethod
-    def _add(delta, interval: Interval, value) -> None:
+    def add_span(delta, interval: Interval, value) -> None:
         born, last = interval
         delta[born + 1] += value
         delta[last + 2] -= value
 
-    def _changes(self, chosen: list[Candidate]):
+    def changes(self, chosen: list[Candidate]):
         over, stats = planned_intervals(chosen, self.live, self.fwd_last)
         return {n: iv for n, iv in over.items() if n in self.formula}, stats
 
     def peak_bytes(self, chosen: list[Candidate]) -> int:
         """The step peak at the plan's dims with ``chosen`` applied."""
-        over, stats = self._changes(chosen)
+        over, stats = self.changes(chosen)
         delta = self.base.copy()
         for n, intervals in over.items():
-            self._add(delta, self.live.lifetimes[n], -self.value[n])
+            self.add_span(delta, self.live.lifetimes[n], -self.value[n])
             for iv in intervals:
-                self._add(delta, iv, self.value[n])
+                self.add_span(delta, iv, self.value[n])
         for iv, f in stats:
-            self._add(delta, iv, f.evaluate(self.sizes) or 0)
+            self.add_span(delta, iv, f.evaluate(self.sizes) or 0)
         timeline = np.cumsum(delta)[1:self.steps + 1]
         top = int(timeline.max()) if self.steps else int(delta[0])
         return top + (self.resident.evaluate(self.sizes) or 0) + (self.extra.evaluate(self.sizes) or 0)
 
     def peak_polys(self, chosen: list[Candidate]) -> list[Poly]:
         """The step peak's formula (``max`` of these) with ``chosen`` applied."""
-        over, stats = self._changes(chosen)
+        over, stats = self.changes(chosen)
         changes = []
         for n, f in self.formula.items():
             for born, last in over.get(n, [self.live.lifetimes[n]]):
@@ -272,7 +274,7 @@ def make_plan(analysis, options: PlanOptions) -> Plan:
     count, width = _parameter_count(graph, sizes)
     lines, extra = step_lines(count, options, width)
     floor = sum(line.bytes for line in lines)
-    if options.budget < floor:
+    if options.budget < floor and options.floor_check:
         parts = " + ".join(f"{line.name} {format_bytes(line.bytes)}" for line in lines if line.bytes)
         raise FuseError(f"budget {format_bytes(options.budget)} is below the parameters' own memory: the "
                         f"floor is {format_bytes(floor)} ({floor:,} bytes: {parts})")

@@ -63,11 +63,20 @@ def test_an_uneven_shard_tells_its_rank_apart():
     assert entries[0].parameter_bytes == entries[1].parameter_bytes  # the padded shard, every rank alike
 
 
-def test_a_budget_one_rank_misses_exits_1():
-    a = analyze(DECODER, Options(batch=2, dims={"seq": 64}))
-    peak = max(e.peak_bytes for e in rank_memory(a, Layout(dp_shard=2)))
-    done = CliRunner().invoke(main, ["plan", DECODER, "--batch", "2", "--dim", "seq=64", "--budget",
-                                     str(peak - 1), "--dp-shard", "2", "--json"])
+def test_a_budget_below_every_ranks_state_exits_1_and_one_below_a_devices_does_not():
+    """The budget is each rank's: below one device's floor (parameters, gradients and state) is no error
+    with 8 shards; below a rank's own resident state nothing fits, exit 1 with the ranks said."""
+    a = analyze(DECODER, Options(batch=1, dims={"seq": 2}))
+    rank, *_ = rank_memory(a, Layout(dp_shard=8))
+    single, = rank_memory(a, Layout())
+    floor = single.parameter_bytes + single.gradient_bytes + single.optimizer_bytes
+    assert rank.peak_bytes < floor
+    done = CliRunner().invoke(main, ["plan", DECODER, "--batch", "1", "--dim", "seq=2", "--budget",
+                                     str(rank.peak_bytes), "--dp-shard", "8", "--json"])
+    assert done.exit_code == 0 and json.loads(done.output)["ranks_fit"], done.output
+    done = CliRunner().invoke(main, ["plan", DECODER, "--batch", "1", "--dim", "seq=2", "--budget",
+                                     str(rank.parameter_bytes + rank.optimizer_bytes), "--dp-shard", "8",
+                                     "--json"])
     assert done.exit_code == 1 and json.loads(done.output)["ranks_fit"] is False
 
 
@@ -84,3 +93,56 @@ def test_zero1_gives_the_largest_parameter_first_to_the_emptiest_rank():
     rank with the fewest elements so far (ties: the lowest rank)."""
     assert zero1_owners([10, 40, 30, 20], 2) == [0, 0, 1, 1]
     assert zero1_owners([5, 5, 5], 2) == [0, 1, 0]
+
+
+def test_a_rank_that_misses_gets_the_plans_checkpoints_and_then_fits():
+    """Between the checkpointed and the unplanned peak: every rank misses with nothing recomputed, and
+    the per-rank plan takes the one-device plan's first steps until each rank fits."""
+    a = analyze(DECODER, Options(batch=2, dims={"seq": 64}))
+    unplanned = max(e.peak_bytes for e in rank_memory(a, Layout(dp_shard=2)))
+    done = CliRunner().invoke(main, ["plan", DECODER, "--batch", "2", "--dim", "seq=64", "--budget",
+                                     str(unplanned - 1), "--dp-shard", "2", "--recompute", "blocks",
+                                     "--json"])
+    assert done.exit_code == 0, done.output
+    doc = json.loads(done.output)
+    assert not any(e["fits"] for e in doc["ranks"]) and doc["ranks_fit"]
+    planned = doc["ranks_plan"]
+    assert planned["recompute"] and all(e["fits"] for e in planned["ranks"])
+    assert all(p["saved_activation_bytes"] < u["saved_activation_bytes"]
+               for p, u in zip(planned["ranks"], doc["ranks"], strict=True))
+
+
+def test_emit_pytorch_with_a_layout_is_refused(tmp_path):
+    done = _plan("--dp-shard", "2", "--emit-pytorch", str(tmp_path / "helper.py"))
+    assert done.exit_code == 2 and "one device's plan" in done.output
+    assert not (tmp_path / "helper.py").exists()
+
+
+def test_analyze_json_gives_the_ranks_in_its_memory():
+    done = CliRunner().invoke(main, ["analyze", DECODER, *SIZED[:4], "--dp-replicate", "2", "--zero", "1",
+                                     "--json"])
+    assert done.exit_code == 0, done.output
+    memory = json.loads(done.output)["memory"]
+    assert memory["layout"]["name"] == "DDP 2 + ZeRO-1" and memory["layout"]["optimizer"] == "adamw"
+    owners = [e["optimizer_bytes"] for e in memory["ranks"]]
+    assert len(owners) == 2 and owners[0] != owners[1]  # each rank the state of the parameters it owns
+    assert all(e["saved_activation_bytes"] == memory["saved_activation_bytes"] for e in memory["ranks"])
+
+
+@pytest.mark.parametrize("layout", [Layout(dp_replicate=3, dp_shard=8), Layout(dp_replicate=24, zero=1),
+                                    Layout(dp_shard=100)])
+def test_every_rank_is_told_once_and_replicas_of_a_shard_alike(layout):
+    """The ranks are evaluated once per class that can differ (shard index ranges, ZeRO-1 owners): the
+    classes cover the world once, and HSDP's replicas of one shard index share their entry."""
+    a = analyze(DECODER, Options(batch=1, dims={"seq": 8}))
+    entries = rank_memory(a, layout)
+    ids = sorted(r for e in entries for r in e.ranks)
+    assert ids == list(range(layout.size))
+    where = {r: k for k, e in enumerate(entries) for r in e.ranks}
+    n = layout.dp_shard
+    if layout.sharded:
+        assert all(where[r] == where[r % n] for r in range(layout.size))
+    else:  # ZeRO-1 over 24 replicas: 24 ranks, fewer parameters than that own state on some
+        assert len(entries) > 1
+    if layout.dp_shard == 100:  # 100 embedding rows over 100 shards: one each; 64-row weights: ranks >= 64
+        assert len(entries) > 1  # hold none of them

@@ -1,7 +1,8 @@
 """Each rank's memory under a data-parallel layout against real torch.distributed ranks: fusecli's
 ``parallel.ranks`` for the export of a tests/hf_models.py model (default attention, batch 2 per rank)
 against ``torch_ranks.py`` run under ``torchrun`` on 2 gloo ranks (DDP, DDP + ZeroRedundancyOptimizer,
-FSDP2 with and without ``reshard_after_forward`` and with a bf16 MixedPrecisionPolicy). Per rank:
+FSDP2 with and without ``reshard_after_forward`` and with a bf16 MixedPrecisionPolicy; ``ckpt``: every
+block under activation checkpointing). Per rank:
 saved activations within 2% (what autograd's hooks see, less the gathered parameters FSDP frees after
 each block), the peak over forward, backward and the optimizer step within the 2% these models reach
 (the issue asked for 10%), parameters, gradients and optimizer state exact.
@@ -25,6 +26,7 @@ import pytest
 from fusecli.parallel.layout import Layout
 from fusecli.parallel.ranks import rank_memory
 from fusecli.pipeline import Options, analyze
+from fusecli.plan.candidates import block_candidates
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -36,7 +38,10 @@ SAVED_TOLERANCE = 0.02
 PEAK_TOLERANCE = 0.02
 LONG = {"llama": 1024, "qwen2": 1024, "gpt2": 256, "distilbert": 256}
 RUNS = ("ddp:16", "zero1:16", "fsdp:16", "fsdp:16:no-reshard", "fsdp:16:bf16", "ddp:128", "zero1:128",
-        "fsdp:128", "fsdp:128:no-reshard", "fsdp:128:bf16")
+        "fsdp:128", "fsdp:128:no-reshard", "fsdp:128:bf16", "fsdp:16:ckpt", "fsdp:128:ckpt", "ddp:128:ckpt")
+# every block checkpointed (torch.utils.checkpoint, non-reentrant, before sharding; fusecli: each block
+# candidate applied): the bound is the one-device planner's (tests/plan/test_planner.py: 0.95-1.01)
+CHECKPOINT_TOLERANCE = 0.05
 MODELS = [  # (model, exporter, kv_heads): TorchScript cannot export sdpa's GQA, so its Llama has 2 K/V heads
     ("llama", "dynamo", None), ("llama", "torchscript", 2), ("qwen2", "dynamo", None),
     ("gpt2", "dynamo", None), ("gpt2", "torchscript", None), ("distilbert", "dynamo", None),
@@ -86,6 +91,10 @@ WIDER = {
     ("distilbert", "ddp:16"): (0.03, "1.02: AdamW's for-loop temporaries, modelled as three the size of the "
                                      "largest parameter (the position table), read high"),
     ("distilbert", "zero1:16"): (0.05, "1.04 on the rank that owns the position table: the same temporaries"),
+    ("distilbert", "fsdp:128:ckpt"): (0.06, "1.05 on the dynamo export (TorchScript's 0.995): its "
+                                            "checkpointed blocks' re-run is priced high, as Llama's and "
+                                            "GPT-2's dynamo exports read 1.02-1.03 where TorchScript's "
+                                            "read 1.00"),
 }
 
 
@@ -103,7 +112,8 @@ def test_each_rank_is_torchs(hf_onnx, tmp_path_factory, model, exporter, kv_head
     mode, seq, *flags = run.split(":")
     a = _analysis(hf_onnx(model, exporter, attn="default", kv_heads=kv_heads), int(seq),
                   "bf16" if "bf16" in flags else None)
-    predicted = {r: e for e in rank_memory(a, _layout(mode, flags)) for r in e.ranks}
+    chosen = block_candidates(a.graph, a.joint, a.liveness, a.sizes) if "ckpt" in flags else None
+    predicted = {r: e for e in rank_memory(a, _layout(mode, flags), chosen=chosen) for r in e.ranks}
     assert sorted(predicted) == list(range(WORLD))
     for rank, m in got.items():
         p = predicted[rank]
@@ -111,7 +121,7 @@ def test_each_rank_is_torchs(hf_onnx, tmp_path_factory, model, exporter, kv_head
               f"{p.peak_bytes / m['peak_bytes']:.4f} ({p.peak_phase}; torch {m['peak_op']}), saved "
               f"{p.saved_activation_bytes / m['saved_bytes']:.4f}")
         assert p.saved_activation_bytes == pytest.approx(m["saved_bytes"], rel=SAVED_TOLERANCE)
-        bound = WIDER.get((model, run), (PEAK_TOLERANCE, ""))[0]
+        bound = WIDER.get((model, run), (CHECKPOINT_TOLERANCE if chosen else PEAK_TOLERANCE, ""))[0]
         assert p.peak_bytes == pytest.approx(m["peak_bytes"], rel=bound)
         # the export's parameters, each as torch holds it on this rank; the rotary inverse frequencies,
         # a buffer torch keeps and the export writes as an initializer, are the few bytes allowed

@@ -105,14 +105,14 @@ def _blocks(model):
     return list(lists[0])
 
 
-RUN = "MODE:SEQ[:no-reshard][:bf16]"  # one step's configuration on the command line: fsdp:128:bf16
+RUN = "MODE:SEQ[:no-reshard][:bf16][:ckpt]"  # one step's configuration on the command line: fsdp:128:bf16
 
 
 def parse_run(text: str) -> dict:
     mode, seq, *flags = text.split(":")
-    assert mode in MODES and set(flags) <= {"no-reshard", "bf16"}, text
+    assert mode in MODES and set(flags) <= {"no-reshard", "bf16", "ckpt"}, text
     return {"mode": mode, "seq": int(seq), "reshard": "no-reshard" not in flags,
-            "param_dtype": "bf16" if "bf16" in flags else None}
+            "param_dtype": "bf16" if "bf16" in flags else None, "checkpointed": "ckpt" in flags}
 
 
 def run_name(text: str) -> str:
@@ -143,8 +143,31 @@ def main() -> None:
     dist.destroy_process_group()
 
 
+def _checkpoint(blocks, held: dict, measuring: list) -> None:
+    """Each block's forward under non-reentrant torch.utils.checkpoint (the form ``plan``'s helper and
+    torchtitan apply, before sharding); while ``measuring``, the tensors each is called with join
+    ``held``: the checkpoint keeps them for its re-run, while its own hooks hide what the block saves
+    inside from the outer ones (hf_models.saved_storages' ``held_by``)."""
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    def keep(module, args, kwargs):
+        stack = [*args, *kwargs.values()]
+        while measuring and stack:
+            t = stack.pop()
+            if isinstance(t, (tuple, list)):
+                stack.extend(t)
+            elif isinstance(t, torch.Tensor) and t.untyped_storage().nbytes() > 0:
+                held[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+
+    for block in blocks:
+        forward = block.forward
+        block.forward = lambda *a, _f=forward, **k: checkpoint(_f, *a, use_reentrant=False, **k)
+        block.register_forward_pre_hook(keep, with_kwargs=True)
+
+
 def measure(name: str, batch: int, kv_heads: int | None, mode: str, seq: int, reshard: bool,
-            param_dtype: str | None) -> dict:
+            param_dtype: str | None, checkpointed: bool = False) -> dict:
     """One configuration's steps on this rank, and what it holds (the module docstring)."""
     import torch
     import torch.distributed as dist
@@ -156,7 +179,11 @@ def measure(name: str, batch: int, kv_heads: int | None, mode: str, seq: int, re
     rank = dist.get_rank()
     gc.collect()
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        module = hf_models.build(name, attn="default", kv_heads=kv_heads)
+        module = hf_models.build(name, attn="default", kv_heads=kv_heads, cache=not checkpointed)
+        held: dict[int, int] = {}
+        measuring: list = []
+        if checkpointed:
+            _checkpoint(_blocks(module), held, measuring)
         model = _wrap(module, mode, reshard, param_dtype)
         params = list(model.parameters())
         if mode == "zero1":
@@ -166,7 +193,6 @@ def measure(name: str, batch: int, kv_heads: int | None, mode: str, seq: int, re
         else:
             opt = torch.optim.AdamW(params, lr=1e-3)
         inputs = hf_models.example_inputs(name, batch, seq, seed=rank)
-        held = {}
 
         def pack(t):
             current = _storages(module.parameters()) | _storages(module.buffers()) | _storages(inputs)
@@ -178,6 +204,7 @@ def measure(name: str, batch: int, kv_heads: int | None, mode: str, seq: int, re
         for step in range(1 + STEPS):
             gc.collect()
             measured = step == 1  # the saved set is the same at every step: hooked on the first
+            measuring[:] = [True] if measured else []
             with record_function("## step ##" if step else "## warm-up ##"):
                 if measured:
                     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
