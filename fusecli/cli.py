@@ -233,6 +233,9 @@ def _layout_options(f):
     """A data-parallel layout (torchtitan's words; docs/cli.md maps them to Megatron's and DeepSpeed's)."""
     f = click.option("--world", type=click.IntRange(min=1), default=None, metavar="N",
                      help="Ranks in all, checked against the degrees' product.")(f)
+    f = click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True, metavar="N",
+                     help="Tensor parallel: each block's column/row-parallel pairs (q, k, v / o; gate, up / "
+                          "down) split over N ranks, as torch's ColwiseParallel/RowwiseParallel.")(f)
     f = click.option("--reshard-after-forward/--no-reshard-after-forward", "reshard", default=True,
                      show_default=True,
                      help="FSDP2: free a block's gathered parameters after its forward (gather them again "
@@ -248,11 +251,12 @@ def _layout_options(f):
                                           "HSDP. --batch is each rank's own.")(f)
 
 
-def _layout(dp_replicate: int, dp_shard: int, zero: int | None, reshard: bool, world: int | None):
-    """The layout the flags say, checked; None for one device with no data-parallel flag."""
+def _layout(dp_replicate: int, dp_shard: int, zero: int | None, reshard: bool, world: int | None,
+            tp: int = 1):
+    """The layout the flags say, checked; None for one device with no parallel flag."""
     from .parallel.layout import Layout
 
-    layout = Layout(dp_replicate, dp_shard, zero, reshard, world)
+    layout = Layout(dp_replicate, dp_shard, zero, reshard, world, tp)
     if layout == Layout():
         return None
     layout.check()
@@ -305,7 +309,8 @@ def analyze(model: str, as_json: bool, batch: int | None, dims: tuple[str, ...],
             wrt: str, plot_path: str | None, patterns: tuple[str, ...], constant_weights: str,
             autodiff: str | None, device: str, routing: str | None, precision: str | None, verbose: bool,
             quiet: bool, all_saved: bool, overlay_path: str | None, annotate_path: str | None,
-            dp_replicate: int, dp_shard: int, zero: int | None, reshard: bool, world: int | None) -> None:
+            dp_replicate: int, dp_shard: int, zero: int | None, reshard: bool, world: int | None,
+            tp: int) -> None:
     """Analyze MODEL (an .onnx file or a SavedModel folder)."""
     from .pipeline import Options
     from .pipeline import analyze as run_analysis
@@ -320,7 +325,7 @@ def analyze(model: str, as_json: bool, batch: int | None, dims: tuple[str, ...],
     if plot_path:
         _check_plot(plot_path, model)
     _check_viewer_outputs(model, overlay_path, annotate_path)
-    layout = _layout(dp_replicate, dp_shard, zero, reshard, world)
+    layout = _layout(dp_replicate, dp_shard, zero, reshard, world, tp)
     result = run_analysis(model, options)
     ranks = None
     if layout is not None:
@@ -605,7 +610,7 @@ def _parse_budget(ctx, param, value: str) -> int:
 def plan_command(model: str, budget: int, batch: int | None, dims: tuple[str, ...], signature: str | None,
                  optimizer: str, device: str, precision: str | None, solve: str, recompute: str,
                  as_json: bool, plot_path: str | None, emit_path: str | None, dp_replicate: int,
-                 dp_shard: int, zero: int | None, reshard: bool, world: int | None) -> None:
+                 dp_shard: int, zero: int | None, reshard: bool, world: int | None, tp: int) -> None:
     """Fit MODEL's training step into --budget: its memory as formulas, the largest batch that fits,
     and what to recompute (checkpoint) when it does not. Exit 1 when it cannot fit."""
     from .core import progress
@@ -623,7 +628,7 @@ def plan_command(model: str, budget: int, batch: int | None, dims: tuple[str, ..
             raise UsageError("--emit-pytorch writes torch.utils.checkpoint calls, which recompute blocks "
                              "only: use --recompute blocks (the default with --emit-pytorch)")
     recompute = recompute or ("blocks" if emit_path else "all")
-    layout = _layout(dp_replicate, dp_shard, zero, reshard, world)
+    layout = _layout(dp_replicate, dp_shard, zero, reshard, world, tp)
     if layout is not None and emit_path:
         raise UsageError("--emit-pytorch writes one device's plan and its predictions; with a layout, "
                          "checkpoint the modules the per-rank plan lists")

@@ -88,8 +88,9 @@ class _Builder:
         for k, t in enumerate(like):
             out_name = f"{name}:{k}"
             out = tensors.get(out_name)  # joint.tensor, inline: called for every gradient
-            if out is None:
-                out = tensors[out_name] = Tensor(out_name, t.dtype, t.shape, "activation")
+            if out is None:  # "like": the tensor it is the gradient of (parallel/tensor.py reads it)
+                out = tensors[out_name] = Tensor(out_name, t.dtype, t.shape, "activation",
+                                                 meta={"like": t.name})
             outs.append(out)
         meta = {"shape_reads": list(shape_reads)}
         if forward is not None:

@@ -25,9 +25,15 @@ class Layout:
     zero: int | None = None  # 1: optimizer state sharded over the replicas (ZeroRedundancyOptimizer)
     reshard_after_forward: bool = True  # FSDP2: free a block's gathered parameters after its forward
     world: int | None = None  # the world size the user says, checked against the degrees' product
+    tp: int = 1  # tensor parallel: each block's column/row pairs split over tp ranks (parallel.tensor)
 
     @property
     def size(self) -> int:
+        return self.dp_replicate * self.dp_shard * self.tp
+
+    @property
+    def data_parallel(self) -> int:
+        """The ranks that read different batches (tensor-parallel ranks read one)."""
         return self.dp_replicate * self.dp_shard
 
     @property
@@ -36,7 +42,9 @@ class Layout:
 
     @property
     def name(self) -> str:
-        """torchtitan's words for it: 'FSDP 4', 'HSDP 2x4', 'DDP 8 + ZeRO-1', 'single device'."""
+        """torchtitan's words for it: 'FSDP 4', 'HSDP 2x4', 'DDP 8 + ZeRO-1', 'TP 2', 'single device'."""
+        if self.tp > 1:
+            return f"TP {self.tp}"
         if self.sharded:
             kind = f"HSDP {self.dp_replicate}x{self.dp_shard}" if self.dp_replicate > 1 else \
                 f"FSDP {self.dp_shard}"
@@ -48,14 +56,18 @@ class Layout:
     def check(self) -> None:
         """UsageError for a layout that cannot run: a degree below 1, a world the degrees do not
         multiply to, ZeRO levels that are another flag's job."""
-        for name, n in (("--dp-replicate", self.dp_replicate), ("--dp-shard", self.dp_shard)):
+        for name, n in (("--dp-replicate", self.dp_replicate), ("--dp-shard", self.dp_shard),
+                        ("--tp", self.tp)):
             if n < 1:
                 raise UsageError(f"{name} {n}: a degree is at least 1")
         if self.size > MAX_WORLD:
             raise UsageError(f"a world of {self.size:,} ranks: at most {MAX_WORLD:,}")
         if self.world is not None and self.world != self.size:
             raise UsageError(f"--world {self.world}: the degrees multiply to {self.size} "
-                             f"(--dp-replicate {self.dp_replicate} x --dp-shard {self.dp_shard})")
+                             f"(--dp-replicate {self.dp_replicate} x --dp-shard {self.dp_shard} x --tp "
+                             f"{self.tp})")
+        if self.tp > 1 and self.dp_replicate * self.dp_shard > 1:
+            raise UsageError("--tp with --dp-replicate or --dp-shard: the 2-D layouts are not modelled yet")
         if self.zero == 1 and self.sharded:
             raise UsageError("--zero 1 shards the optimizer state over replicas; with --dp-shard the "
                              "parameters, gradients and state are sharded already (ZeRO-3)")

@@ -28,9 +28,10 @@ import numpy as np
 from ..core.dims import Poly
 from ..core.errors import UsageError
 from ..core.ir import Graph, Tensor, dtype_size
-from ..plan.candidates import block_scopes
+from ..plan.candidates import block_scopes, saved_after
 from ..plan.planner import MAX_SOLVE, OPTIMIZERS, StepModel
 from .layout import DEVICES, Layout
+from .tensor import Split, find_split
 
 ROOT = "(root)"  # the FSDP unit of the parameters no block holds: embeddings, the last norm, the head
 STEP_BYTES = 4  # AdamW's ``step``: a float32 scalar tensor per parameter (capturable=False)
@@ -178,6 +179,7 @@ def rank_memory(analysis, layout: Layout, optimizer: str = "adamw", dims: dict[s
     mixed = layout.sharded and precision in ("bf16", "fp16")
     grads = {t.meta["grad_of"]: t for t in joint.outputs if t.meta.get("grad_of") in compute}
     fsdp_units = units(graph, joint, live) if layout.sharded else []
+    split = find_split(graph, joint, layout.tp) if layout.tp > 1 else None
     out: list[RankMemory] = []
     n = layout.dp_shard
     owner = zero1_owners([int(np.prod(shapes[p.name], dtype=object)) for p in params], layout.dp_replicate) \
@@ -185,7 +187,7 @@ def rank_memory(analysis, layout: Layout, optimizer: str = "adamw", dims: dict[s
     for rank, ids in _classes(layout, [shapes[p.name] for p in params], owner):
         entry = _one_rank(analysis, model, values, layout, params, shapes, grads, compute, moments,
                           mixed, precision, rank % n, rank, device, fsdp_units, list(chosen or ()), own,
-                          owner)
+                          owner, split)
         same = next((e for e in out if e.key() == entry.key()), None)
         if same is not None:
             same.ranks = sorted(same.ranks + ids)
@@ -274,24 +276,40 @@ class Timeline:
 
 def _one_rank(analysis, model: StepModel, values: dict[str, int], layout: Layout, params, shapes, grads,
               compute, moments, mixed, precision, shard, rank, device, fsdp_units: list[Unit],
-              chosen: list, own: bool, owner: list[int] | None) -> RankMemory:
+              chosen: list, own: bool, owner: list[int] | None, split: Split | None) -> RankMemory:
     live = analysis.liveness
     steps = model.steps
     line = Timeline(steps, model.base.dtype)
     sharded = layout.sharded
     mine_grads = {g.name for g in grads.values()} if sharded else set()
     changed, stats = model.changes(chosen) if chosen else ({}, [])
+    t = split.t if split is not None else 1
+    split_names = split.tensors if split is not None else set()
+
+    def on_rank(name: str, value: int) -> int:
+        """A tensor's bytes on this rank: a tensor-parallel split's share, else whole."""
+        return value // t if name in split_names else value
+
     for name, value in model.value.items():  # the one-device step's tensors (FSDP's gradients below)
         if name not in mine_grads:
             for born, last in changed.get(name, [live.lifetimes[name]]):
-                line.add(born, last, value)
-    for step, f in model.transients:
-        line.add(step, step, f.evaluate(values) or 0)
+                line.add(born, last, on_rank(name, value))
+    for x, step in live.transients:
+        if (f := model.bytes_formula(x)) is not None:
+            line.add(step, step, on_rank(x.name, f.evaluate(values) or 0))
     for (born, last), f in stats:  # kept statistics, a re-run block's outputs made again
         line.add(born, last, f.evaluate(values) or 0)
+    for name in split.reduced if split is not None else ():  # an all-reduce's output beside its input
+        if name in model.value:
+            born, _ = live.lifetimes[name]
+            line.add(born, born, model.value[name], buffer=True)
+    mine_params = split.parameters if split is not None else set()
     weights = sum(model.bytes_formula(p).evaluate(values) or 0 for p in params)
     constants = (model.resident.evaluate(values) or 0) - weights
-    numel = {p.name: int(np.prod(shapes[p.name], dtype=object)) if shapes[p.name] else 1 for p in params}
+    weights = sum(local_param(p.name, model.bytes_formula(p).evaluate(values) or 0, mine_params, t)
+                  for p in params)
+    numel = {p.name: local_param(p.name, int(np.prod(shapes[p.name], dtype=object)) if shapes[p.name] else 1,
+                                 mine_params, t) for p in params}
     n = layout.dp_shard
     buckets = 0
     if not sharded:
@@ -300,7 +318,7 @@ def _one_rank(analysis, model: StepModel, values: dict[str, int], layout: Layout
         if owner is not None:
             mine = [i for i in mine if owner[i] == rank]
         param_bytes = weights
-        grad_bytes = sum(model.value.get(g.name, 0) for g in grads.values())
+        grad_bytes = sum(on_rank(g.name, model.value.get(g.name, 0)) for g in grads.values())
         state = sum(moments * state_dtype * numel[params[i].name] + STEP_BYTES * bool(moments)
                     for i in mine)
         master = 4 * sum(numel.values()) if precision in ("bf16", "fp16") else 0
@@ -335,8 +353,25 @@ def _one_rank(analysis, model: StepModel, values: dict[str, int], layout: Layout
     phase = "forward" if step is not None and step < live.boundary else "backward"
     if optimizer_peak > peak:
         peak, phase, step, buffered = optimizer_peak, "optimizer", None, buckets
-    saved = live.saved_activation_bytes if own else model.saved(chosen).evaluate(values) or 0
+    if split is None:
+        saved = live.saved_activation_bytes if own else model.saved(chosen).evaluate(values) or 0
+    else:
+        kept, kept_stats = saved_after(chosen, live)
+        saved = sum(on_rank(x.name, f.evaluate(values) or 0) for x in kept
+                    if (f := model.bytes_formula(live_storage(live, x))) is not None) + \
+            sum(f.evaluate(values) or 0 for f in kept_stats)
     return RankMemory([rank], param_bytes, grad_bytes, state, saved, buffered, peak, phase, step)
+
+
+def local_param(name: str, value: int, split: set[str], t: int) -> int:
+    """A parameter's bytes (or elements) on a tensor-parallel rank: its shard where the split holds it."""
+    return value // t if name in split else value
+
+
+def live_storage(live, x: Tensor) -> Tensor:
+    """The tensor whose storage holds ``x`` (itself unless a view)."""
+    base = live.storage.get(x, x) if live.storage else x
+    return base if base is not None else x
 
 
 def largest(analysis, layout: Layout, budget: int, names: list[str], optimizer: str = "adamw",

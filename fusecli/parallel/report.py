@@ -29,9 +29,9 @@ def ranks_text(ids: list[int]) -> str:
 def layout_json(layout: Layout, device: str, batch: int | None) -> dict:
     return {"name": layout.name, "world": layout.size, "dp_replicate": layout.dp_replicate,
             "dp_shard": layout.dp_shard, "zero": layout.zero,
-            "reshard_after_forward": layout.reshard_after_forward, "device": device,
+            "reshard_after_forward": layout.reshard_after_forward, "tp": layout.tp, "device": device,
             "backend": DEVICES.get(device), "batch_per_rank": batch,
-            "global_batch": batch * layout.size if batch is not None else None,
+            "global_batch": batch * layout.data_parallel if batch is not None else None,
             "not_counted": NOT_COUNTED}
 
 
@@ -46,7 +46,8 @@ def ranks_json(entries: list[RankMemory], budget: int | None) -> list[dict]:
 def ranks_lines(entries: list[RankMemory], layout: Layout, device: str, batch: int | None,
                 budget: int | None = None, largest: str | None = None) -> list[str]:
     """The table: one row per distinct rank."""
-    per = f"batch {batch} per rank, global {batch * layout.size}" if batch is not None else "no batch dim"
+    per = f"batch {batch} per rank, global {batch * layout.data_parallel}" if batch is not None else \
+        "no batch dim"
     out = [f"per rank: {layout.name} on {layout.size} ranks ({DEVICES.get(device, device)}), {per}",
            f"  {'ranks':<7}" + "".join(f"{h:>10}" for h in ("params", "grads", "optimizer", "saved",
                                                              "buffers", "peak"))

@@ -28,6 +28,9 @@ def _plan(*args: str):
     (["--zero", "1", "--dp-replicate", "2", "--dp-shard", "2"], "sharded already"),
     (["--zero", "3", "--dp-replicate", "2"], "give --dp-shard N"),
     (["--no-reshard-after-forward"], "an FSDP setting"),
+    (["--tp", "4"], "2 K/V heads, which do not divide over 4 ranks"),
+    (["--tp", "3"], "output columns"),
+    (["--tp", "2", "--dp-shard", "2"], "not modelled yet"),
 ])
 def test_a_layout_that_cannot_run_is_one_line_and_exit_2(flags, said):
     done = _plan(*flags)
@@ -146,3 +149,17 @@ def test_every_rank_is_told_once_and_replicas_of_a_shard_alike(layout):
         assert len(entries) > 1
     if layout.dp_shard == 100:  # 100 embedding rows over 100 shards: one each; 64-row weights: ranks >= 64
         assert len(entries) > 1  # hold none of them
+
+
+def test_tensor_parallel_splits_the_pairs_and_keeps_the_norms_whole():
+    """--tp 2 on the decoder sample (4 query heads, 2 K/V heads): q, k, v, o, gate, up and down are split
+    (their weights halved), the embedding and the norms are whole on each rank; the ranks read one batch."""
+    a = analyze(DECODER, Options(batch=2, dims={"seq": 64}))
+    whole, = rank_memory(a, Layout())
+    split, = rank_memory(a, Layout(tp=2))
+    assert split.ranks == [0, 1]
+    matmul = 2 * 4 * (2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 128)  # 2 layers: q, o 64x64; k, v 64x32; MLP
+    assert whole.parameter_bytes - split.parameter_bytes == matmul // 2
+    assert whole.saved_activation_bytes / 2 < split.saved_activation_bytes < whole.saved_activation_bytes
+    done = CliRunner().invoke(main, ["plan", DECODER, *SIZED, "--tp", "2", "--json"])
+    assert json.loads(done.output)["layout"]["global_batch"] == 2

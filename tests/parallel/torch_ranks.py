@@ -7,6 +7,8 @@ torch.distributed ranks (gloo, CPU), run under ``torchrun``, each rank writing w
 
 Modes, as users write them: ``single`` (no wrapper: one device's step, for a world of 1), ``ddp``
 (DistributedDataParallel, default 25 MiB buckets), ``zero1`` (DDP and torch's ZeroRedundancyOptimizer),
+``tp`` (tensor parallel: each block's ``parallelize_module`` with ``ColwiseParallel`` on q/k/v and
+gate/up, ``RowwiseParallel`` on o and down, found by their module names; every rank reads one batch),
 ``fsdp`` (FSDP2: ``fully_shard`` on every block, then on the root as torchtitan does; ``no-reshard``:
 the blocks' ``reshard_after_forward=False``; ``bf16``: ``MixedPrecisionPolicy(param_dtype=bf16,
 reduce_dtype=fp32)``). Optimizer AdamW (its CPU default, the for-loop form). Each rank reads its own
@@ -32,7 +34,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-MODES = ("single", "ddp", "zero1", "fsdp")
+MODES = ("single", "ddp", "zero1", "fsdp", "tp")
+# tensor parallel: the linears by their module names, Megatron's pairs (column-parallel, then row-parallel)
+COLWISE = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "q_lin", "k_lin", "v_lin", "lin1")
+ROWWISE = ("o_proj", "down_proj", "out_lin", "lin2")
 STEPS = 3  # measured steps after the warm-up (the least of them is the measurement: _peak)
 sys.path.insert(0, str(ROOT))
 
@@ -70,6 +75,10 @@ def _settle_collectives() -> None:
     for name in ("all_gather_single", "all_gather_into_tensor", "reduce_scatter_single",
                  "reduce_scatter_tensor", "all_reduce", "broadcast"):
         setattr(dist, name, settled(getattr(dist, name)))
+    # DTensor's collectives (tensor parallel) are functional: waited on when their result is first read
+    from torch.distributed import _functional_collectives as funcol
+
+    funcol.wait_tensor = settled(funcol.wait_tensor)
 
 
 def _wrap(model, mode: str, reshard: bool, param_dtype: str | None):
@@ -77,6 +86,17 @@ def _wrap(model, mode: str, reshard: bool, param_dtype: str | None):
     import torch.distributed as dist
 
     if mode == "single":
+        return model
+    if mode == "tp":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+        mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+        for block in _blocks(model):
+            names = {n: ColwiseParallel() if n.rsplit(".", 1)[-1] in COLWISE else RowwiseParallel()
+                     for n, m in block.named_modules() if n.rsplit(".", 1)[-1] in COLWISE + ROWWISE}
+            assert names, "no linear named as a tensor-parallel pair"
+            parallelize_module(block, mesh, names)
         return model
     if mode in ("ddp", "zero1"):
         from torch.nn.parallel import DistributedDataParallel as DDP
@@ -192,11 +212,14 @@ def measure(name: str, batch: int, kv_heads: int | None, mode: str, seq: int, re
             opt = ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, lr=1e-3)
         else:
             opt = torch.optim.AdamW(params, lr=1e-3)
-        inputs = hf_models.example_inputs(name, batch, seq, seed=rank)
+        # tensor-parallel ranks read the same batch; data-parallel ones their own
+        inputs = hf_models.example_inputs(name, batch, seq, seed=0 if mode == "tp" else rank)
 
         def pack(t):
+            from torch.distributed.tensor import DTensor
+
             current = _storages(module.parameters()) | _storages(module.buffers()) | _storages(inputs)
-            s = t.untyped_storage()
+            s = (t._local_tensor if isinstance(t, DTensor) else t).untyped_storage()
             if s.data_ptr() not in current and s.nbytes() > 0:
                 held[s.data_ptr()] = s.nbytes()
             return t

@@ -1,0 +1,182 @@
+"""Tensor parallelism found in the graph: Megatron's column/row pairs in each block, and the tensors they
+split across the ``t`` ranks.
+
+In a block, each matmul with a weight operand has a depth: how many such matmuls precede it on the block's
+activation paths (q, k, v: 0; o: 1; gate, up: 2; down: 3; a parallel attention-and-MLP block: 0 and 1).
+Even depths are column-parallel (``ColwiseParallel``: the weight's output columns split, each rank
+computing its heads or its slice of the MLP), odd depths row-parallel (``RowwiseParallel``: the input
+rows split, the partial outputs summed by an all-reduce). Everything on a path from a column-parallel
+output to a row-parallel input is split (q, k and v by heads, the attention inside, the MLP's
+activations); the rest, norms and residuals, is whole on every rank (without sequence parallelism).
+A backward tensor is split where the tensor it is the gradient of is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..core.errors import UsageError
+from ..core.ir import Graph, Node, Tensor
+from ..plan.candidates import block_scopes
+from ..spellings.attention import AttentionForm, read_attention
+
+MATMULS = ("matmul", "gemm")
+
+
+@dataclass
+class Split:
+    """What ``t``-way tensor parallelism splits: tensor names (forward, joint and backward alike) and the
+    parameters it shards, and the all-reduces it adds (the tensors they sum, forward and backward)."""
+
+    t: int
+    tensors: set[str] = field(default_factory=set)
+    parameters: set[str] = field(default_factory=set)
+    reduced: list[str] = field(default_factory=list)  # each all-reduce's tensor (its size is the buffer)
+    pairs: int = 0  # column/row pairs found
+
+
+def _weighted(graph: Graph) -> dict[str, list[Tensor]]:
+    """Tensor name -> the parameters it is made of alone (a weight, its transpose or cast), for the
+    tensors computed from parameters only."""
+    out: dict[str, list[Tensor]] = {}
+    for t in graph.tensors.values():
+        if t.kind == "parameter" and t.producer is None:
+            out[t.name] = [t]
+    for n in graph.nodes:
+        ins = [i for i in n.inputs if i is not None]
+        if ins and all(i.name in out or i.kind == "constant" for i in ins):
+            made = [p for i in ins for p in out.get(i.name, ())]
+            for o in n.outputs:
+                if o is not None and made:
+                    out[o.name] = made
+    return out
+
+
+def find_split(graph: Graph, joint: Graph, t: int) -> Split:
+    """The split of ``t``-way tensor parallelism (UsageError where the graph has no pair, or t does not
+    divide a split dim: heads, K/V heads, a column-parallel weight's output)."""
+    weighted = _weighted(graph)
+    split = Split(t)
+    for scope, nodes in block_scopes(graph).items():
+        name = ".".join(scope)
+        inside = {id(n) for n in nodes}
+        depth: dict[str, int] = {}  # tensor -> the deepest weight matmul on a path into it (-1: none)
+        cols, rows = [], []
+        for n in nodes:
+            acts = [i for i in n.inputs if i is not None and i.name not in weighted]
+            before = max((depth.get(i.name, -1) for i in acts), default=-1)
+            weights = [i for i in n.inputs if i is not None and i.name in weighted]
+            if n.kind in MATMULS and weights and acts:
+                d = before + 1
+                (cols if d % 2 == 0 else rows).append(n)
+            else:
+                d = before
+            for o in n.outputs:
+                if o is not None:
+                    depth[o.name] = d
+        if not cols or not rows:
+            continue
+        split.pairs += len(rows)
+        row_ids = {id(n) for n in rows}
+        reach = _forward(cols, inside, row_ids)
+        feeds = _backward([i for n in rows for i in n.inputs if i is not None and i.name not in weighted],
+                          inside)
+        region = reach & feeds
+        _check(name, nodes, cols, weighted, t)
+        split.tensors |= region
+        for n in nodes:  # the joint graph's copy: the outputs backward adds (an sdpa's logsumexp)
+            if n.kind in MATMULS and id(n) in row_ids:
+                continue
+            if any(i is not None and i.name in region for i in n.inputs) and joint.has_node(n.name):
+                split.tensors |= {o.name for o in joint.node(n.name).outputs
+                                  if o is not None and _by_heads(o)}
+        split.tensors -= {o.name for n in rows for o in n.outputs if o is not None}
+        inner = {_cols_out(n, weighted) for n in cols}
+        for n in [*cols, *rows]:
+            split.parameters |= {p.name for i in n.inputs if i is not None for p in weighted.get(i.name, ())}
+        for n in nodes:  # a column-parallel bias: read beside a split tensor, as long as the split dim
+            if any(i is not None and i.name in split.tensors for i in n.inputs):
+                for i in n.inputs:
+                    for p in weighted.get(i.name, ()) if i is not None else ():
+                        if p.shape and p.shape[-1] in inner:
+                            split.parameters.add(p.name)
+        split.reduced += [n.outputs[0].name for n in rows if n.outputs and n.outputs[0] is not None]
+        split.reduced += [_input_grad(joint, n, weighted) for n in cols]
+    if not split.pairs:
+        raise UsageError("--tp: no column/row-parallel pair of weight matmuls found in the model's blocks")
+    for b in joint.nodes:  # backward: a gradient is split where what it is the gradient of is
+        if b.phase == "backward":
+            for o in b.outputs:
+                if o is not None and o.meta.get("like") in split.tensors | split.parameters:
+                    split.tensors.add(o.name)
+    split.reduced = [r for r in split.reduced if r]
+    return split
+
+
+def _by_heads(x: Tensor) -> bool:
+    """Whether a kept output of a split node is split too: a logsumexp per head is, an attention mask
+    broadcast over the heads (its head dim 1) is whole on every rank."""
+    return not (x.shape and len(x.shape) >= 3 and x.shape[1] == 1)
+
+
+def _forward(cols: list[Node], inside: set[int], rows: set[int]) -> set[str]:
+    seen: set[str] = set()
+    stack = [o for n in cols for o in n.outputs if o is not None]
+    while stack:
+        x = stack.pop()
+        if x.name in seen:
+            continue
+        seen.add(x.name)
+        for c in x.consumers:
+            if id(c) in inside and id(c) not in rows:
+                stack.extend(o for o in c.outputs if o is not None)
+    return seen
+
+
+def _backward(starts: list[Tensor], inside: set[int]) -> set[str]:
+    seen: set[str] = set()
+    stack = list(starts)
+    while stack:
+        x = stack.pop()
+        if x.name in seen:
+            continue
+        seen.add(x.name)
+        p = x.producer
+        if p is not None and id(p) in inside:
+            stack.extend(i for i in p.inputs if i is not None)
+    return seen
+
+
+def _cols_out(n: Node, weighted) -> object:
+    """A column-parallel matmul's split dim: its output's last dim."""
+    out = n.outputs[0] if n.outputs else None
+    return out.shape[-1] if out is not None and out.shape else None
+
+
+def _input_grad(joint: Graph, n: Node, weighted) -> str | None:
+    """The gradient of a column-parallel matmul's activation input, which backward sums across ranks."""
+    x = next((i for i in n.inputs if i is not None and i.name not in weighted), None)
+    for b in joint.nodes:
+        if b.phase == "backward" and b.meta.get("forward") == n.name:
+            for o in b.outputs:
+                if o is not None and x is not None and o.meta.get("like") == x.name:
+                    return o.name
+    return None
+
+
+def _check(block: str, nodes: list[Node], cols: list[Node], weighted, t: int) -> None:
+    """t divides each split dim: the column-parallel outputs, the attention's heads and K/V heads."""
+    for n in cols:
+        d = _cols_out(n, weighted)
+        if isinstance(d, int) and d % t:
+            raise UsageError(f"--tp {t}: {n.name}'s {d} output columns ({block}) do not divide over {t} "
+                             "ranks")
+    for n in nodes:
+        form = read_attention(n) if n.kind in MATMULS else None
+        if isinstance(form, AttentionForm):
+            for what, x in (("query heads", form.q), ("K/V heads", form.k_kv or form.k)):
+                h = x.shape[1] if x.shape and len(x.shape) == 4 else None
+                if isinstance(h, int) and h % t:
+                    raise UsageError(f"--tp {t}: {block}'s attention has {h} {what if h > 1 else what[:-1]}, "
+                                     f"which do not divide over {t} ranks (ColwiseParallel would split a "
+                                     "head)")
