@@ -1,4 +1,4 @@
-"""Each rank's training step under a data-parallel layout: the one-device step (liveness's timeline at the
+"""Each rank's training step under a parallel layout: the one-device step (liveness's timeline at the
 rank's own batch) with the parameters, gradients, optimizer state and communication buffers as DDP,
 ZeroRedundancyOptimizer and FSDP2 hold them on that rank, read from torch's sources (2.13):
 
@@ -27,29 +27,16 @@ import numpy as np
 
 from ..core.dims import Poly
 from ..core.errors import UsageError
-from ..core.ir import Graph, Tensor, dtype_size
-from ..plan.candidates import block_scopes, saved_after
+from ..core.ir import Tensor, dtype_size
+from ..plan.candidates import saved_after
 from ..plan.planner import MAX_SOLVE, OPTIMIZERS, StepModel
+from .fsdp import Unit, gather, parameters, reduce_scatter, shard_rows, units
 from .layout import DEVICES, Layout
 from .tensor import Split, find_split
+from .timeline import Timeline
 
-ROOT = "(root)"  # the FSDP unit of the parameters no block holds: embeddings, the last norm, the head
 STEP_BYTES = 4  # AdamW's ``step``: a float32 scalar tensor per parameter (capturable=False)
 LOOP_TEMPORARIES = 3  # _single_tensor_adamw: sqrt(v), its quotient, and the update's, of one parameter
-
-
-@dataclass
-class Unit:
-    """One FSDP unit (a block, or the root) and the schedule steps its parameters are gathered for."""
-
-    name: str
-    params: list[Tensor]
-    forward: tuple[int, int]  # first and last forward step
-    backward: tuple[int, int] | None  # first and last backward step (None: no backward reaches it)
-    prefetch: int = 0  # where its backward gather begins: the backward start of the unit after it
-    padded: int = 0  # bytes gathered (every rank's padded shard, in the compute dtype)
-    reduce: int = 0  # bytes of its reduce-scatter input (padded, in the reduce dtype)
-    sharded: int = 0  # bytes of this rank's padded shard (parameters, and their gradients alike)
 
 
 @dataclass
@@ -70,73 +57,6 @@ class RankMemory:
     def key(self) -> tuple:
         return (self.parameter_bytes, self.gradient_bytes, self.optimizer_bytes,
                 self.saved_activation_bytes, self.buffer_bytes, self.peak_bytes)
-
-
-def parameters(graph: Graph) -> list[Tensor]:
-    return [t for t in graph.tensors.values() if t.kind == "parameter" and t.producer is None]
-
-
-def units(graph: Graph, joint: Graph, live) -> list[Unit]:
-    """The FSDP units in forward order: one per block (plan.candidates.block_scopes) holding the
-    parameters only its nodes read (through weight-only subgraphs: a transpose, a cast), and the root
-    holding the rest."""
-    at = {n.name: i for i, n in enumerate(live.schedule[:live.boundary])}
-    backward: dict[str, list[int]] = {}
-    for i, n in enumerate(live.schedule):
-        if n.phase == "backward" and n.meta.get("forward") is not None:
-            backward.setdefault(n.meta["forward"], []).append(i)
-    owner: dict[str, str] = {}
-    blocks = block_scopes(graph)
-    for scope, nodes in blocks.items():
-        for n in nodes:
-            owner[n.name] = ".".join(scope)
-    found: dict[str, list[Tensor]] = {}
-    for p in parameters(graph):
-        found.setdefault(_owner(p, owner), []).append(p)
-    out = []
-    for scope, nodes in blocks.items():
-        name = ".".join(scope)
-        if name not in found:
-            continue
-        steps = [at[n.name] for n in nodes if n.name in at]
-        back = [i for n in nodes for i in backward.get(n.name, ())]
-        out.append(Unit(name, found[name], (min(steps), max(steps)),
-                        (min(back), max(back)) if back else None))
-    out.sort(key=lambda u: u.forward[0])
-    last = len(live.schedule) - 1
-    out.append(Unit(ROOT, found.get(ROOT, []), (0, last), (live.boundary, last), live.boundary))
-    for u, after in zip(out, out[1:], strict=False):
-        if u.backward is not None:
-            u.prefetch = min(u.backward[0], after.backward[0] if after.backward else u.backward[0])
-    return out
-
-
-def _owner(p: Tensor, owner: dict[str, str]) -> str:
-    """The block whose nodes read ``p`` (through nodes that read only weights), else the root."""
-    seen, stack, blocks = set(), [p], set()
-    while stack:
-        t = stack.pop()
-        for c in t.consumers:
-            if id(c) in seen:
-                continue
-            seen.add(id(c))
-            if c.name in owner:
-                blocks.add(owner[c.name])
-            elif all(i is None or i.kind in ("parameter", "constant") or i.meta.get("from_parameter")
-                     for i in c.inputs):
-                stack.extend(o for o in c.outputs if o is not None)
-            else:
-                blocks.add(ROOT)
-    return blocks.pop() if len(blocks) == 1 else ROOT
-
-
-def _rows(shape: tuple[int, ...], n: int, rank: int) -> tuple[int, int, int]:
-    """FSDP2's dim-0 shard: (padded rows, this rank's rows, elements per row)."""
-    d0 = shape[0] if shape else 1
-    rest = int(np.prod(shape[1:], dtype=object)) if len(shape) > 1 else 1
-    c = -(-d0 // n)
-    mine = max(0, min(d0, (rank + 1) * c) - rank * c)
-    return c, mine, rest
 
 
 def zero1_owners(numels: list[int], n: int) -> list[int]:
@@ -178,16 +98,14 @@ def rank_memory(analysis, layout: Layout, optimizer: str = "adamw", dims: dict[s
     # 16-bit weights and float32 master weights (plan.planner.step_lines)
     mixed = layout.sharded and precision in ("bf16", "fp16")
     grads = {t.meta["grad_of"]: t for t in joint.outputs if t.meta.get("grad_of") in compute}
-    fsdp_units = units(graph, joint, live) if layout.sharded else []
-    split = find_split(graph, joint, layout.tp) if layout.tp > 1 else None
-    out: list[RankMemory] = []
-    n = layout.dp_shard
     owner = zero1_owners([int(np.prod(shapes[p.name], dtype=object)) for p in params], layout.dp_replicate) \
         if layout.zero == 1 else None
+    step = _Step(analysis, model, values, layout, params, shapes, grads, compute, moments, mixed, precision,
+                 device, units(graph, joint, live) if layout.sharded else [], list(chosen or ()), own, owner,
+                 find_split(graph, joint, layout.tp) if layout.tp > 1 else None)
+    out: list[RankMemory] = []
     for rank, ids in _classes(layout, [shapes[p.name] for p in params], owner):
-        entry = _one_rank(analysis, model, values, layout, params, shapes, grads, compute, moments,
-                          mixed, precision, rank % n, rank, device, fsdp_units, list(chosen or ()), own,
-                          owner, split)
+        entry = _one_rank(step, rank)
         same = next((e for e in out if e.key() == entry.key()), None)
         if same is not None:
             same.ranks = sorted(same.ranks + ids)
@@ -224,59 +142,33 @@ def _classes(layout: Layout, shapes: list, owner: list[int] | None) -> list[tupl
     return [(0, list(range(world)))]
 
 
-class Timeline:
-    """Live bytes at each schedule step and at each point between a step and the next (where FSDP's
-    hooks run: a block's gather before its first op, its frees and reduce-scatter after its last), as
-    difference arrays; and moments: the bytes while a hook runs, above its point's."""
+@dataclass
+class _Step:
+    """What every rank's evaluation of one step reads (rank_memory makes it once)."""
 
-    def __init__(self, steps: int, dtype) -> None:
-        self.steps = steps
-        self.at = np.zeros(steps + 2, dtype=dtype)  # index s + 1: step s
-        self.between = np.zeros(steps + 2, dtype=dtype)  # index b + 1: after step b (b = -1: before 0)
-        self.buffers_at = np.zeros(steps + 2, dtype=dtype)  # the communication buffers among them
-        self.buffers_between = np.zeros(steps + 2, dtype=dtype)
-        self.moments: list[tuple[int, int, int]] = []  # (point, bytes above it, of them buffers)
-
-    def add(self, born: int, last: int, value: int, buffer: bool = False) -> None:
-        """Made by step ``born`` (or before it: -1 before the first) and freed after step ``last``."""
-        StepModel.add_span(self.at, (born, last), value)
-        if last > born:
-            StepModel.add_span(self.between, (born, last - 1), value)
-        if buffer:
-            StepModel.add_span(self.buffers_at, (born, last), value)
-            if last > born:
-                StepModel.add_span(self.buffers_between, (born, last - 1), value)
-
-    def hooked(self, first: int, last: int, value: int, buffer: bool = True) -> None:
-        """Made by a hook before step ``first`` and freed by one after step ``last``."""
-        if last >= first:
-            StepModel.add_span(self.at, (first, last), value)
-            if buffer:
-                StepModel.add_span(self.buffers_at, (first, last), value)
-        StepModel.add_span(self.between, (first - 1, last - 1), value)
-        if buffer:
-            StepModel.add_span(self.buffers_between, (first - 1, last - 1), value)
-
-    def top(self) -> tuple[int, int | None, int]:
-        """(largest live bytes, the step at or after which it happens, buffer bytes there)."""
-        at = np.cumsum(self.at)[1:self.steps + 1]
-        between = np.cumsum(self.between)[:self.steps + 1]
-        buffers_at = np.cumsum(self.buffers_at)[1:self.steps + 1]
-        buffers_between = np.cumsum(self.buffers_between)[:self.steps + 1]
-        best = (int(at.max()), int(at.argmax()), int(buffers_at[at.argmax()])) if self.steps else (0, None, 0)
-        b = int(between.argmax())
-        if between[b] > best[0]:
-            best = (int(between[b]), max(b - 1, 0), int(buffers_between[b]))
-        for point, extra, buffered in self.moments:
-            value = int(between[point + 1]) + extra
-            if value > best[0]:
-                best = (value, max(point, 0), int(buffers_between[point + 1]) + buffered)
-        return best
+    analysis: object
+    model: StepModel  # the one-device step's lifetimes and bytes at ``values``
+    values: dict[str, int]
+    layout: Layout
+    params: list[Tensor]
+    shapes: dict[str, tuple[int, ...]]
+    grads: dict[str, Tensor]  # parameter name -> its gradient in the joint graph
+    compute: dict[str, str]  # parameter name -> the dtype it computes in
+    moments: int  # optimizer state tensors per parameter
+    mixed: bool  # FSDP2's MixedPrecisionPolicy: fp32 shards, 16-bit gathers
+    precision: str | None
+    device: str
+    fsdp_units: list[Unit]
+    chosen: list  # recomputations applied
+    own: bool  # at the analysis' own dims, nothing recomputed
+    owner: list[int] | None  # ZeRO-1: each parameter's rank
+    split: Split | None  # tensor parallel
 
 
-def _one_rank(analysis, model: StepModel, values: dict[str, int], layout: Layout, params, shapes, grads,
-              compute, moments, mixed, precision, shard, rank, device, fsdp_units: list[Unit],
-              chosen: list, own: bool, owner: list[int] | None, split: Split | None) -> RankMemory:
+def _one_rank(step_: _Step, rank: int) -> RankMemory:
+    (analysis, model, values, layout, params, shapes, grads, compute, moments, mixed, precision, device,
+     fsdp_units, chosen, own, owner, split) = (getattr(step_, f) for f in _Step.__dataclass_fields__)
+    shard = rank % layout.dp_shard
     live = analysis.liveness
     steps = model.steps
     line = Timeline(steps, model.base.dtype)
@@ -335,17 +227,17 @@ def _one_rank(analysis, model: StepModel, values: dict[str, int], layout: Layout
         for u in fsdp_units:
             u.padded = u.reduce = u.sharded = 0
             for p in u.params:
-                c, mine_rows, rest = _rows(shapes[p.name], n, shard)
+                c, mine_rows, rest = shard_rows(shapes[p.name], n, shard)
                 param_bytes += c * rest * orig[p.name]
                 u.sharded += c * rest * orig[p.name]
                 u.padded += c * n * rest * dtype_size(compute[p.name])
                 u.reduce += c * n * rest * reduce[p.name]
                 state += (moments * mine_rows * rest * orig[p.name] + STEP_BYTES) if moments else 0
                 local.append(mine_rows * rest * orig[p.name])
-        _gather(line, fsdp_units, layout.reshard_after_forward, steps, live.boundary, device)
+        gather(line, fsdp_units, layout.reshard_after_forward, steps, live.boundary, device)
         grad_bytes = param_bytes
         resident_state = param_bytes + constants + state
-        _reduce(line, live, model, fsdp_units, grads, steps, device)
+        reduce_scatter(line, live, model, fsdp_units, grads, steps, device)
     top, step, buffered = line.top()
     temporaries = LOOP_TEMPORARIES * max(local, default=0) if device == "cpu" else sum(local)
     optimizer_peak = resident_state + grad_bytes + buckets + (temporaries if moments else 0)
@@ -399,60 +291,4 @@ def largest(analysis, layout: Layout, budget: int, names: list[str], optimizer: 
         lo, hi = (mid, hi) if fits(mid) else (lo, mid)
     return lo
 
-
-def _gather(line: Timeline, fsdp_units: list[Unit], reshard: bool, steps: int, boundary: int,
-            device: str) -> None:
-    """The units' gathered parameters over the schedule (module docstring). Each gather fills one flat
-    output (on gloo (cpu) the all-gather fills a buffer of its own beside it while it runs), copied out
-    into one tensor per parameter in the hook before the unit's first op. In forward the flat output
-    stays until the next unit's copy-out is done (the last one until forward ends); in backward it goes
-    as soon as it is copied out, a prefetch's flat output living from the gather (before the next unit's
-    backward) to the unit's own copy-out."""
-    temp = device == "cpu"
-    forward = sorted(fsdp_units, key=lambda u: -1 if u.name == ROOT else u.forward[0])
-    for k, u in enumerate(forward):
-        first = 0 if u.name == ROOT else u.forward[0]
-        if u.name == ROOT:
-            line.hooked(0, steps - 1, u.padded)
-        elif u.backward is None or reshard:
-            line.hooked(first, u.forward[1], u.padded)
-        else:
-            line.hooked(first, u.backward[1], u.padded)
-        nxt = forward[k + 1] if k + 1 < len(forward) else None
-        line.hooked(first, (nxt.forward[0] - 1) if nxt is not None else boundary - 1, u.padded)  # flat
-        before = forward[k - 1].padded if k else 0  # the last flat output, alive through this copy-out
-        extra = before + (u.padded if temp and not k else 0)
-        if extra:
-            line.moments.append((first - 1, extra, extra))
-        if reshard and u.name != ROOT and u.backward is not None:
-            line.hooked(u.backward[0], u.backward[1], u.padded)
-            line.hooked(u.prefetch, u.backward[0] - 1, u.padded)  # the prefetch's flat output
-            line.moments.append((u.backward[0] - 1, u.padded, u.padded))  # both at the copy-out
-            if temp:
-                line.moments.append((u.prefetch - 1, u.padded, u.padded))
-
-
-def _reduce(line: Timeline, live, model: StepModel, fsdp_units: list[Unit], grads, steps: int,
-            device: str) -> None:
-    """Gradients under FSDP: each unit's whole gradients die in its post-backward hook, after its last
-    op; the reduce-scatter input made there lives until the next unit's hook, the sharded gradients
-    from then to the end. While the hook runs: the whole gradients beside the input (the copy-in), then
-    the input, the output and, on gloo (cpu), the copy of the input gloo reduces with an all-reduce."""
-    order = [u for u in fsdp_units if u.backward is not None]
-    order.sort(key=lambda u: u.backward[1])  # post-backward order
-    for k, u in enumerate(order):
-        end = u.backward[1]
-        whole = 0
-        for p in u.params:
-            g = grads.get(p.name)
-            if g is None or g.name not in model.value:
-                continue
-            born, _ = live.lifetimes[g.name]
-            line.add(born, max(born, end), model.value[g.name])
-            whole += model.value[g.name]
-        nxt = order[k + 1].backward[1] if k + 1 < len(order) else end
-        line.hooked(end + 1, nxt, u.reduce)
-        line.hooked(end + 1, steps - 1, u.sharded, buffer=False)
-        clone = u.reduce if device == "cpu" else 0
-        line.moments.append((end, max(whole - u.sharded, clone), max(0, clone)))
 
