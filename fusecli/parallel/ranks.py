@@ -6,13 +6,8 @@ ZeroRedundancyOptimizer and FSDP2 hold them on that rank, read from torch's sour
   made at construction and kept (``gradient_as_bucket_view=False``, the default);
 - ZeRO-1 (``ZeroRedundancyOptimizer``): the state of the parameters this rank owns, assigned largest
   first to the rank with the fewest elements so far;
-- FSDP2 (``fully_shard`` per block, then the root): each parameter's dim-0 shard padded to
-  ceil(d0 / N) rows; a block's parameters all-gathered (padded, in ``param_dtype``) when its forward begins
-  and freed when it ends (``reshard_after_forward``; else kept to its backward), gathered again when the
-  block after it starts its backward (the default backward prefetch) and freed after its own; the root's
-  gathered from the first step to the last; a block's gradients made whole by backward, copied into one
-  reduce-scatter input (padded, in ``reduce_dtype``) after its backward and freed, the input kept until
-  the next block's reduce-scatter, the sharded gradients views of its output;
+- FSDP2 (``fully_shard`` per block, then the root): fsdp.py;
+- tensor parallelism: tensor.py's split, each split tensor a 1/t share;
 - the optimizer step: AdamW on CPU runs its for-loop form (three temporaries the size of the parameter it
   updates); on CUDA the foreach form (``torch._foreach_sqrt`` of every state: one temporary the size of
   all of them), modelled, not measured here.
