@@ -75,7 +75,10 @@ def rank_memory(analysis, layout: Layout, optimizer: str = "adamw", dims: dict[s
     layout.check()
     device = analysis.profile.device if analysis.profile is not None else "cpu"
     if device not in DEVICES:
-        raise UsageError(f"a data-parallel layout needs --device cpu or cuda, not {device!r}")
+        raise UsageError(f"a parallel layout needs --device cpu or cuda, not {device!r}")
+    if analysis.profile is not None and analysis.profile.name == "tensorflow":
+        raise UsageError("a parallel layout models PyTorch's DDP, FSDP2 and tensor parallelism; this model "
+                         "trains as TensorFlow does (--autodiff pytorch to see it as PyTorch would)")
     graph, joint, live, sizes = analysis.graph, analysis.joint, analysis.liveness, analysis.sizes
     values = {**{n: sizes[n] for n in sizes}, **(dims or {})}
     model = StepModel(joint, live, values, Poly())

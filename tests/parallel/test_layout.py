@@ -163,3 +163,9 @@ def test_tensor_parallel_splits_the_pairs_and_keeps_the_norms_whole():
     assert whole.saved_activation_bytes / 2 < split.saved_activation_bytes < whole.saved_activation_bytes
     done = CliRunner().invoke(main, ["plan", DECODER, *SIZED, "--tp", "2", "--json"])
     assert json.loads(done.output)["layout"]["global_batch"] == 2
+
+
+def test_a_model_that_trains_as_tensorflow_does_gets_no_torch_layout():
+    done = CliRunner().invoke(main, ["analyze", DECODER, *SIZED[:4], "--autodiff", "tensorflow",
+                                     "--dp-shard", "2", "-q"])
+    assert done.exit_code == 2 and "models PyTorch's DDP, FSDP2" in done.output
