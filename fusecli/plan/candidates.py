@@ -150,9 +150,19 @@ def block_candidates(graph: Graph, joint: Graph, live: Liveness,
                         continue
                     seen.add(base.name)
                     kept.append(base)
-        remade = [joint.tensors[t.name] for n in nodes for t in n.outputs
-                  if t is not None and t.kind == "activation" and t.name in joint.tensors
-                  and any(id(c) not in inside for c in t.consumers)]
+        # what the re-run makes again is storage: a view's base once, nothing for a tensor eager never
+        # makes (a causal mask sdpa is told by is_causal), nothing the checkpoint holds already
+        remade, made = [], {base.name for base in kept}
+        for n in nodes:
+            for t in n.outputs:
+                if t is None or t.kind != "activation" or t.name not in joint.tensors \
+                        or all(id(c) in inside for c in t.consumers):
+                    continue
+                mine = joint.tensors[t.name]
+                base = live.storage.get(mine, mine)
+                if base is not None and base.kind == "activation" and base.name not in made:
+                    made.add(base.name)
+                    remade.append(base)
         flops: int | None = 0
         for n in nodes:
             f = node_flops(n, sizes) if n.outputs and n.outputs[0] is not None else 0
