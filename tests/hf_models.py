@@ -377,8 +377,12 @@ def saved_storages(model, args, held_by=()) -> list[tuple[tuple[int, ...], str, 
     held_storages: set[int] = set()
 
     def held(module, args, kwargs):
-        for t in (*args, *kwargs.values()):
-            if isinstance(t, torch.Tensor):
+        stack = [*args, *kwargs.values()]  # tuples too: transformers passes (cos, sin) as one kwarg
+        while stack:
+            t = stack.pop()
+            if isinstance(t, (tuple, list)):
+                stack.extend(t)
+            elif isinstance(t, torch.Tensor):
                 pack(t)
                 held_storages.add(t.untyped_storage().data_ptr())
 
