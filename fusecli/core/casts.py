@@ -4,6 +4,7 @@ a dynamo export's dropped ``softmax(x, dtype=float32)`` casts), each placed righ
 from __future__ import annotations
 
 from .ir import Graph, Node, Tensor, redirect, unique_name
+from .scopes import node_scope
 
 ONNX_DTYPES = {"float32": 1, "float16": 10, "bfloat16": 16}
 
@@ -22,10 +23,14 @@ class Rewrite:
         g = self.graph
         base = f"{x.name}.{dtype}"
         y = g.tensor(unique_name(base, g.tensors), dtype=dtype, shape=x.shape, kind="activation")
-        node = g.add_node(Node(g.unique_node_name(f"precision/{base}"), "Cast", "cast", [x], [y],
-                               {"to": ONNX_DTYPES[dtype]}, meta={"precision_cast": True}))
-        redirect(readers, x, y)
         first = min(readers, key=lambda r: self.position.get(id(r), len(self.position)))
+        # eager casts inside the module of the op that reads the cast: its scope, so a checkpointed block
+        # holds (and frees) the casts its own ops make
+        scope = ".".join(node_scope(first))
+        meta = {"precision_cast": True, **({"module": scope} if scope else {})}
+        node = g.add_node(Node(g.unique_node_name(f"precision/{base}"), "Cast", "cast", [x], [y],
+                               {"to": ONNX_DTYPES[dtype]}, meta=meta))
+        redirect(readers, x, y)
         self.before.setdefault(id(first), []).append(node)
         self.count += 1
         return y
