@@ -24,7 +24,7 @@ from ..core.dims import Poly
 from ..core.errors import UsageError
 from ..core.ir import Tensor, dtype_size
 from ..plan.candidates import saved_after
-from ..plan.planner import MAX_SOLVE, OPTIMIZERS, StepModel
+from ..plan.planner import OPTIMIZERS, StepModel, largest_fitting
 from .fsdp import Unit, gather, parameters, reduce_scatter, shard_rows, units
 from .layout import DEVICES, Layout
 from .tensor import Split, find_split
@@ -277,16 +277,6 @@ def largest(analysis, layout: Layout, budget: int, names: list[str], optimizer: 
         dims = {**base, **{n: v for n in names}}
         return max(e.peak_bytes for e in rank_memory(analysis, layout, optimizer, dims, chosen)) <= budget
 
-    if not fits(1):
-        return 0
-    lo, hi = 1, 2
-    while hi <= MAX_SOLVE and fits(hi):
-        lo, hi = hi, hi * 2
-    if hi > MAX_SOLVE:
-        return MAX_SOLVE
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    return lo
+    return largest_fitting(fits)
 
 

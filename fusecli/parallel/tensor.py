@@ -56,6 +56,10 @@ def find_split(graph: Graph, joint: Graph, t: int) -> Split:
     """The split of ``t``-way tensor parallelism (UsageError where the graph has no pair, or t does not
     divide a split dim: heads, K/V heads, a column-parallel weight's output)."""
     weighted = _weighted(graph)
+    backward_of: dict[str, list[Node]] = {}  # forward node name -> the backward nodes of it
+    for b in joint.nodes:
+        if b.phase == "backward" and b.meta.get("forward") is not None:
+            backward_of.setdefault(b.meta["forward"], []).append(b)
     split = Split(t)
     for scope, nodes in block_scopes(graph).items():
         name = ".".join(scope)
@@ -91,7 +95,7 @@ def find_split(graph: Graph, joint: Graph, t: int) -> Split:
                 split.tensors |= {o.name for o in joint.node(n.name).outputs
                                   if o is not None and _by_heads(o)}
         split.tensors -= {o.name for n in rows for o in n.outputs if o is not None}
-        inner = {_cols_out(n, weighted) for n in cols}
+        inner = {_cols_out(n) for n in cols}
         for n in [*cols, *rows]:
             split.parameters |= {p.name for i in n.inputs if i is not None for p in weighted.get(i.name, ())}
         for n in nodes:  # a column-parallel bias: read beside a split tensor, as long as the split dim
@@ -101,7 +105,7 @@ def find_split(graph: Graph, joint: Graph, t: int) -> Split:
                         if p.shape and p.shape[-1] in inner:
                             split.parameters.add(p.name)
         split.reduced += [n.outputs[0].name for n in rows if n.outputs and n.outputs[0] is not None]
-        split.reduced += [_input_grad(joint, n, weighted) for n in cols]
+        split.reduced += [_input_grad(backward_of.get(n.name, ()), n, weighted) for n in cols]
     if not split.pairs:
         raise UsageError("--tp: no column/row-parallel pair of weight matmuls found in the model's blocks")
     for b in joint.nodes:  # backward: a gradient is split where what it is the gradient of is
@@ -147,27 +151,27 @@ def _backward(starts: list[Tensor], inside: set[int]) -> set[str]:
     return seen
 
 
-def _cols_out(n: Node, weighted) -> object:
+def _cols_out(n: Node) -> object:
     """A column-parallel matmul's split dim: its output's last dim."""
     out = n.outputs[0] if n.outputs else None
     return out.shape[-1] if out is not None and out.shape else None
 
 
-def _input_grad(joint: Graph, n: Node, weighted) -> str | None:
-    """The gradient of a column-parallel matmul's activation input, which backward sums across ranks."""
+def _input_grad(backward: list[Node], n: Node, weighted) -> str | None:
+    """The gradient of a column-parallel matmul's activation input (among ``backward``, the backward
+    nodes of ``n``), which backward sums across ranks."""
     x = next((i for i in n.inputs if i is not None and i.name not in weighted), None)
-    for b in joint.nodes:
-        if b.phase == "backward" and b.meta.get("forward") == n.name:
-            for o in b.outputs:
-                if o is not None and x is not None and o.meta.get("like") == x.name:
-                    return o.name
+    for b in backward:
+        for o in b.outputs:
+            if o is not None and x is not None and o.meta.get("like") == x.name:
+                return o.name
     return None
 
 
 def _check(block: str, nodes: list[Node], cols: list[Node], weighted, t: int) -> None:
     """t divides each split dim: the column-parallel outputs, the attention's heads and K/V heads."""
     for n in cols:
-        d = _cols_out(n, weighted)
+        d = _cols_out(n)
         if isinstance(d, int) and d % t:
             raise UsageError(f"--tp {t}: {n.name}'s {d} output columns ({block}) do not divide over {t} "
                              "ranks")

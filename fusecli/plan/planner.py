@@ -191,26 +191,29 @@ class StepModel:
         return total
 
 
-def _solve(polys: list[Poly], dims: dict[str, int], names: list[str], budget: int) -> int | None:
-    """The largest value v of the dims ``names`` (set together) with max(polys) <= budget; 0 when even
-    v = 1 does not fit (peaks grow with every input dim: a search over v)."""
-    def peak(v: int) -> int:
-        values = {**dims, **{n: v for n in names}}
-        return max(p.evaluate(values) or 0 for p in polys)
-
-    if not names:
-        return None
-    if peak(1) > budget:
+def largest_fitting(fits) -> int:
+    """The largest v >= 1 with ``fits(v)``, for a ``fits`` true up to some v and false above it (a step's
+    peak grows with every input dim): 0 when not even 1 fits, MAX_SOLVE at most; doubling, then bisection."""
+    if not fits(1):
         return 0
     lo, hi = 1, 2
-    while hi <= MAX_SOLVE and peak(hi) <= budget:
+    while hi <= MAX_SOLVE and fits(hi):
         lo, hi = hi, hi * 2
     if hi > MAX_SOLVE:
         return MAX_SOLVE
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if peak(mid) <= budget else (lo, mid)
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
     return lo
+
+
+def _solve(polys: list[Poly], dims: dict[str, int], names: list[str], budget: int) -> int | None:
+    """The largest value v of the dims ``names`` (set together) with max(polys) <= budget (largest_fitting);
+    None when there are no such dims."""
+    if not names:
+        return None
+    return largest_fitting(lambda v: max(p.evaluate({**dims, **{n: v for n in names}}) or 0
+                                         for p in polys) <= budget)
 
 
 def solve_dims(graph, solve: str) -> list[str]:
