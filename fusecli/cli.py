@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import functools
 import gc
 import os
 import signal
@@ -229,34 +230,55 @@ def _device_option(f):
                              "they keep for backward) and autocast's op lists differ.")(f)
 
 
+LAYOUT_FLAGS = ("dp_replicate", "dp_shard", "zero", "reshard", "world", "tp", "sp", "pp", "microbatches",
+                "pp_schedule")
+
+
 def _layout_options(f):
-    """A data-parallel layout (torchtitan's words; docs/cli.md maps them to Megatron's and DeepSpeed's)."""
-    f = click.option("--world", type=click.IntRange(min=1), default=None, metavar="N",
-                     help="Ranks in all, checked against the degrees' product.")(f)
-    f = click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True, metavar="N",
+    """A parallel layout (torchtitan's words; docs/cli.md maps them to Megatron's and DeepSpeed's): the
+    command receives ``layout``, checked, or None for one device with no parallel flag."""
+
+    @functools.wraps(f)
+    def with_layout(*args, **kwargs):
+        return f(*args, layout=_layout(**{k: kwargs.pop(k) for k in LAYOUT_FLAGS}), **kwargs)
+
+    g = click.option("--world", type=click.IntRange(min=1), default=None, metavar="N",
+                     help="Ranks in all, checked against the degrees' product.")(with_layout)
+    g = click.option("--pp-schedule", type=click.Choice(["1f1b", "gpipe"]), default="1f1b", show_default=True,
+                     help="Pipeline schedule: Schedule1F1B (stage s holds min(pp - s, m) microbatches) or "
+                          "ScheduleGPipe (every stage holds all m).")(g)
+    g = click.option("--microbatches", type=click.IntRange(min=1), default=None, metavar="M",
+                     help="Microbatches per step under --pp (default: pp); --batch is cut into them.")(g)
+    g = click.option("--pp", type=click.IntRange(min=1), default=1, show_default=True, metavar="N",
+                     help="Pipeline parallel: the blocks split evenly into N stages, one per rank (the "
+                          "embeddings on the first, the final norm and head on the last).")(g)
+    g = click.option("--sp", is_flag=True,
+                     help="Sequence parallel with --tp: the norms and residuals split along the sequence "
+                          "(SequenceParallel; the row-parallel outputs reduce-scattered).")(g)
+    g = click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True, metavar="N",
                      help="Tensor parallel: each block's column/row-parallel pairs (q, k, v / o; gate, up / "
-                          "down) split over N ranks, as torch's ColwiseParallel/RowwiseParallel.")(f)
-    f = click.option("--reshard-after-forward/--no-reshard-after-forward", "reshard", default=True,
+                          "down) split over N ranks, as torch's ColwiseParallel/RowwiseParallel.")(g)
+    g = click.option("--reshard-after-forward/--no-reshard-after-forward", "reshard", default=True,
                      show_default=True,
                      help="FSDP2: free a block's gathered parameters after its forward (gather them again "
-                          "for its backward), or keep them to its backward (ZeRO-2-like).")(f)
-    f = click.option("--zero", type=click.IntRange(1, 3), default=None, metavar="1",
+                          "for its backward), or keep them to its backward (ZeRO-2-like).")(g)
+    g = click.option("--zero", type=click.IntRange(1, 3), default=None, metavar="1",
                      help="ZeRO-1 over the --dp-replicate ranks: ZeroRedundancyOptimizer shards the "
-                          "optimizer state (ZeRO-2/3: use --dp-shard).")(f)
-    f = click.option("--dp-shard", type=click.IntRange(min=1), default=1, show_default=True, metavar="N",
+                          "optimizer state (ZeRO-2/3: use --dp-shard).")(g)
+    g = click.option("--dp-shard", type=click.IntRange(min=1), default=1, show_default=True, metavar="N",
                      help="Ranks sharing one copy of the parameters, gradients and optimizer state "
-                          "(FSDP2 fully_shard per block and the root; ZeRO-3).")(f)
+                          "(FSDP2 fully_shard per block and the root; ZeRO-3).")(g)
     return click.option("--dp-replicate", type=click.IntRange(min=1), default=1, show_default=True,
                         metavar="N", help="Ranks each holding a whole replica (DDP); with --dp-shard: "
-                                          "HSDP. --batch is each rank's own.")(f)
+                                          "HSDP. --batch is each rank's own.")(g)
 
 
 def _layout(dp_replicate: int, dp_shard: int, zero: int | None, reshard: bool, world: int | None,
-            tp: int = 1):
+            tp: int, sp: bool, pp: int, microbatches: int | None, pp_schedule: str):
     """The layout the flags say, checked; None for one device with no parallel flag."""
     from .parallel.layout import Layout
 
-    layout = Layout(dp_replicate, dp_shard, zero, reshard, world, tp)
+    layout = Layout(dp_replicate, dp_shard, zero, reshard, world, tp, sp, pp, microbatches, pp_schedule)
     if layout == Layout():
         return None
     layout.check()
@@ -309,8 +331,7 @@ def analyze(model: str, as_json: bool, batch: int | None, dims: tuple[str, ...],
             wrt: str, plot_path: str | None, patterns: tuple[str, ...], constant_weights: str,
             autodiff: str | None, device: str, routing: str | None, precision: str | None, verbose: bool,
             quiet: bool, all_saved: bool, overlay_path: str | None, annotate_path: str | None,
-            dp_replicate: int, dp_shard: int, zero: int | None, reshard: bool, world: int | None,
-            tp: int) -> None:
+            layout) -> None:
     """Analyze MODEL (an .onnx file or a SavedModel folder)."""
     from .pipeline import Options
     from .pipeline import analyze as run_analysis
@@ -325,7 +346,6 @@ def analyze(model: str, as_json: bool, batch: int | None, dims: tuple[str, ...],
     if plot_path:
         _check_plot(plot_path, model)
     _check_viewer_outputs(model, overlay_path, annotate_path)
-    layout = _layout(dp_replicate, dp_shard, zero, reshard, world, tp)
     result = run_analysis(model, options)
     ranks = None
     if layout is not None:
@@ -609,8 +629,7 @@ def _parse_budget(ctx, param, value: str) -> int:
 @_layout_options
 def plan_command(model: str, budget: int, batch: int | None, dims: tuple[str, ...], signature: str | None,
                  optimizer: str, device: str, precision: str | None, solve: str, recompute: str,
-                 as_json: bool, plot_path: str | None, emit_path: str | None, dp_replicate: int,
-                 dp_shard: int, zero: int | None, reshard: bool, world: int | None, tp: int) -> None:
+                 as_json: bool, plot_path: str | None, emit_path: str | None, layout) -> None:
     """Fit MODEL's training step into --budget: its memory as formulas, the largest batch that fits,
     and what to recompute (checkpoint) when it does not. Exit 1 when it cannot fit."""
     from .core import progress
@@ -628,7 +647,6 @@ def plan_command(model: str, budget: int, batch: int | None, dims: tuple[str, ..
             raise UsageError("--emit-pytorch writes torch.utils.checkpoint calls, which recompute blocks "
                              "only: use --recompute blocks (the default with --emit-pytorch)")
     recompute = recompute or ("blocks" if emit_path else "all")
-    layout = _layout(dp_replicate, dp_shard, zero, reshard, world, tp)
     if layout is not None and emit_path:
         raise UsageError("--emit-pytorch writes one device's plan and its predictions; with a layout, "
                          "checkpoint the modules the per-rank plan lists")

@@ -125,7 +125,7 @@ LAYERS = {
     "render": {"core", "fusion", "pipeline"},
     "rewrite": {"fusecli", "core", "load", "spellings", "memory", "fusion", "pipeline"},
     "plan": {"core", "memory", "precision", "fusion"},
-    "parallel": {"core", "spellings", "plan"},
+    "parallel": {"core", "spellings", "memory", "plan"},
     "diff": {"fusecli", "core", "load", "memory", "fusion", "pipeline", "report", "rewrite"},
 }
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from ..core.errors import UsageError
 
 DEVICES = {"cpu": "gloo", "cuda": "NCCL"}  # the backend each device's collectives run on
+SCHEDULES = ("1f1b", "gpipe")  # torch.distributed.pipelining's Schedule1F1B and ScheduleGPipe
 MAX_WORLD = 1 << 17  # 131,072 ranks: beyond the largest clusters trained on; the JSON lists every rank id
 
 
@@ -26,10 +27,19 @@ class Layout:
     reshard_after_forward: bool = True  # FSDP2: free a block's gathered parameters after its forward
     world: int | None = None  # the world size the user says, checked against the degrees' product
     tp: int = 1  # tensor parallel: each block's column/row pairs split over tp ranks (parallel.tensor)
+    sp: bool = False  # sequence parallel with the tensor parallel: norms and residuals split by sequence
+    pp: int = 1  # pipeline stages, one per rank (parallel.pipeline)
+    microbatches: int | None = None  # the batch's microbatches under --pp (default: pp)
+    pp_schedule: str = "1f1b"  # Schedule1F1B, or gpipe (ScheduleGPipe)
 
     @property
     def size(self) -> int:
-        return self.dp_replicate * self.dp_shard * self.tp
+        return self.dp_replicate * self.dp_shard * self.tp * self.pp
+
+    @property
+    def chunks(self) -> int:
+        """The microbatches each step's batch is cut into (1 without a pipeline)."""
+        return (self.microbatches or self.pp) if self.pp > 1 else 1
 
     @property
     def data_parallel(self) -> int:
@@ -43,8 +53,10 @@ class Layout:
     @property
     def name(self) -> str:
         """torchtitan's words for it: 'FSDP 4', 'HSDP 2x4', 'DDP 8 + ZeRO-1', 'TP 2', 'single device'."""
+        if self.pp > 1:
+            return f"PP {self.pp} ({self.pp_schedule.upper()}, {self.chunks} microbatches)"
         if self.tp > 1:
-            return f"TP {self.tp}"
+            return f"TP {self.tp}" + (" + SP" if self.sp else "")
         if self.sharded:
             kind = f"HSDP {self.dp_replicate}x{self.dp_shard}" if self.dp_replicate > 1 else \
                 f"FSDP {self.dp_shard}"
@@ -57,7 +69,7 @@ class Layout:
         """UsageError for a layout that cannot run: a degree below 1, a world the degrees do not
         multiply to, ZeRO levels that are another flag's job."""
         for name, n in (("--dp-replicate", self.dp_replicate), ("--dp-shard", self.dp_shard),
-                        ("--tp", self.tp)):
+                        ("--tp", self.tp), ("--pp", self.pp), ("--microbatches", self.microbatches or 1)):
             if n < 1:
                 raise UsageError(f"{name} {n}: a degree is at least 1")
         if self.size > MAX_WORLD:
@@ -65,7 +77,15 @@ class Layout:
         if self.world is not None and self.world != self.size:
             raise UsageError(f"--world {self.world}: the degrees multiply to {self.size} "
                              f"(--dp-replicate {self.dp_replicate} x --dp-shard {self.dp_shard} x --tp "
-                             f"{self.tp})")
+                             f"{self.tp} x --pp {self.pp})")
+        if self.pp > 1 and self.size != self.pp:
+            raise UsageError("--pp with --dp-replicate, --dp-shard or --tp: the 2-D layouts are not modelled "
+                             "yet")
+        if self.pp == 1 and (self.microbatches is not None or self.pp_schedule != "1f1b"):
+            raise UsageError("--microbatches and --pp-schedule are pipeline settings: give --pp N (N >= 2)")
+        if self.sp and self.tp < 2:
+            raise UsageError("--sp splits the tensor-parallel ranks' norms and residuals along the "
+                             "sequence: give --tp N (N >= 2)")
         if self.tp > 1 and self.dp_replicate * self.dp_shard > 1:
             raise UsageError("--tp with --dp-replicate or --dp-shard: the 2-D layouts are not modelled yet")
         if self.zero == 1 and self.sharded:
@@ -79,6 +99,8 @@ class Layout:
                              "backward, as ZeRO-2 keeps them whole)")
         if not self.reshard_after_forward and not self.sharded:
             raise UsageError("--no-reshard-after-forward is an FSDP setting: give --dp-shard N")
+        if self.pp_schedule not in SCHEDULES:
+            raise UsageError(f"--pp-schedule {self.pp_schedule}: one of {', '.join(SCHEDULES)}")
 
 
 def ranks_of(layout: Layout) -> list[int]:

@@ -8,9 +8,9 @@ ZeroRedundancyOptimizer and FSDP2 hold them on that rank, read from torch's sour
   first to the rank with the fewest elements so far;
 - FSDP2 (``fully_shard`` per block, then the root): fsdp.py;
 - tensor parallelism: tensor.py's split, each split tensor a 1/t share;
-- the optimizer step: AdamW on CPU runs its for-loop form (three temporaries the size of the parameter it
-  updates); on CUDA the foreach form (``torch._foreach_sqrt`` of every state: one temporary the size of
-  all of them), modelled, not measured here.
+- the optimizer step: AdamW on CPU runs its for-loop form (``loop_temporaries``); on CUDA the foreach
+  form (``torch._foreach_sqrt`` of every state: one temporary the size of all of them), modelled, not
+  measured here.
 """
 
 from __future__ import annotations
@@ -23,15 +23,23 @@ import numpy as np
 from ..core.dims import Poly
 from ..core.errors import UsageError
 from ..core.ir import Tensor, dtype_size
+from ..memory.sizes import model_variables
 from ..plan.candidates import saved_after
 from ..plan.planner import OPTIMIZERS, StepModel, largest_fitting
 from .fsdp import Unit, gather, parameters, reduce_scatter, shard_rows, units
 from .layout import DEVICES, Layout
+from .pipeline import in_flight, sent_storages, stage_peak, stage_step, stages_of
 from .tensor import Split, find_split
 from .timeline import Timeline
 
 STEP_BYTES = 4  # AdamW's ``step``: a float32 scalar tensor per parameter (capturable=False)
-LOOP_TEMPORARIES = 3  # _single_tensor_adamw: sqrt(v), its quotient, and the update's, of one parameter
+
+
+def loop_temporaries(local: list[int]) -> int:
+    """AdamW's for-loop form (_single_tensor_adam) at its largest: each parameter's sqrt(v) and its
+    quotient by sqrt(1 - beta2^t), while ``denom``, the loop's variable, still holds the previous
+    parameter's quotient: max over i of 2 s_i + s_(i-1), in the optimizer's order of parameters."""
+    return max((2 * s + (local[i - 1] if i else 0) for i, s in enumerate(local)), default=0)
 
 
 @dataclass
@@ -48,6 +56,7 @@ class RankMemory:
     peak_phase: str  # forward | backward | optimizer
     peak_step: int | None  # the schedule step of the peak (None: the optimizer step)
     alive_at_peak: dict[str, int] = field(default_factory=dict)  # category -> bytes there
+    in_flight: int | None = None  # a pipeline stage: the microbatches whose activations it holds at once
 
     def key(self) -> tuple:
         return (self.parameter_bytes, self.gradient_bytes, self.optimizer_bytes,
@@ -81,6 +90,10 @@ def rank_memory(analysis, layout: Layout, optimizer: str = "adamw", dims: dict[s
                          "trains as TensorFlow does (--autodiff pytorch to see it as PyTorch would)")
     graph, joint, live, sizes = analysis.graph, analysis.joint, analysis.liveness, analysis.sizes
     values = {**{n: sizes[n] for n in sizes}, **(dims or {})}
+    if layout.pp > 1:
+        if chosen:
+            raise UsageError("--pp: a per-stage recompute plan is not modelled yet")
+        return _pipeline_ranks(analysis, layout, optimizer, values)
     model = StepModel(joint, live, values, Poly())
     own = not chosen and all(sizes.get(k) == v for k, v in (dims or {}).items())  # the analysis' step
     params = parameters(graph)
@@ -98,9 +111,10 @@ def rank_memory(analysis, layout: Layout, optimizer: str = "adamw", dims: dict[s
     grads = {t.meta["grad_of"]: t for t in joint.outputs if t.meta.get("grad_of") in compute}
     owner = zero1_owners([int(np.prod(shapes[p.name], dtype=object)) for p in params], layout.dp_replicate) \
         if layout.zero == 1 else None
+    split = find_split(graph, joint, layout.tp, layout.sp, _storage_names(live)) if layout.tp > 1 else None
     step = _Step(analysis, model, values, layout, params, shapes, grads, compute, moments, mixed, precision,
                  device, units(graph, joint, live) if layout.sharded else [], list(chosen or ()), own, owner,
-                 find_split(graph, joint, layout.tp) if layout.tp > 1 else None)
+                 split)
     out: list[RankMemory] = []
     for rank, ids in _classes(layout, [shapes[p.name] for p in params], owner):
         entry = _one_rank(step, rank)
@@ -110,6 +124,57 @@ def rank_memory(analysis, layout: Layout, optimizer: str = "adamw", dims: dict[s
         else:
             entry.ranks = ids
             out.append(entry)
+    return out
+
+
+def _pipeline_ranks(analysis, layout: Layout, optimizer: str, values: dict[str, int]) -> list[RankMemory]:
+    """Each stage's rank under a pipeline (parallel.pipeline): one microbatch's step on the stage at the
+    microbatch's size, the microbatches in flight by schedule, the stage's parameters, gradients and
+    AdamW state resident."""
+    graph, joint, live = analysis.graph, analysis.joint, analysis.liveness
+    m, p = layout.chunks, layout.pp
+    stages, of_step = stages_of(graph, live, p)
+    sent = sent_storages(joint, live, of_step)
+    batch_dims = model_variables(graph)[1]
+    for b in batch_dims:
+        if values.get(b) is not None and values[b] % m:
+            raise UsageError(f"--microbatches {m}: the batch, {values[b]}, is not a multiple of it")
+    micro = {**values, **{b: values[b] // m for b in batch_dims if b in values}}
+    model = StepModel(joint, live, micro, Poly())
+    params = parameters(graph)
+    grads = {t.meta["grad_of"]: t for t in joint.outputs if t.meta.get("grad_of") in {q.name for q in params}}
+    gradient_names = {g.name for g in grads.values()}
+    precision = analysis.precision.name if analysis.precision is not None else None
+    moments = OPTIMIZERS[optimizer][0]
+    device = analysis.profile.device if analysis.profile is not None else "cpu"
+    constants = {t.name: t for t in joint.tensors.values() if t.kind == "constant" and t.producer is None}
+    out: list[RankMemory] = []
+    for stage in stages:
+        step = stage_step(stage, of_step, model, live, gradient_names, sent, {q.name for q in params})
+        mine = [q for q in params if q.name in step.touched]
+        weights = [model.bytes_formula(q).evaluate(model.sizes) or 0 for q in mine]
+        param_bytes = sum(weights)
+        fixed = sum(model.bytes_formula(c).evaluate(model.sizes) or 0 for name, c in constants.items()
+                    if name in step.touched and model.bytes_formula(c) is not None)
+        numel = [int(np.prod(q.shape, dtype=object)) if q.shape else 1 for q in mine]
+        state_dtype = 4 if precision in ("bf16", "fp16") else dtype_size(mine[0].dtype) if mine else 4
+        state = sum(moments * state_dtype * e + STEP_BYTES for e in numel) if moments else 0
+        master = 4 * sum(numel) if precision in ("bf16", "fp16") else 0
+        grad_bytes = sum(model.value.get(grads[q.name].name, 0) for q in mine if q.name in grads)
+        buffers = m * step.received  # a receive buffer per microbatch
+        resident = param_bytes + fixed + state + master + buffers
+        k = in_flight(layout.pp_schedule, p, stage.index, m)
+        top, at = stage_peak(step, layout.pp_schedule, k, m, grad_bytes)
+        peak, phase = resident + top, "forward" if at < stage.boundary else "backward"
+        local = [e * state_dtype for e in numel]
+        temporaries = loop_temporaries(local) if device == "cpu" else sum(local)
+        optimizer_peak = resident + grad_bytes + (temporaries if moments else 0)
+        where = stage.steps[at] if stage.steps else None
+        if optimizer_peak > peak:
+            peak, phase, where = optimizer_peak, "optimizer", None
+        entry = RankMemory([stage.index], param_bytes, grad_bytes, state, k * step.saved, buffers, peak,
+                           phase, where, in_flight=k)
+        out.append(entry)
     return out
 
 
@@ -189,7 +254,8 @@ def _one_rank(step_: _Step, rank: int) -> RankMemory:
             line.add(step, step, on_rank(x.name, f.evaluate(values) or 0))
     for (born, last), f in stats:  # kept statistics, a re-run block's outputs made again
         line.add(born, last, f.evaluate(values) or 0)
-    for name in split.reduced if split is not None else ():  # an all-reduce's output beside its input
+    # an all-reduce's output beside its input; a tensor split as it enters the blocks, whole when made
+    for name in [*split.reduced, *split.chunked] if split is not None else ():
         if name in model.value:
             born, _ = live.lifetimes[name]
             line.add(born, born, model.value[name], buffer=True)
@@ -217,6 +283,8 @@ def _one_rank(step_: _Step, rank: int) -> RankMemory:
             buckets = grad_bytes
             line.add(-1, steps - 1, buckets, buffer=True)
         local = [numel[params[i].name] * state_dtype for i in mine]
+        if owner is not None:  # ZeroRedundancyOptimizer's partition lists a rank's parameters largest first
+            local.sort(reverse=True)
     else:
         orig = {p.name: 4 if mixed else dtype_size(p.dtype) for p in params}
         reduce = {p.name: 4 if mixed else dtype_size(compute[p.name]) for p in params}
@@ -237,7 +305,7 @@ def _one_rank(step_: _Step, rank: int) -> RankMemory:
         resident_state = param_bytes + constants + state
         reduce_scatter(line, live, model, fsdp_units, grads, steps, device)
     top, step, buffered = line.top()
-    temporaries = LOOP_TEMPORARIES * max(local, default=0) if device == "cpu" else sum(local)
+    temporaries = loop_temporaries(local) if device == "cpu" else sum(local)
     optimizer_peak = resident_state + grad_bytes + buckets + (temporaries if moments else 0)
     peak = resident_state + top
     phase = "forward" if step is not None and step < live.boundary else "backward"
@@ -251,6 +319,11 @@ def _one_rank(step_: _Step, rank: int) -> RankMemory:
                     if (f := model.bytes_formula(live_storage(live, x))) is not None) + \
             sum(f.evaluate(values) or 0 for f in kept_stats)
     return RankMemory([rank], param_bytes, grad_bytes, state, saved, buffered, peak, phase, step)
+
+
+def _storage_names(live) -> dict[str, str]:
+    """Tensor name -> the name of the tensor whose storage holds it (views and their bases)."""
+    return {x.name: base.name for x, base in (live.storage or {}).items() if base is not None}
 
 
 def local_param(name: str, value: int, split: set[str], t: int) -> int:
@@ -268,15 +341,14 @@ def largest(analysis, layout: Layout, budget: int, names: list[str], optimizer: 
             chosen: list | None = None) -> int | None:
     """The largest value of the dims ``names`` (set together: the local batch, or the sequence) whose
     step fits ``budget`` on every rank (``chosen`` recomputed); 0 when not even 1 does, None when there is
-    no such dim."""
+    no such dim. Under a pipeline a batch is a whole number of microbatches."""
     if not names:
         return None
     base = {n: analysis.sizes[n] for n in analysis.sizes}
+    unit = layout.chunks if set(names) <= set(model_variables(analysis.graph)[1]) else 1
 
     def fits(v: int) -> bool:
-        dims = {**base, **{n: v for n in names}}
+        dims = {**base, **{n: v * unit for n in names}}
         return max(e.peak_bytes for e in rank_memory(analysis, layout, optimizer, dims, chosen)) <= budget
 
-    return largest_fitting(fits)
-
-
+    return largest_fitting(fits) * unit

@@ -7,7 +7,15 @@ Even depths are column-parallel (``ColwiseParallel``: the weight's output column
 computing its heads or its slice of the MLP), odd depths row-parallel (``RowwiseParallel``: the input
 rows split, the partial outputs summed by an all-reduce). Everything on a path from a column-parallel
 output to a row-parallel input is split (q, k and v by heads, the attention inside, the MLP's
-activations); the rest, norms and residuals, is whole on every rank (without sequence parallelism).
+activations); the rest, norms and residuals, is whole on every rank without sequence parallelism.
+
+Sequence parallelism (Megatron's, torch's ``SequenceParallel`` on the norms with the row-parallel outputs
+reduce-scattered, ``RowwiseParallel(output_layouts=Shard(1))``) splits that rest along the sequence: each
+tensor of the block's (batch, seq, ...) residual stream outside the column/row region is a 1/t share,
+the row-parallel outputs included; a column-parallel matmul's input is the all-gathered whole, which it
+saves (and so are the views of its storage). The blocks' input arrives whole and their output is gathered
+whole for what follows them (the final norm), as ``PrepareModuleInput``/``PrepareModuleOutput`` on the
+first and last block do.
 A backward tensor is split where the tensor it is the gradient of is.
 """
 
@@ -21,6 +29,7 @@ from ..plan.candidates import block_scopes
 from ..spellings.attention import AttentionForm, read_attention
 
 MATMULS = ("matmul", "gemm")
+SHAPE_READS = ("shape", "size")  # read a tensor's shape, not its data: whole or split alike
 
 
 @dataclass
@@ -33,6 +42,8 @@ class Split:
     parameters: set[str] = field(default_factory=set)
     reduced: list[str] = field(default_factory=list)  # each all-reduce's tensor (its size is the buffer)
     pairs: int = 0  # column/row pairs found
+    sequence: bool = False  # sequence parallel: the norm and residual regions split along the sequence
+    chunked: list[str] = field(default_factory=list)  # whole when made, then split (the first block's input)
 
 
 def _weighted(graph: Graph) -> dict[str, list[Tensor]]:
@@ -52,16 +63,21 @@ def _weighted(graph: Graph) -> dict[str, list[Tensor]]:
     return out
 
 
-def find_split(graph: Graph, joint: Graph, t: int) -> Split:
+def find_split(graph: Graph, joint: Graph, t: int, sequence: bool = False,
+               storage: dict[str, str] | None = None) -> Split:
     """The split of ``t``-way tensor parallelism (UsageError where the graph has no pair, or t does not
-    divide a split dim: heads, K/V heads, a column-parallel weight's output)."""
+    divide a split dim: heads, K/V heads, a column-parallel weight's output); with ``sequence``, sequence
+    parallelism's too (``storage``: tensor name -> the name of the tensor whose storage holds it)."""
     weighted = _weighted(graph)
+    storage = storage or {}
+    blocks = block_scopes(graph)
+    in_block = {id(n) for nodes in blocks.values() for n in nodes}
     backward_of: dict[str, list[Node]] = {}  # forward node name -> the backward nodes of it
     for b in joint.nodes:
         if b.phase == "backward" and b.meta.get("forward") is not None:
             backward_of.setdefault(b.meta["forward"], []).append(b)
-    split = Split(t)
-    for scope, nodes in block_scopes(graph).items():
+    split = Split(t, sequence=sequence)
+    for scope, nodes in blocks.items():
         name = ".".join(scope)
         inside = {id(n) for n in nodes}
         depth: dict[str, int] = {}  # tensor -> the deepest weight matmul on a path into it (-1: none)
@@ -106,6 +122,8 @@ def find_split(graph: Graph, joint: Graph, t: int) -> Split:
                             split.parameters.add(p.name)
         split.reduced += [n.outputs[0].name for n in rows if n.outputs and n.outputs[0] is not None]
         split.reduced += [_input_grad(backward_of.get(n.name, ()), n, weighted) for n in cols]
+        if sequence:
+            split.tensors |= _sequence_split(nodes, cols, region, weighted, in_block, storage, split.chunked)
     if not split.pairs:
         raise UsageError("--tp: no column/row-parallel pair of weight matmuls found in the model's blocks")
     for b in joint.nodes:  # backward: a gradient is split where what it is the gradient of is
@@ -115,6 +133,34 @@ def find_split(graph: Graph, joint: Graph, t: int) -> Split:
                     split.tensors.add(o.name)
     split.reduced = [r for r in split.reduced if r]
     return split
+
+
+def _sequence_split(nodes: list[Node], cols: list[Node], region: set[str], weighted, in_block: set[int],
+                    storage: dict[str, str], chunked: list[str]) -> set[str]:
+    """The block's tensors sequence parallelism splits: those shaped like a column-parallel matmul's
+    input in (batch, seq), outside the column/row region; not the gathered inputs themselves, the
+    storages they are views of, nor a tensor read after the blocks (gathered whole for it). An input
+    from before the blocks (the embeddings) is split as it enters (``chunked``: whole when made)."""
+    inputs = [i for n in cols for i in n.inputs if i is not None and i.name not in weighted]
+    whole = {storage.get(i.name, i.name) for i in inputs}
+    leads = {tuple(i.shape[:2]) for i in inputs if i.shape and len(i.shape) >= 2}
+    inside = {id(n) for n in nodes}
+    out = set()
+
+    def splits(x: Tensor, within: set[int]) -> bool:
+        return (x.name not in region and storage.get(x.name, x.name) not in whole and x.name not in weighted
+                and bool(x.shape) and len(x.shape) >= 2 and tuple(x.shape[:2]) in leads
+                and all(id(c) in within or c.kind in SHAPE_READS for c in x.consumers))
+
+    for n in nodes:
+        for i in n.inputs:
+            if i is not None and i.kind == "activation" and (i.producer is None or id(i.producer) not in
+                                                             in_block) and splits(i, inside):
+                if i.name not in out:
+                    chunked.append(i.name)
+                out.add(i.name)
+        out |= {o.name for o in n.outputs if o is not None and splits(o, in_block)}
+    return out
 
 
 def _by_heads(x: Tensor) -> bool:

@@ -31,6 +31,12 @@ def _plan(*args: str):
     (["--tp", "4"], "2 K/V heads, which do not divide over 4 ranks"),
     (["--tp", "3"], "output columns"),
     (["--tp", "2", "--dp-shard", "2"], "not modelled yet"),
+    (["--sp"], "give --tp N"),
+    (["--pp", "3"], "has 2 blocks, fewer than the stages"),
+    (["--pp", "2", "--microbatches", "3"], "the batch, 2, is not a multiple of it"),
+    (["--pp", "2", "--tp", "2"], "not modelled yet"),
+    (["--microbatches", "2"], "give --pp N"),
+    (["--pp-schedule", "gpipe"], "give --pp N"),
 ])
 def test_a_layout_that_cannot_run_is_one_line_and_exit_2(flags, said):
     done = _plan(*flags)
@@ -169,3 +175,44 @@ def test_a_model_that_trains_as_tensorflow_does_gets_no_torch_layout():
     done = CliRunner().invoke(main, ["analyze", DECODER, *SIZED[:4], "--autodiff", "tensorflow",
                                      "--dp-shard", "2", "-q"])
     assert done.exit_code == 2 and "models PyTorch's DDP, FSDP2" in done.output
+
+
+def test_sequence_parallel_splits_the_norms_and_residuals_too():
+    """--tp 2 --sp: what tensor parallelism left whole in the blocks (the norms, the residual stream) is
+    halved along the sequence, but for each column-parallel matmul's gathered input, which it saves."""
+    a = analyze(DECODER, Options(batch=2, dims={"seq": 64}))
+    tp, = rank_memory(a, Layout(tp=2))
+    sp, = rank_memory(a, Layout(tp=2, sp=True))
+    assert sp.parameter_bytes == tp.parameter_bytes and sp.gradient_bytes == tp.gradient_bytes
+    assert sp.saved_activation_bytes < tp.saved_activation_bytes and sp.peak_bytes < tp.peak_bytes
+    # per block, the gathered inputs of q/k/v and gate/up stay whole: (batch, seq, hidden) fp32 twice
+    gathered = 2 * 2 * (2 * 64 * 64 * 4)
+    assert sp.saved_activation_bytes > tp.saved_activation_bytes / 2 + gathered / 2
+    done = CliRunner().invoke(main, ["plan", DECODER, *SIZED, "--tp", "2", "--sp", "--json"])
+    assert done.exit_code == 0 and json.loads(done.output)["layout"]["name"] == "TP 2 + SP"
+
+
+def test_a_pipeline_tells_its_stages_apart_by_what_they_hold_in_flight():
+    """--pp 2: each stage holds its own blocks' parameters; under 1F1B stage 0 holds two microbatches'
+    activations and stage 1 one, under GPipe both hold all of them."""
+    a = analyze(DECODER, Options(batch=8, dims={"seq": 64}))
+    whole, = rank_memory(a, Layout())
+    one = {e.ranks[0]: e for e in rank_memory(a, Layout(pp=2, microbatches=4))}
+    gpipe = {e.ranks[0]: e for e in rank_memory(a, Layout(pp=2, microbatches=4, pp_schedule="gpipe"))}
+    assert sorted(one) == [0, 1] and sorted(gpipe) == [0, 1]
+    # every trained weight's gradient on the stage that reads it; weights both stages read are on both
+    # (the sample's export shares one RMSNorm weight among its norms, all ones; the rotary table)
+    both = one[0].parameter_bytes + one[1].parameter_bytes
+    assert whole.parameter_bytes < both < 1.01 * whole.parameter_bytes
+    assert one[0].buffer_bytes == one[1].buffer_bytes == 4 * (2 * 64 * 64 * 4)  # (2, 64, 64) per microbatch
+    for s in (0, 1):
+        assert gpipe[s].saved_activation_bytes == 4 * (one[s].saved_activation_bytes // (2 - s))
+        assert gpipe[s].peak_bytes > one[s].peak_bytes or s == 1
+    assert one[0].saved_activation_bytes < whole.saved_activation_bytes
+    done = CliRunner().invoke(main, ["plan", DECODER, "--batch", "8", "--dim", "seq=64", "--budget", "1GiB",
+                                     "--pp", "2", "--microbatches", "4", "--json"])
+    assert done.exit_code == 0, done.output
+    doc = json.loads(done.output)
+    assert doc["layout"]["pp"] == 2 and doc["layout"]["microbatches"] == 4
+    assert [e["ranks"] for e in doc["ranks"]] == [[0], [1]]
+    assert doc["ranks_largest"] % 4 == 0

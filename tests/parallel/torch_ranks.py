@@ -8,7 +8,11 @@ torch.distributed ranks (gloo, CPU), run under ``torchrun``, each rank writing w
 Modes, as users write them: ``single`` (no wrapper: one device's step, for a world of 1), ``ddp``
 (DistributedDataParallel, default 25 MiB buckets), ``zero1`` (DDP and torch's ZeroRedundancyOptimizer),
 ``tp`` (tensor parallel: each block's ``parallelize_module`` with ``ColwiseParallel`` on q/k/v and
-gate/up, ``RowwiseParallel`` on o and down, found by their module names; every rank reads one batch),
+gate/up, ``RowwiseParallel`` on o and down, found by their module names; every rank reads one batch;
+``sp``: sequence parallel as torchtitan writes it for Llama-like blocks: ``SequenceParallel`` on the
+norms, the attention's and MLP's input all-gathered by ``PrepareModuleInput``, o and down
+``RowwiseParallel(output_layouts=Shard(1))``, the first block's input split and the last block's output
+gathered whole for the final norm),
 ``fsdp`` (FSDP2: ``fully_shard`` on every block, then on the root as torchtitan does; ``no-reshard``:
 the blocks' ``reshard_after_forward=False``; ``bf16``: ``MixedPrecisionPolicy(param_dtype=bf16,
 reduce_dtype=fp32)``). Optimizer AdamW (its CPU default, the for-loop form). Each rank reads its own
@@ -38,6 +42,10 @@ MODES = ("single", "ddp", "zero1", "fsdp", "tp")
 # tensor parallel: the linears by their module names, Megatron's pairs (column-parallel, then row-parallel)
 COLWISE = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "q_lin", "k_lin", "v_lin", "lin1")
 ROWWISE = ("o_proj", "down_proj", "out_lin", "lin2")
+# sequence parallel (Llama-like blocks): the norms, and the modules whose input is gathered (how they
+# are called: the attention with hidden_states=, the MLP positionally)
+SP_NORMS = ("input_layernorm", "post_attention_layernorm")
+SP_GATHERED = {"self_attn": "hidden_states", "mlp": None}
 STEPS = 3  # measured steps after the warm-up (the least of them is the measurement: _peak)
 sys.path.insert(0, str(ROOT))
 
@@ -81,7 +89,7 @@ def _settle_collectives() -> None:
     funcol.wait_tensor = settled(funcol.wait_tensor)
 
 
-def _wrap(model, mode: str, reshard: bool, param_dtype: str | None):
+def _wrap(model, mode: str, reshard: bool, param_dtype: str | None, sequence: bool = False):
     import torch
     import torch.distributed as dist
 
@@ -92,11 +100,23 @@ def _wrap(model, mode: str, reshard: bool, param_dtype: str | None):
         from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
         mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-        for block in _blocks(model):
-            names = {n: ColwiseParallel() if n.rsplit(".", 1)[-1] in COLWISE else RowwiseParallel()
+        blocks = _blocks(model)
+        for block in blocks:
+            names = {n: ColwiseParallel() if n.rsplit(".", 1)[-1] in COLWISE else
+                     RowwiseParallel(**_sequence_output() if sequence else {})
                      for n, m in block.named_modules() if n.rsplit(".", 1)[-1] in COLWISE + ROWWISE}
             assert names, "no linear named as a tensor-parallel pair"
+            if sequence:
+                names |= _sequence_plan(block)
             parallelize_module(block, mesh, names)
+        if sequence:
+            from torch.distributed.tensor import Replicate, Shard
+            from torch.distributed.tensor.parallel import PrepareModuleInput, PrepareModuleOutput
+
+            parallelize_module(blocks[0], mesh, PrepareModuleInput(
+                input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),), use_local_output=True))
+            parallelize_module(blocks[-1], mesh, PrepareModuleOutput(
+                output_layouts=Shard(1), desired_output_layouts=Replicate(), use_local_output=True))
         return model
     if mode in ("ddp", "zero1"):
         from torch.nn.parallel import DistributedDataParallel as DDP
@@ -116,6 +136,29 @@ def _wrap(model, mode: str, reshard: bool, param_dtype: str | None):
     return model
 
 
+def _sequence_output() -> dict:
+    from torch.distributed.tensor import Shard
+
+    return {"output_layouts": Shard(1)}  # reduce-scattered along the sequence
+
+
+def _sequence_plan(block) -> dict:
+    """torchtitan's sequence-parallel entries for a Llama-like block (SP_NORMS, SP_GATHERED)."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import PrepareModuleInput, SequenceParallel
+
+    names = dict(block.named_modules())
+    plan = {n: SequenceParallel() for n in SP_NORMS if n in names}
+    for n, kwarg in SP_GATHERED.items():
+        if n in names:
+            plan[n] = PrepareModuleInput(
+                input_kwarg_layouts={kwarg: Shard(1)}, desired_input_kwarg_layouts={kwarg: Replicate()},
+                use_local_output=True) if kwarg else PrepareModuleInput(
+                input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True)
+    assert len(plan) == len(SP_NORMS) + len(SP_GATHERED), f"not a Llama-like block: {sorted(plan)}"
+    return plan
+
+
 def _blocks(model):
     """The model's repeated blocks: the children of its one ModuleList."""
     import torch
@@ -125,14 +168,16 @@ def _blocks(model):
     return list(lists[0])
 
 
-RUN = "MODE:SEQ[:no-reshard][:bf16][:ckpt]"  # one step's configuration on the command line: fsdp:128:bf16
+RUN = "MODE:SEQ[:no-reshard][:bf16][:ckpt][:sp]"  # a step on the command line: fsdp:128:bf16
 
 
 def parse_run(text: str) -> dict:
     mode, seq, *flags = text.split(":")
-    assert mode in MODES and set(flags) <= {"no-reshard", "bf16", "ckpt"}, text
+    assert mode in MODES and set(flags) <= {"no-reshard", "bf16", "ckpt", "sp"}, text
+    assert "sp" not in flags or mode == "tp", text
     return {"mode": mode, "seq": int(seq), "reshard": "no-reshard" not in flags,
-            "param_dtype": "bf16" if "bf16" in flags else None, "checkpointed": "ckpt" in flags}
+            "param_dtype": "bf16" if "bf16" in flags else None, "checkpointed": "ckpt" in flags,
+            "sequence": "sp" in flags}
 
 
 def run_name(text: str) -> str:
@@ -187,7 +232,7 @@ def _checkpoint(blocks, held: dict, measuring: list) -> None:
 
 
 def measure(name: str, batch: int, kv_heads: int | None, mode: str, seq: int, reshard: bool,
-            param_dtype: str | None, checkpointed: bool = False) -> dict:
+            param_dtype: str | None, checkpointed: bool = False, sequence: bool = False) -> dict:
     """One configuration's steps on this rank, and what it holds (the module docstring)."""
     import torch
     import torch.distributed as dist
@@ -204,7 +249,7 @@ def measure(name: str, batch: int, kv_heads: int | None, mode: str, seq: int, re
         measuring: list = []
         if checkpointed:
             _checkpoint(_blocks(module), held, measuring)
-        model = _wrap(module, mode, reshard, param_dtype)
+        model = _wrap(module, mode, reshard, param_dtype, sequence)
         params = list(model.parameters())
         if mode == "zero1":
             from torch.distributed.optim import ZeroRedundancyOptimizer
@@ -245,7 +290,7 @@ def measure(name: str, batch: int, kv_heads: int | None, mode: str, seq: int, re
         state = [v for s in opt.optim.state.values() for v in s.values()] if mode == "zero1" else \
             [v for s in opt.state.values() for v in s.values()]
         result = {"rank": rank, "world": dist.get_world_size(), "model": name, "mode": mode, "seq": seq,
-                  "reshard_after_forward": reshard, "param_dtype": param_dtype,
+                  "reshard_after_forward": reshard, "param_dtype": param_dtype, "sequence_parallel": sequence,
                   "parameter_bytes": sum(_storages(params).values()),
                   "gradient_bytes": sum(grads.values()),
                   "optimizer_bytes": sum(_storages(state).values()),

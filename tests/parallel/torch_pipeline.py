@@ -1,0 +1,409 @@
+"""The judge of fusecli's per-rank memory under pipeline parallelism: one training step of a
+tests/hf_models.py text model cut into one stage per rank (gloo, CPU), run by torch's own pipeline
+schedules under ``torchrun``, each rank writing what it holds to ``OUT/<run>/rank_<r>.json`` (run:
+``1f1b-128-4``). The pipeline analogue of torch_ranks.py, whose measuring it shares.
+
+    torchrun --standalone --nproc-per-node=2 tests/parallel/torch_pipeline.py --model llama \
+        --runs gpipe:128:4,1f1b:128:4,1f1b:128:2 --batch 4 --out DIR [--kv-heads 2] [--layers 4]
+
+A run is ``SCHEDULE:SEQ:MICROBATCHES[:outputs]``: ``gpipe`` (torch.distributed.pipelining's
+ScheduleGPipe: every microbatch's forward, then every backward) or ``1f1b`` (Schedule1F1B: stage s runs
+``world - s`` forwards before its first backward, then alternates), ``--batch`` the global batch of a step,
+split along dim 0 into MICROBATCHES equal microbatches; ``outputs``: ``step(return_outputs=True)``, the
+last stage keeping every microbatch's output for the merged one, until the next step clears them (so in
+``resident_bytes`` too); by default False, a training step that reads only the losses. Models:
+``llama``, ``qwen2``, ``mistral`` (embed_tokens, layers, norm, rotary_emb) and ``gpt2`` (wte, wpe, h,
+ln_f), as ``hf_models.build(name, attn="default", cache=False)`` makes them. The
+blocks split evenly, in order, over the ranks: stage 0 the embeddings and the first blocks, the last stage
+the last blocks and the final norm (``make_stage``: what the model's own forward computes between them, no
+cache, the causal mask from transformers' create_causal_mask). Each rank builds the whole model from the
+one seed and keeps only its stage's modules (``parameter_bytes`` is its stage's alone). Loss
+``sum(output)`` of each microbatch on the last stage (a dummy target for the schedule), ``scale_grads=False``
+so the step's gradients are those of ``sum(output)`` over the global batch, as torch_ranks.py's; AdamW (its
+CPU default, the for-loop form), stepped and zeroed (set_to_none) in "## optimizer ##".
+
+Checked before anything is measured, on every rank in one process (``check_*``): the stages chained
+reproduce the whole model's output on the global batch, and microbatch by microbatch (max abs difference
+at most 1e-5); and in the warm-up step, the pipeline's accumulated gradients of this rank's parameters
+equal the whole model's full-batch gradients (relative to their largest, at most 1e-4).
+
+Per rank, the steps after a warm-up one (which also runs the stages' shape inference and allocates their
+P2P receive buffers): ``parameter_bytes``, ``gradient_bytes`` and ``optimizer_bytes`` (distinct storages of
+the stage's parameters, of their gradients after the schedule's step, of the optimizer's state),
+``recv_buffer_bytes`` (the stage's persistent P2P receive buffers, one per microbatch: activations on a
+stage that has a previous one, gradients on one that has a next one; resident, in ``resident_bytes``), and
+what autograd saves, seen by saved_tensors_hooks on the first measured step (distinct storages that are no
+parameter, buffer or input of the stage: the stage 0 token ids, a later stage's receive buffer, whose
+storage the buffer holds anyway): ``saved_bytes_by_microbatch`` (each microbatch's forward's),
+``saved_bytes_per_microbatch`` (their largest) and ``saved_bytes_max_in_flight`` = ``saved_bytes``: each
+saved storage held by a weak reference (StorageWeakRef), the bytes of those still alive summed after each
+forward and backward of a microbatch (``saved_timeline``; saved storages only grow during a forward and
+only free during a backward, so the largest of these samples is the largest at any moment), at their
+largest; ``microbatches_in_flight_max`` how many microbatches held saved storages then.
+``peak_bytes``, ``resident_bytes``, ``phase_peaks``, ``peak_op``: torch_ranks._peak of the profiler's live
+bytes, recorded from before the model is built, the least over the measured steps. Its marks: the whole
+``schedule.step`` inside "## step ##", and "## backward ##" an empty mark at the start of this stage's
+first backward in the step, so that ``phase_peaks["forward"]`` is the peak over the forwards before any
+backward (all microbatches' under gpipe, ``world - stage`` of them under 1f1b) and
+``phase_peaks["backward"]`` the peak over the rest of the schedule (1f1b's interleaved forwards, the
+cool-down's backwards and the P2P waits between them); "## optimizer ##" as torch_ranks.py's.
+
+A run that hangs (pipelining over gloo has been known to) ends the process rather than the session:
+the process group's timeout (``--timeout``, 300 s) bounds each P2P wait, and faulthandler's watchdog dumps
+every thread's traceback and exits 1 when a run takes longer than it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import faulthandler
+import functools
+import gc
+import json
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from tests.parallel.torch_ranks import STEPS, _blocks, _peak, _settle_collectives, _storages  # noqa: E402
+
+SCHEDULES = ("gpipe", "1f1b")
+DECODERS = ("llama", "qwen2", "mistral")  # embed_tokens, layers, norm, rotary_emb
+MODELS = (*DECODERS, "gpt2")
+RUN = "SCHEDULE:SEQ:MICROBATCHES[:outputs]"  # one step's configuration on the command line: 1f1b:128:4
+OUTPUT_TOLERANCE = 1e-5  # max abs difference of the chained stages' output from the whole model's
+GRAD_TOLERANCE = 1e-4  # max abs difference of the pipeline's gradients, relative to the largest
+
+
+def parse_run(text: str) -> dict:
+    schedule, seq, microbatches, *flags = text.split(":")
+    assert schedule in SCHEDULES and set(flags) <= {"outputs"}, text
+    return {"schedule": schedule, "seq": int(seq), "microbatches": int(microbatches),
+            "return_outputs": "outputs" in flags}
+
+
+def run_name(text: str) -> str:
+    return text.replace(":", "-")
+
+
+def stage_blocks(n_blocks: int, world: int, stage: int) -> list[int]:
+    """The block indices of ``stage``: the blocks in order, split as evenly as they go, the first stages
+    taking one more (torchtitan's split, and fusecli's)."""
+    q, r = divmod(n_blocks, world)
+    start = stage * q + min(stage, r)
+    return list(range(start, start + q + (stage < r)))
+
+
+def _layer_types(config, n_blocks: int) -> list[str]:
+    """Each block's attention, as the model's forward picks its mask: Qwen2's ``layer_types``,
+    Mistral's sliding window for every layer, else full (causal) attention."""
+    types = getattr(config, "layer_types", None)
+    if types:
+        return list(types)
+    if config.model_type == "mistral" and getattr(config, "sliding_window", None) is not None:
+        return ["sliding_attention"] * n_blocks
+    return ["full_attention"] * n_blocks
+
+
+def make_stage(name: str, inner, stage: int, world: int):
+    """Stage ``stage`` of ``world`` of the base model ``inner`` (hf_models.build(name).inner): an nn.Module
+    holding the stage's modules of ``inner`` (the very modules, and nothing else of ``inner``: what the
+    stage does not hold, it does not keep alive), whose forward takes the stage's input (token ids on
+    stage 0, else the hidden states) and returns its output tensor, computing what ``inner.forward``
+    computes between them (no cache)."""
+    assert name in MODELS, f"{name}: pipeline stages are written for {MODELS}"
+    blocks = _blocks(inner)
+    indices = stage_blocks(len(blocks), world, stage)
+    return _stage_class()(name, inner, blocks, indices, stage == 0, stage == world - 1)
+
+
+@functools.cache
+def _stage_class():
+    """make_stage's class (torch imported on first use; its methods close over no model)."""
+    import torch
+    from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+
+    class Stage(torch.nn.Module):
+        def __init__(self, name, inner, blocks, indices, first, last):
+            super().__init__()
+            self.name, self.indices, self.first, self.last = name, indices, first, last
+            self.config = inner.config
+            self.blocks = torch.nn.ModuleList(blocks[i] for i in indices)
+            if name == "gpt2":
+                if first:
+                    self.wte, self.wpe, self.drop = inner.wte, inner.wpe, inner.drop
+                if last:
+                    self.ln_f = inner.ln_f
+                self.layer_types = ["full_attention"] * len(indices)
+            else:
+                if first:
+                    self.embed_tokens = inner.embed_tokens
+                if last:
+                    self.norm = inner.norm
+                self.rotary_emb = inner.rotary_emb  # buffers only (inv_freq): every stage computes cos/sin
+                types = _layer_types(self.config, len(blocks))
+                self.layer_types = [types[i] for i in indices]
+
+        def _masks(self, hidden, position_ids) -> dict:
+            kw = {"config": self.config, "inputs_embeds": hidden, "attention_mask": None, "cache": None,
+                  "position_ids": position_ids}
+            masks = {"full_attention": create_causal_mask(**kw)}
+            if "sliding_attention" in self.layer_types:
+                masks["sliding_attention"] = create_sliding_window_causal_mask(**kw)
+            return masks
+
+        def forward(self, x):
+            position_ids = torch.arange(x.shape[1], device=x.device).unsqueeze(0)
+            if self.name == "gpt2":
+                h = self.drop(self.wte(x) + self.wpe(position_ids)) if self.first else x
+                mask = self._masks(h, position_ids)["full_attention"]
+                for block in self.blocks:
+                    h = block(h, None, mask, None, encoder_attention_mask=None, use_cache=False,
+                              position_ids=position_ids)
+                return self.ln_f(h) if self.last else h
+            h = self.embed_tokens(x) if self.first else x
+            masks = self._masks(h, position_ids)
+            position_embeddings = self.rotary_emb(h, position_ids=position_ids)
+            for block, kind in zip(self.blocks, self.layer_types, strict=True):
+                h = block(h, attention_mask=masks[kind], position_embeddings=position_embeddings,
+                          position_ids=position_ids, cache=None, use_cache=False)
+            return self.norm(h) if self.last else h
+
+    return Stage
+
+
+def reference(name: str, batch: int, seq: int, microbatches: int, kv_heads: int | None, layers: int,
+              world: int, rank: int) -> tuple[dict, dict]:
+    """The checks' reference, in this process, before anything is profiled: the whole model and every
+    stage of it, their outputs compared on the global batch and microbatch by microbatch (asserted), and
+    the whole model's full-batch gradients of ``sum(output)`` for this rank's stage, by parameter name."""
+    import torch
+
+    from tests import hf_models
+
+    module = hf_models.build(name, attn="default", kv_heads=kv_heads, layers=layers, cache=False)
+    (ids,) = hf_models.example_inputs(name, batch, seq, seed=0)
+    stages = [make_stage(name, module.inner, s, world) for s in range(world)]
+
+    def chained(x, stages=stages):
+        for stage in stages:
+            x = stage(x)
+        return x
+
+    with torch.no_grad():
+        whole = module(ids)
+        whole_diff = (chained(ids) - whole).abs().max().item()
+        split = torch.cat([chained(c) for c in ids.tensor_split(microbatches)])
+        split_diff = (split - whole).abs().max().item()
+    assert whole_diff <= OUTPUT_TOLERANCE and split_diff <= OUTPUT_TOLERANCE, (whole_diff, split_diff)
+    module(ids).float().sum().backward()
+    names = {id(p): n for n, p in module.inner.named_parameters()}
+    grads = {names[id(p)]: p.grad for p in stages[rank].parameters()}
+    checks = {"check_output_max_abs_diff": whole_diff, "check_microbatched_output_max_abs_diff": split_diff,
+              "check_output_max_abs": whole.abs().max().item()}
+    del module, stages
+    gc.collect()
+    return grads, checks
+
+
+class _SavedTracker:
+    """What autograd saves on this stage, per microbatch (the module docstring): ``pack`` records each
+    distinct storage the forward of the microbatch ``current`` saves, skipping ``skip`` (the stage's
+    parameters and buffers) and ``inputs`` (the storages of the stage's input in that forward), and keeps a
+    StorageWeakRef to it; ``sample`` sums the bytes of the recorded storages still alive."""
+
+    def __init__(self, skip: set[int]):
+        self.skip = skip
+        self.inputs: set[int] = set()
+        self.current: int | None = None
+        self.active = False
+        self.backward_marked = False
+        self.by_microbatch: dict[int, dict[int, int]] = {}
+        self.refs: list = []  # (StorageWeakRef, pointer, bytes, microbatch)
+        self.timeline: list[dict] = []
+        self.input_bytes = self.output_bytes = 0
+
+    def pack(self, t):
+        from torch.multiprocessing.reductions import StorageWeakRef
+
+        if self.active and self.current is not None:
+            s = t.untyped_storage()
+            ptr, size = s.data_ptr(), s.nbytes()
+            if size > 0 and ptr not in self.skip and ptr not in self.inputs:
+                seen = self.by_microbatch.setdefault(self.current, {})
+                if ptr not in seen:
+                    seen[ptr] = size
+                    self.refs.append((StorageWeakRef(s), ptr, size, self.current))
+        return t
+
+    def sample(self, action: str) -> None:
+        if not self.active:
+            return
+        live, microbatches = {}, set()
+        for ref, ptr, size, mb in self.refs:
+            if not ref.expired():  # a live storage's pointer is no other live storage's
+                live[ptr] = size
+                microbatches.add(mb)
+        self.timeline.append({"action": action, "saved_bytes": sum(live.values()),
+                              "microbatches": sorted(microbatches)})
+
+
+def _instrument(stage, module, tracker: _SavedTracker) -> None:
+    """The stage's per-microbatch forward and backward wrapped: the microbatch whose forward runs, its
+    input's storages (a forward pre-hook), a sample of the saved storages alive after each, and the empty
+    "## backward ##" mark at the first backward of the step."""
+    import torch
+    from torch.profiler import record_function
+
+    def inputs(module, args):
+        ts = [a for a in args if isinstance(a, torch.Tensor)]
+        tracker.inputs = set(_storages(ts))
+        tracker.input_bytes = sum(t.numel() * t.element_size() for t in ts)
+
+    module.register_forward_pre_hook(inputs)
+    forward, backward = stage.forward_one_chunk, stage.backward_one_chunk
+
+    def forward_one_chunk(chunk, *args, **kwargs):
+        tracker.current = chunk
+        with record_function(f"pp forward {chunk}"):
+            out = forward(chunk, *args, **kwargs)
+        tracker.current = None
+        tracker.inputs = set()
+        ts = [o for o in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(o, torch.Tensor)]
+        tracker.output_bytes = sum(t.numel() * t.element_size() for t in ts)
+        tracker.sample(f"F{chunk}")
+        return out
+
+    def backward_one_chunk(chunk, *args, **kwargs):
+        if not tracker.backward_marked:
+            tracker.backward_marked = True
+            with record_function("## backward ##"):
+                pass  # a mark: _peak reads its start only
+        with record_function(f"pp backward {chunk}"):
+            backward(chunk, *args, **kwargs)
+        tracker.sample(f"B{chunk}")
+
+    stage.forward_one_chunk = forward_one_chunk
+    stage.backward_one_chunk = backward_one_chunk
+
+
+def _recv_buffers(stage) -> dict[int, int]:
+    infos = [*stage.args_recv_info.values(), *stage.grad_recv_info.values()]
+    return _storages(getattr(i, "buffer", None) for info in infos for i in info)
+
+
+def measure(name: str, batch: int, kv_heads: int | None, layers: int, schedule: str, seq: int,
+            microbatches: int, return_outputs: bool) -> dict:
+    """One configuration's steps on this rank, and what it holds (the module docstring)."""
+    import torch
+    import torch.distributed as dist
+    from torch._C._profiler import _EventType
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from tests import hf_models
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    assert batch % microbatches == 0, f"batch {batch} does not split into {microbatches} microbatches"
+    ref_grads, checks = reference(name, batch, seq, microbatches, kv_heads, layers, world, rank)
+    gc.collect()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        module = hf_models.build(name, attn="default", kv_heads=kv_heads, layers=layers, cache=False)
+        names = {id(p): n for n, p in module.inner.named_parameters()}
+        n_blocks = len(_blocks(module.inner))
+        part = make_stage(name, module.inner, rank, world)
+        del module  # the modules of other stages free with it
+        gc.collect()
+        params = list(part.parameters())
+        param_names = [names[id(p)] for p in params]
+        del names
+        stage = PipelineStage(part, rank, world, device=torch.device("cpu"))
+        tracker = _SavedTracker(set(_storages(params)) | set(_storages(part.buffers())))
+        _instrument(stage, part, tracker)
+        # every rank passes the loss: a schedule without one runs no backward on any stage
+        cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[schedule]
+        pipe = cls(stage, microbatches, loss_fn=lambda out, target: out.float().sum(), scale_grads=False)
+        opt = torch.optim.AdamW(params, lr=1e-3)
+        (ids,) = hf_models.example_inputs(name, batch, seq, seed=0)  # the global batch, read by stage 0
+        args = (ids,) if stage.is_first else ()
+        target = torch.zeros(batch) if stage.is_last else None  # the schedule splits a target per microbatch
+
+        for step in range(1 + STEPS):
+            gc.collect()
+            measured = step == 1  # the saved set is the same at every step: hooked on the first
+            tracker.active, tracker.backward_marked = measured, False
+            with record_function("## step ##" if step else "## warm-up ##"):
+                if measured:
+                    with torch.autograd.graph.saved_tensors_hooks(tracker.pack, lambda t: t):
+                        pipe.step(*args, target=target, return_outputs=return_outputs)
+                else:
+                    pipe.step(*args, target=target, return_outputs=return_outputs)
+                grads = _storages(p.grad for p in params if p.grad is not None)
+                if step == 0:
+                    with torch.no_grad():
+                        worst = max((p.grad - ref_grads[n]).abs().max().item()
+                                    for p, n in zip(params, param_names, strict=True))
+                        scale = max(g.abs().max().item() for g in ref_grads.values())
+                    checks |= {"check_grad_max_abs_diff": worst, "check_grad_max_abs": scale}
+                    assert worst <= GRAD_TOLERANCE * scale, (worst, scale)
+                    del ref_grads
+                with record_function("## optimizer ##"):
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+        state = [v for s in opt.state.values() for v in s.values()]
+        by_mb = {mb: sum(s.values()) for mb, s in sorted(tracker.by_microbatch.items())}
+        top = max(tracker.timeline, key=lambda e: e["saved_bytes"])
+        result = {"rank": rank, "world": world, "model": name, "schedule": schedule, "seq": seq,
+                  "microbatches": microbatches, "batch": batch, "microbatch_size": batch // microbatches,
+                  "return_outputs": return_outputs, "stage": rank, "blocks": n_blocks,
+                  "stage_layers": part.indices, "first": stage.is_first, "last": stage.is_last,
+                  "parameter_bytes": sum(_storages(params).values()),
+                  "gradient_bytes": sum(grads.values()),
+                  "optimizer_bytes": sum(_storages(state).values()),
+                  "recv_buffer_bytes": sum(_recv_buffers(stage).values()),
+                  "input_bytes_per_microbatch": tracker.input_bytes,
+                  "output_bytes_per_microbatch": tracker.output_bytes,
+                  "saved_bytes": top["saved_bytes"],
+                  "saved_bytes_per_microbatch": max(by_mb.values()),
+                  "saved_bytes_by_microbatch": list(by_mb.values()),
+                  "saved_bytes_max_in_flight": top["saved_bytes"],
+                  "microbatches_in_flight_max": len(top["microbatches"]),
+                  "saved_timeline": tracker.timeline, **checks}
+    result.update(_peak(prof, _EventType))
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True, choices=MODELS)
+    ap.add_argument("--runs", required=True, help=f"comma-separated {RUN}")
+    ap.add_argument("--batch", type=int, default=4, help="the global batch of a step")
+    ap.add_argument("--kv-heads", type=int, default=None, help="hf_models.build's kv_heads")
+    ap.add_argument("--layers", type=int, default=2, help="hf_models.build's layers (blocks)")
+    ap.add_argument("--timeout", type=int, default=300, help="seconds: a P2P wait's, and a run's")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout))
+    _settle_collectives()
+    for text in args.runs.split(","):
+        faulthandler.dump_traceback_later(args.timeout, exit=True)  # a hang exits 1 with the stacks
+        result = measure(args.model, args.batch, args.kv_heads, args.layers, **parse_run(text))
+        out = Path(args.out) / run_name(text)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"rank_{result['rank']}.json").write_text(json.dumps(result, indent=1))
+        dist.barrier()
+        faulthandler.cancel_dump_traceback_later()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    main()
