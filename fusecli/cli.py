@@ -230,6 +230,50 @@ def _device_option(f):
                              "they keep for backward) and autocast's op lists differ.")(f)
 
 
+SAC_PRESETS = ("none", "full", "attention", "matmul", "torchtitan", "megatron")  # plan.sac.PRESETS
+
+
+def _sac_options(f):
+    """A selective activation checkpointing policy on every block: the command receives ``sac``, a
+    (preset, ops) pair, or None."""
+
+    @functools.wraps(f)
+    def with_sac(*args, **kwargs):
+        preset, ops = kwargs.pop("sac_preset"), kwargs.pop("sac_save")
+        if ops and preset:
+            raise UsageError("--sac and --sac-save exclude each other: --sac-save is the policy")
+        save = _sac_ops(ops) if ops else None
+        return f(*args, sac=(preset, save) if preset or save else None, **kwargs)
+
+    g = click.option("--sac-save", "sac_save", default=None, metavar="OPS",
+                     help="Selective checkpointing saving these aten ops' outputs, recomputing the rest: "
+                          "aten.mm,aten._scaled_dot_product_flash_attention_for_cpu (or @FILE, one a "
+                          "line).")(with_sac)
+    return click.option("--sac", "sac_preset", type=click.Choice(SAC_PRESETS), default=None,
+                        help="Selective activation checkpointing on every block, as "
+                             "create_selective_checkpoint_contexts runs it: torchtitan's policy (every "
+                             "second mm recomputed), attention (save sdpa), matmul, megatron (recompute "
+                             "the attention core), full (plain checkpointing) or none.")(g)
+
+
+def _sac_ops(text: str) -> list[str]:
+    """--sac-save's ops: comma-separated, or @FILE with one per line (# comments)."""
+    if text.startswith("@"):
+        try:
+            with open(text[1:], encoding="utf-8") as fh:
+                lines = [line.split("#")[0].strip() for line in fh]
+        except OSError as e:
+            raise UsageError(f"--sac-save {text}: cannot read ({e.strerror or e})") from None
+        ops = [x for line in lines for x in line.split(",") if x.strip()]
+    else:
+        ops = [x for x in text.split(",") if x.strip()]
+    ops = [x.strip() for x in ops]
+    bad = [x for x in ops if not x.replace(".", "").replace("_", "").isalnum()]
+    if not ops or bad:
+        raise UsageError(f"--sac-save: {'no ops given' if not ops else f'not an aten op name: {bad[0]!r}'}")
+    return ops
+
+
 LAYOUT_FLAGS = ("dp_replicate", "dp_shard", "zero", "reshard", "world", "tp", "sp", "pp", "microbatches",
                 "pp_schedule")
 
@@ -327,11 +371,12 @@ def main() -> None:
               help="ONNX: write a copy of MODEL with saved bytes, pattern and verdict as node metadata "
                    "(shown by Netron) and totals as model metadata.")
 @_layout_options
+@_sac_options
 def analyze(model: str, as_json: bool, batch: int | None, dims: tuple[str, ...], signature: str | None,
             wrt: str, plot_path: str | None, patterns: tuple[str, ...], constant_weights: str,
             autodiff: str | None, device: str, routing: str | None, precision: str | None, verbose: bool,
             quiet: bool, all_saved: bool, overlay_path: str | None, annotate_path: str | None,
-            layout) -> None:
+            layout, sac) -> None:
     """Analyze MODEL (an .onnx file or a SavedModel folder)."""
     from .pipeline import Options
     from .pipeline import analyze as run_analysis
@@ -347,11 +392,17 @@ def analyze(model: str, as_json: bool, batch: int | None, dims: tuple[str, ...],
         _check_plot(plot_path, model)
     _check_viewer_outputs(model, overlay_path, annotate_path)
     result = run_analysis(model, options)
+    policy = base = None
+    if sac is not None:
+        from .plan.sac import evaluate
+
+        policy, base = evaluate(result, *sac), evaluate(result, "none")
     ranks = None
     if layout is not None:
         from .parallel.ranks import rank_memory
 
-        ranks = rank_memory(result, layout)  # AdamW, as plan's default
+        # AdamW, as plan's default; every block under the policy where one is given
+        ranks = rank_memory(result, layout, chosen=policy.blocks if policy is not None else None)
     if as_json:
         for w in result.warnings:
             _warn(w)
@@ -367,6 +418,12 @@ def analyze(model: str, as_json: bool, batch: int | None, dims: tuple[str, ...],
     _write_viewer_outputs(result, model, overlay_path, annotate_path)
     if as_json:
         doc = to_json(result)
+        if policy is not None:
+            from .plan.sac_report import sac_json
+
+            doc["memory"]["sac"] = sac_json(policy, base)
+            doc["memory"]["saved_activation_bytes"] = policy.saved_activation_bytes
+            doc["memory"]["peak_bytes"] = policy.peak_bytes
         if ranks is not None:
             from .parallel.report import layout_json, ranks_json
 
@@ -379,6 +436,10 @@ def analyze(model: str, as_json: bool, batch: int | None, dims: tuple[str, ...],
 
     color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
     print_text_report(result, TextOptions(verbose=verbose, quiet=quiet, all_saved=all_saved, color=color))
+    if policy is not None:
+        from .plan.sac_report import sac_lines
+
+        _echo("\n".join(["", *sac_lines(policy, base)]))
     if ranks is not None:
         from .parallel.report import ranks_lines
 

@@ -124,7 +124,7 @@ LAYERS = {
     "report": {"fusecli", "core", "load", "spellings", "grad", "memory", "precision", "fusion", "pipeline"},
     "render": {"core", "fusion", "pipeline"},
     "rewrite": {"fusecli", "core", "load", "spellings", "memory", "fusion", "pipeline"},
-    "plan": {"core", "memory", "precision", "fusion"},
+    "plan": {"core", "grad", "memory", "precision", "fusion"},
     "parallel": {"core", "spellings", "memory", "plan"},
     "diff": {"fusecli", "core", "load", "memory", "fusion", "pipeline", "report", "rewrite"},
 }

@@ -212,6 +212,9 @@ def graph_of_model(model: onnx.ModelProto, name: str, constant_weights: bool = T
     are first put in the canonical order, in place (``onnx_order.canonical``): every pass reads that
     order, never the file's."""
     opset = opset_of(model)
+    # each node's place in the file: the order the exporter traced the ops in, which the canonical order
+    # forgets (plan.sac counts a block's calls of an op in it); keyed by the node's first output
+    traced = {next((o for o in n.output if o), None): i for i, n in enumerate(model.graph.node)}
     canonicalize(model.graph)
     progress.stage("shape inference")
     check_shape_costs(model)  # a declared shape is a promise about cost: checked before the tools read it
@@ -224,6 +227,10 @@ def graph_of_model(model: onnx.ModelProto, name: str, constant_weights: bool = T
     model = inferred
     progress.stage("building the graph")
     graph = build_graph(model, name, constant_weights)
+    for node in graph.nodes:
+        first = next((o.name for o in node.outputs if o is not None), None)
+        if first in traced:
+            node.meta["traced"] = traced[first]
     graph.meta["opset"] = opset
     if opset and opset < MIN_OPSET:
         graph.meta.setdefault("warnings", []).append(

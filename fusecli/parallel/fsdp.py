@@ -139,11 +139,12 @@ def gather(line: Timeline, fsdp_units: list[Unit], reshard: bool, steps: int, bo
 
 
 def reduce_scatter(line: Timeline, live, model: StepModel, fsdp_units: list[Unit], grads, steps: int,
-            device: str) -> None:
+                   device: str, share=lambda name, value: value) -> None:
     """Gradients under FSDP: each unit's whole gradients die in its post-backward hook, after its last
     op; the reduce-scatter input made there lives until the next unit's hook, the sharded gradients
     from then to the end. While the hook runs: the whole gradients beside the input (the copy-in), then
-    the input, the output and, on gloo (cpu), the copy of the input gloo reduces with an all-reduce."""
+    the input, the output and, on gloo (cpu), the copy of the input gloo reduces with an all-reduce.
+    ``share``: a gradient's bytes on this rank (its tensor-parallel share)."""
     order = [u for u in fsdp_units if u.backward is not None]
     order.sort(key=lambda u: u.backward[1])  # post-backward order
     for k, u in enumerate(order):
@@ -154,8 +155,9 @@ def reduce_scatter(line: Timeline, live, model: StepModel, fsdp_units: list[Unit
             if g is None or g.name not in model.value:
                 continue
             born, _ = live.lifetimes[g.name]
-            line.add(born, max(born, end), model.value[g.name])
-            whole += model.value[g.name]
+            value = share(g.name, model.value[g.name])
+            line.add(born, max(born, end), value)
+            whole += value
         nxt = order[k + 1].backward[1] if k + 1 < len(order) else end
         line.hooked(end + 1, nxt, u.reduce)
         line.hooked(end + 1, steps - 1, u.sharded, buffer=False)

@@ -55,12 +55,14 @@ class Layout:
         """torchtitan's words for it: 'FSDP 4', 'HSDP 2x4', 'DDP 8 + ZeRO-1', 'TP 2', 'single device'."""
         if self.pp > 1:
             return f"PP {self.pp} ({self.pp_schedule.upper()}, {self.chunks} microbatches)"
-        if self.tp > 1:
-            return f"TP {self.tp}" + (" + SP" if self.sp else "")
+        tp = f"TP {self.tp}" + (" + SP" if self.sp else "") if self.tp > 1 else ""
         if self.sharded:
             kind = f"HSDP {self.dp_replicate}x{self.dp_shard}" if self.dp_replicate > 1 else \
                 f"FSDP {self.dp_shard}"
+            kind += f" x {tp}" if tp else ""
             return kind + ("" if self.reshard_after_forward else " (no reshard after forward)")
+        if tp:
+            return tp
         if self.dp_replicate > 1:
             return f"DDP {self.dp_replicate}" + (" + ZeRO-1" if self.zero == 1 else "")
         return "single device"
@@ -86,8 +88,9 @@ class Layout:
         if self.sp and self.tp < 2:
             raise UsageError("--sp splits the tensor-parallel ranks' norms and residuals along the "
                              "sequence: give --tp N (N >= 2)")
-        if self.tp > 1 and self.dp_replicate * self.dp_shard > 1:
-            raise UsageError("--tp with --dp-replicate or --dp-shard: the 2-D layouts are not modelled yet")
+        if self.tp > 1 and self.dp_replicate > 1 and not self.sharded:
+            raise UsageError("--tp with --dp-replicate alone (DDP over tensor-parallel ranks) is not "
+                             "modelled yet: shard with --dp-shard N (FSDP2 x TP, torchtitan's 2-D layout)")
         if self.zero == 1 and self.sharded:
             raise UsageError("--zero 1 shards the optimizer state over replicas; with --dp-shard the "
                              "parameters, gradients and state are sharded already (ZeRO-3)")

@@ -115,6 +115,22 @@ def sent_storages(joint, live, of_step: list[frozenset[int]]) -> set[str]:
     return out
 
 
+def autocast_copies(live) -> set[str]:
+    """The storages of the weights' casts (autocast's bf16 copies): made once per step and cached by
+    autocast for every microbatch of it (the schedule's step runs inside one autocast region), kept
+    until the region ends."""
+    made_of_weights: set[str] = set()
+    out: set[str] = set()
+    for n in live.schedule[:live.boundary]:
+        ins = [i for i in n.inputs if i is not None]
+        if ins and all(i.kind in ("parameter", "constant") or i.name in made_of_weights for i in ins):
+            made_of_weights.update(o.name for o in n.outputs if o is not None)
+            if n.kind == "cast":
+                out.update((live.storage.get(o) or o).name if o in live.storage else o.name
+                           for o in n.outputs if o is not None)
+    return out
+
+
 @dataclass
 class StageStep:
     """One microbatch's step on a stage: live bytes along its steps, the parameter gradients among them,
@@ -126,16 +142,18 @@ class StageStep:
     saved: int  # of them, what autograd saved (not the stage's output, held for its backward)
     received: int  # bytes the stage receives: its input, and its output's gradient
     sent_gradient: int  # bytes of the gradient it sends (its input's), which a schedule's send holds
+    copies: int  # autocast's weight copies that backward reads, made once for every microbatch
     touched: set[str]  # the parameters and constants its steps read
 
 
 def stage_step(stage: Stage, of_step: list[frozenset[int]], model, live, gradient_names: set[str],
-               sent: set[str], weights: set[str]) -> StageStep:
+               sent: set[str], weights: set[str], cached: set[str] = frozenset()) -> StageStep:
     """One microbatch's lifetimes on ``stage`` (module docstring), at the StepModel's dims. What the
     stage receives lands in receive buffers of its own, one per microbatch, allocated once and kept
     (torch.distributed.pipelining's), so it is counted apart (``received``), not along the steps; a
     partial gradient of a weight that stages share (``weights``: tied embeddings) is no such thing:
-    each stage keeps its own copy's gradient, summed across stages after the step."""
+    each stage keeps its own copy's gradient, summed across stages after the step. ``cached``
+    (autocast_copies) is made by the first microbatch and kept to the end, once for all of them."""
     schedule = live.schedule
     pos = {i: k for k, i in enumerate(stage.steps)}
     end = len(stage.steps) - 1
@@ -159,7 +177,7 @@ def stage_step(stage: Stage, of_step: list[frozenset[int]], model, live, gradien
             span[0], span[1] = min(span[0], k), max(span[1], k)
     delta = np.zeros(len(stage.steps) + 2, dtype=model.base.dtype)
     grads = np.zeros_like(delta)
-    held = saved = received = sent_gradient = 0
+    held = saved = received = sent_gradient = copies = 0
     backward = stage.boundary <= end
     for name, (first, last) in spans.items():
         born, gone = live.lifetimes[name]
@@ -173,7 +191,7 @@ def stage_step(stage: Stage, of_step: list[frozenset[int]], model, live, gradien
             sent_gradient += value
         if output:
             last = end  # the stage's output, the root of its backward, held until that returns
-        if name in gradient_names:
+        if name in gradient_names or name in cached:
             last = end  # alive to the step's end (the model's output is not: each microbatch's loss is
             # taken on the last stage, and the output freed)
         delta[first + 1] += value
@@ -181,6 +199,8 @@ def stage_step(stage: Stage, of_step: list[frozenset[int]], model, live, gradien
         if name in gradient_names and last > first:  # once it exists, a later microbatch's is a
             grads[first + 2] += value  # transient at its birth, added into it (AccumulateGrad)
             grads[last + 2] -= value
+        elif name in cached:
+            copies += value if first < stage.boundary <= spans[name][1] else 0  # saved, once for all
         elif first < stage.boundary <= last:
             held += value
             saved += 0 if output else value
@@ -192,7 +212,7 @@ def stage_step(stage: Stage, of_step: list[frozenset[int]], model, live, gradien
             delta[k + 2] -= v
     n = len(stage.steps)
     return StageStep(np.cumsum(delta)[1:n + 1], np.cumsum(grads)[1:n + 1], held, saved, received,
-                     sent_gradient, touched)
+                     sent_gradient, copies, touched)
 
 
 def stage_peak(step: StageStep, schedule: str, k: int, microbatches: int,

@@ -28,7 +28,7 @@ from ..plan.candidates import saved_after
 from ..plan.planner import OPTIMIZERS, StepModel, largest_fitting
 from .fsdp import Unit, gather, parameters, reduce_scatter, shard_rows, units
 from .layout import DEVICES, Layout
-from .pipeline import in_flight, sent_storages, stage_peak, stage_step, stages_of
+from .pipeline import autocast_copies, in_flight, sent_storages, stage_peak, stage_step, stages_of
 from .tensor import Split, find_split
 from .timeline import Timeline
 
@@ -145,12 +145,13 @@ def _pipeline_ranks(analysis, layout: Layout, optimizer: str, values: dict[str, 
     grads = {t.meta["grad_of"]: t for t in joint.outputs if t.meta.get("grad_of") in {q.name for q in params}}
     gradient_names = {g.name for g in grads.values()}
     precision = analysis.precision.name if analysis.precision is not None else None
+    cached = autocast_copies(live) if (precision or "").startswith("amp") else set()
     moments = OPTIMIZERS[optimizer][0]
     device = analysis.profile.device if analysis.profile is not None else "cpu"
     constants = {t.name: t for t in joint.tensors.values() if t.kind == "constant" and t.producer is None}
     out: list[RankMemory] = []
     for stage in stages:
-        step = stage_step(stage, of_step, model, live, gradient_names, sent, {q.name for q in params})
+        step = stage_step(stage, of_step, model, live, gradient_names, sent, {q.name for q in params}, cached)
         mine = [q for q in params if q.name in step.touched]
         weights = [model.bytes_formula(q).evaluate(model.sizes) or 0 for q in mine]
         param_bytes = sum(weights)
@@ -172,8 +173,9 @@ def _pipeline_ranks(analysis, layout: Layout, optimizer: str, values: dict[str, 
         where = stage.steps[at] if stage.steps else None
         if optimizer_peak > peak:
             peak, phase, where = optimizer_peak, "optimizer", None
-        entry = RankMemory([stage.index], param_bytes, grad_bytes, state, k * step.saved, buffers, peak,
-                           phase, where, in_flight=k)
+        saved = k * step.saved + step.copies
+        entry = RankMemory([stage.index], param_bytes, grad_bytes, state, saved, buffers, peak, phase, where,
+                           in_flight=k)
         out.append(entry)
     return out
 
@@ -183,7 +185,7 @@ def _classes(layout: Layout, shapes: list, owner: list[int] | None) -> list[tupl
     index's dim-0 rows change only where some parameter's last full, partial or empty shard begins (at
     most two places per parameter), so the indices between those places hold alike; under ZeRO-1 a
     replica differs by the parameters it owns."""
-    n, world = layout.dp_shard, layout.size
+    n, world, t = layout.dp_shard, layout.size, layout.tp
     if layout.sharded:
         cuts = {0, n}
         for shape in shapes:
@@ -191,8 +193,10 @@ def _classes(layout: Layout, shapes: list, owner: list[int] | None) -> list[tupl
             c = -(-d0 // n)
             cuts.update(k for k in (d0 // c, -(-d0 // c)) if 0 < k < n)
         edges = sorted(cuts)
-        # the mesh's order: replicas outer, shards inner (rank = replica * n + shard index)
-        return [(lo, [q * n + s for q in range(layout.dp_replicate) for s in range(lo, hi)])
+        # the mesh's order: replicas outer, shards, then tensor-parallel ranks innermost
+        # (rank = (replica * n + shard index) * t + tp index), the tensor-parallel ranks alike
+        return [(lo * t, [(q * n + s) * t + j for q in range(layout.dp_replicate) for s in range(lo, hi)
+                          for j in range(t)])
                 for lo, hi in zip(edges, edges[1:], strict=False)]
     if owner is not None:
         owned: dict[int, list[int]] = {}
@@ -231,7 +235,7 @@ class _Step:
 def _one_rank(step_: _Step, rank: int) -> RankMemory:
     (analysis, model, values, layout, params, shapes, grads, compute, moments, mixed, precision, device,
      fsdp_units, chosen, own, owner, split) = (getattr(step_, f) for f in _Step.__dataclass_fields__)
-    shard = rank % layout.dp_shard
+    shard = (rank // layout.tp) % layout.dp_shard  # the mesh (replicate, shard, tp), tp innermost
     live = analysis.liveness
     steps = model.steps
     line = Timeline(steps, model.base.dtype)
@@ -293,7 +297,7 @@ def _one_rank(step_: _Step, rank: int) -> RankMemory:
         for u in fsdp_units:
             u.padded = u.reduce = u.sharded = 0
             for p in u.params:
-                c, mine_rows, rest = shard_rows(shapes[p.name], n, shard)
+                c, mine_rows, rest = shard_rows(tp_local(shapes[p.name], p.name in mine_params, t), n, shard)
                 param_bytes += c * rest * orig[p.name]
                 u.sharded += c * rest * orig[p.name]
                 u.padded += c * n * rest * dtype_size(compute[p.name])
@@ -303,7 +307,7 @@ def _one_rank(step_: _Step, rank: int) -> RankMemory:
         gather(line, fsdp_units, layout.reshard_after_forward, steps, live.boundary, device)
         grad_bytes = param_bytes
         resident_state = param_bytes + constants + state
-        reduce_scatter(line, live, model, fsdp_units, grads, steps, device)
+        reduce_scatter(line, live, model, fsdp_units, grads, steps, device, on_rank)
     top, step, buffered = line.top()
     temporaries = loop_temporaries(local) if device == "cpu" else sum(local)
     optimizer_peak = resident_state + grad_bytes + buckets + (temporaries if moments else 0)
@@ -324,6 +328,15 @@ def _one_rank(step_: _Step, rank: int) -> RankMemory:
 def _storage_names(live) -> dict[str, str]:
     """Tensor name -> the name of the tensor whose storage holds it (views and their bases)."""
     return {x.name: base.name for x, base in (live.storage or {}).items() if base is not None}
+
+
+def tp_local(shape: tuple[int, ...], split: bool, t: int) -> tuple[int, ...]:
+    """A parameter's shape on a tensor-parallel rank, as FSDP2 shards it: its 1/t share (its bytes; the
+    split dim taken as the first one t divides)."""
+    if not split or t == 1 or not shape:
+        return shape
+    k = next((i for i, d in enumerate(shape) if isinstance(d, int) and d % t == 0), 0)
+    return (*shape[:k], shape[k] // t, *shape[k + 1:])
 
 
 def local_param(name: str, value: int, split: set[str], t: int) -> int:

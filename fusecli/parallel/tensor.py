@@ -126,6 +126,9 @@ def find_split(graph: Graph, joint: Graph, t: int, sequence: bool = False,
             split.tensors |= _sequence_split(nodes, cols, region, weighted, in_block, storage, split.chunked)
     if not split.pairs:
         raise UsageError("--tp: no column/row-parallel pair of weight matmuls found in the model's blocks")
+    # what is made of split weights alone is split too (autocast's bf16 copy of a weight, its transpose)
+    split.tensors |= {name for name, made in weighted.items() if name not in split.parameters
+                      and made and all(p.name in split.parameters for p in made)}
     for b in joint.nodes:  # backward: a gradient is split where what it is the gradient of is
         if b.phase == "backward":
             for o in b.outputs:

@@ -29,6 +29,9 @@ from ..memory.sizes import tensor_formula
 
 LIST_INDEX = re.compile(r"\.\d+$")  # a module-list entry: 'layers.3', 'h.0' (scopes keep the index)
 NUMBERED = re.compile(r"(?:_\d+)+$")  # Keras' numbered names: block, block_1 (Keras 3 scope: block_1_1)
+# torch.get_rng_state(): the CPU generator's state, which checkpoint(preserve_rng_state=True) keeps per
+# call until the re-run (on CUDA it and the device's small state live in host memory)
+CPU_RNG_STATE = 5056
 ROW_STATS = ".row_stats"  # fusion.recompute names a softmax's kept row statistics '<output>.row_stats'
 
 Interval = tuple[int, int]  # first and last schedule step a tensor is alive (inclusive; -1: before step 0)
@@ -52,6 +55,10 @@ class Candidate:
     # blocks: what the re-run makes again that the step already holds (the block's outputs: checkpoint
     # discards the copies), alive during the re-run only
     remade: list[Tensor] = field(default_factory=list)
+    # blocks under selective checkpointing (plan.sac): cached outputs backward does not read, held from
+    # forward until the re-run reads them back (each is let go as the re-run consumes it: before the
+    # block's backward begins)
+    cached: list[Tensor] = field(default_factory=list)
 
 
 def block_scopes(graph: Graph) -> dict[tuple[str, ...], list[Node]]:
@@ -107,9 +114,10 @@ def layer_name(nodes: list[Node], scope: tuple[str, ...]) -> str:
     return heads.most_common(1)[0][0] if heads else scope[-1]
 
 
-def block_candidates(graph: Graph, joint: Graph, live: Liveness,
-                     sizes: Mapping[str, int]) -> list[Candidate]:
-    """One checkpoint candidate per list-indexed block that backward differentiates."""
+def block_candidates(graph: Graph, joint: Graph, live: Liveness, sizes: Mapping[str, int],
+                     rng_state: int = 0) -> list[Candidate]:
+    """One checkpoint candidate per list-indexed block that backward differentiates; ``rng_state``: the
+    bytes of the random generator's state each checkpoint keeps (rng_state_bytes)."""
     step = {id(n): i for i, n in enumerate(live.schedule)}
     at = {n.name: i for i, n in enumerate(live.schedule[:live.boundary])}
     backward_of: dict[str, list[int]] = {}
@@ -169,10 +177,19 @@ def block_candidates(graph: Graph, joint: Graph, live: Liveness,
             flops = None if flops is None or f is None else flops + f
         layer = layer_name(nodes, scope)
         path = ".".join(scope) if LIST_INDEX.search(scope[-1]) else layer  # Keras: the layer's name
-        out.append(Candidate("block", path, index, freed, kept, [], flops, min(starts),
+        stats = [("rng_state", Poly.const(rng_state))] if rng_state else []
+        out.append(Candidate("block", path, index, freed, kept, stats, flops, min(starts),
                              "activation checkpointing: re-run the block's forward when its backward begins",
                              scope, layer, remade))
     return out
+
+
+def rng_state_bytes(analysis) -> int:
+    """What PyTorch's checkpoint keeps of the random generator's state per block, in device memory: the
+    CPU generator's on the CPU; nothing on CUDA (host memory) nor under TensorFlow's recompute_grad."""
+    profile = analysis.profile
+    torch_cpu = profile is not None and profile.name == "pytorch" and profile.device == "cpu"
+    return CPU_RNG_STATE if torch_cpu else 0
 
 
 def fusion_candidates(matches, joint: Graph) -> list[Candidate]:
@@ -232,6 +249,9 @@ def planned_intervals(chosen: list[Candidate], live: Liveness, fwd_last: Mapping
         for t in c.kept:
             until = c.recompute_at if c.kind == "block" else end
             kept_until[t.name] = max(kept_until.get(t.name, -1), until if until is not None else end)
+        for t in c.cached:
+            until = c.recompute_at - 1 if c.recompute_at is not None else end
+            kept_until[t.name] = max(kept_until.get(t.name, -1), until)
         born = min((live.lifetimes[t.name][0] for t in c.freed), default=live.boundary - 1)
         stats.extend(((born, end), f) for _, f in c.stats)
         if c.kind == "block" and c.recompute_at is not None:
@@ -256,7 +276,7 @@ def saved_after(chosen: list[Candidate], live: Liveness) -> tuple[list[Tensor], 
     out = {s.tensor.name: s.tensor for s in live.saved
            if s.tensor.kind == "activation" and s.tensor.name not in freed}
     for c in chosen:
-        for t in c.kept:
+        for t in [*c.kept, *c.cached]:
             if t.kind == "activation":
                 out.setdefault(t.name, t)
     stats = {n: f for c in chosen for n, f in c.stats}

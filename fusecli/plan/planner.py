@@ -30,6 +30,7 @@ from .candidates import (
     forward_last_use,
     fusion_candidates,
     planned_intervals,
+    rng_state_bytes,
     saved_after,
 )
 
@@ -157,8 +158,8 @@ class StepModel:
         over, stats = planned_intervals(chosen, self.live, self.fwd_last)
         return {n: iv for n, iv in over.items() if n in self.formula}, stats
 
-    def peak_bytes(self, chosen: list[Candidate]) -> int:
-        """The step peak at the plan's dims with ``chosen`` applied."""
+    def timeline(self, chosen: list[Candidate]) -> np.ndarray:
+        """Live bytes (resident state aside) after each schedule step, with ``chosen`` applied."""
         over, stats = self.changes(chosen)
         delta = self.base.copy()
         for n, intervals in over.items():
@@ -167,8 +168,12 @@ class StepModel:
                 self.add_span(delta, iv, self.value[n])
         for iv, f in stats:
             self.add_span(delta, iv, f.evaluate(self.sizes) or 0)
-        timeline = np.cumsum(delta)[1:self.steps + 1]
-        top = int(timeline.max()) if self.steps else int(delta[0])
+        return np.cumsum(delta)[1:self.steps + 1]
+
+    def peak_bytes(self, chosen: list[Candidate]) -> int:
+        """The step peak at the plan's dims with ``chosen`` applied."""
+        timeline = self.timeline(chosen)
+        top = int(timeline.max()) if self.steps else 0
         return top + (self.resident.evaluate(self.sizes) or 0) + (self.extra.evaluate(self.sizes) or 0)
 
     def peak_polys(self, chosen: list[Candidate]) -> list[Poly]:
@@ -320,7 +325,7 @@ def recompute_sequence(analysis, model: StepModel, which: str = "all") -> list[S
     order), passing over one that does not lower the step peak now, and retrying those after the next
     one taken. Independent of the budget."""
     graph, joint, live, sizes = analysis.graph, analysis.joint, analysis.liveness, analysis.sizes
-    cands = block_candidates(graph, joint, live, sizes)
+    cands = block_candidates(graph, joint, live, sizes, rng_state_bytes(analysis))
     if which == "all":
         cands = fusion_candidates(analysis.matches, joint) + cands
     saved_now = model.saved([]).evaluate(sizes) or 0

@@ -30,7 +30,7 @@ def _plan(*args: str):
     (["--no-reshard-after-forward"], "an FSDP setting"),
     (["--tp", "4"], "2 K/V heads, which do not divide over 4 ranks"),
     (["--tp", "3"], "output columns"),
-    (["--tp", "2", "--dp-shard", "2"], "not modelled yet"),
+    (["--tp", "2", "--dp-replicate", "2"], "not modelled yet"),
     (["--sp"], "give --tp N"),
     (["--pp", "3"], "has 2 blocks, fewer than the stages"),
     (["--pp", "2", "--microbatches", "3"], "the batch, 2, is not a multiple of it"),

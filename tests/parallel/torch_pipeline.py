@@ -6,17 +6,23 @@ schedules under ``torchrun``, each rank writing what it holds to ``OUT/<run>/ran
     torchrun --standalone --nproc-per-node=2 tests/parallel/torch_pipeline.py --model llama \
         --runs gpipe:128:4,1f1b:128:4,1f1b:128:2 --batch 4 --out DIR [--kv-heads 2] [--layers 4]
 
-A run is ``SCHEDULE:SEQ:MICROBATCHES[:outputs]``: ``gpipe`` (torch.distributed.pipelining's
+A run is ``SCHEDULE:SEQ:MICROBATCHES[:outputs][:amp]`` (``amp``: the step under CPU autocast to bf16,
+torchtitan's mixed precision without FSDP): ``gpipe`` (torch.distributed.pipelining's
 ScheduleGPipe: every microbatch's forward, then every backward) or ``1f1b`` (Schedule1F1B: stage s runs
 ``world - s`` forwards before its first backward, then alternates), ``--batch`` the global batch of a step,
 split along dim 0 into MICROBATCHES equal microbatches; ``outputs``: ``step(return_outputs=True)``, the
 last stage keeping every microbatch's output for the merged one, until the next step clears them (so in
 ``resident_bytes`` too); by default False, a training step that reads only the losses. Models:
-``llama``, ``qwen2``, ``mistral`` (embed_tokens, layers, norm, rotary_emb) and ``gpt2`` (wte, wpe, h,
-ln_f), as ``hf_models.build(name, attn="default", cache=False)`` makes them. The
+``llama``, ``qwen2``, ``mistral`` (embed_tokens, layers, norm, rotary_emb), ``gpt2`` (wte, wpe, h,
+ln_f) and the encoder ``distilbert`` (embeddings, transformer.layer, no final norm), as
+``hf_models.build(name, attn="default", cache=False)`` makes them. The
 blocks split evenly, in order, over the ranks: stage 0 the embeddings and the first blocks, the last stage
 the last blocks and the final norm (``make_stage``: what the model's own forward computes between them, no
-cache, the causal mask from transformers' create_causal_mask). Each rank builds the whole model from the
+cache, the causal mask from transformers' create_causal_mask, DistilBERT's bidirectional one from
+create_bidirectional_mask). DistilBERT's example inputs pad one row (an attention_mask), but a stage takes
+one tensor: its steps read no padding, each stage building the mask the model builds for an all-ones
+attention_mask (under sdpa none at all), and the whole-model reference is called with an all-ones one.
+Each rank builds the whole model from the
 one seed and keeps only its stage's modules (``parameter_bytes`` is its stage's alone). Loss
 ``sum(output)`` of each microbatch on the last stage (a dummy target for the schedule), ``scale_grads=False``
 so the step's gradients are those of ``sum(output)`` over the global batch, as torch_ranks.py's; AdamW (its
@@ -72,17 +78,19 @@ from tests.parallel.torch_ranks import STEPS, _blocks, _peak, _settle_collective
 
 SCHEDULES = ("gpipe", "1f1b")
 DECODERS = ("llama", "qwen2", "mistral")  # embed_tokens, layers, norm, rotary_emb
-MODELS = (*DECODERS, "gpt2")
-RUN = "SCHEDULE:SEQ:MICROBATCHES[:outputs]"  # one step's configuration on the command line: 1f1b:128:4
+ENCODERS = ("distilbert",)  # embeddings, transformer.layer (post-norm blocks, no final norm)
+MODELS = (*DECODERS, "gpt2", *ENCODERS)
+RUN = "SCHEDULE:SEQ:MICROBATCHES[:outputs][:amp]"  # one step's configuration on the command line: 1f1b:128:4
 OUTPUT_TOLERANCE = 1e-5  # max abs difference of the chained stages' output from the whole model's
 GRAD_TOLERANCE = 1e-4  # max abs difference of the pipeline's gradients, relative to the largest
+AMP_GRAD_TOLERANCE = 2e-2  # under bf16 autocast: microbatches round differently from the whole batch
 
 
 def parse_run(text: str) -> dict:
     schedule, seq, microbatches, *flags = text.split(":")
-    assert schedule in SCHEDULES and set(flags) <= {"outputs"}, text
+    assert schedule in SCHEDULES and set(flags) <= {"outputs", "amp"}, text
     return {"schedule": schedule, "seq": int(seq), "microbatches": int(microbatches),
-            "return_outputs": "outputs" in flags}
+            "return_outputs": "outputs" in flags, "amp": "amp" in flags}
 
 
 def run_name(text: str) -> str:
@@ -124,7 +132,11 @@ def make_stage(name: str, inner, stage: int, world: int):
 def _stage_class():
     """make_stage's class (torch imported on first use; its methods close over no model)."""
     import torch
-    from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+    from transformers.masking_utils import (
+        create_bidirectional_mask,
+        create_causal_mask,
+        create_sliding_window_causal_mask,
+    )
 
     class Stage(torch.nn.Module):
         def __init__(self, name, inner, blocks, indices, first, last):
@@ -138,6 +150,9 @@ def _stage_class():
                 if last:
                     self.ln_f = inner.ln_f
                 self.layer_types = ["full_attention"] * len(indices)
+            elif name in ENCODERS:
+                if first:
+                    self.embeddings = inner.embeddings  # word and position embeddings, LayerNorm, dropout
             else:
                 if first:
                     self.embed_tokens = inner.embed_tokens
@@ -164,6 +179,12 @@ def _stage_class():
                     h = block(h, None, mask, None, encoder_attention_mask=None, use_cache=False,
                               position_ids=position_ids)
                 return self.ln_f(h) if self.last else h
+            if self.name in ENCODERS:  # DistilBertModel.forward: no padding, the mask of an all-ones one
+                h = self.embeddings(x) if self.first else x
+                mask = create_bidirectional_mask(config=self.config, inputs_embeds=h, attention_mask=None)
+                for block in self.blocks:
+                    h = block(h, mask)
+                return h
             h = self.embed_tokens(x) if self.first else x
             masks = self._masks(h, position_ids)
             position_embeddings = self.rotary_emb(h, position_ids=position_ids)
@@ -176,7 +197,7 @@ def _stage_class():
 
 
 def reference(name: str, batch: int, seq: int, microbatches: int, kv_heads: int | None, layers: int,
-              world: int, rank: int) -> tuple[dict, dict]:
+              world: int, rank: int, amp: bool = False) -> tuple[dict, dict]:
     """The checks' reference, in this process, before anything is profiled: the whole model and every
     stage of it, their outputs compared on the global batch and microbatch by microbatch (asserted), and
     the whole model's full-batch gradients of ``sum(output)`` for this rank's stage, by parameter name."""
@@ -185,7 +206,8 @@ def reference(name: str, batch: int, seq: int, microbatches: int, kv_heads: int 
     from tests import hf_models
 
     module = hf_models.build(name, attn="default", kv_heads=kv_heads, layers=layers, cache=False)
-    (ids,) = hf_models.example_inputs(name, batch, seq, seed=0)
+    ids = hf_models.example_inputs(name, batch, seq, seed=0)[0]
+    inputs = _whole_inputs(name, ids)
     stages = [make_stage(name, module.inner, s, world) for s in range(world)]
 
     def chained(x, stages=stages):
@@ -194,12 +216,14 @@ def reference(name: str, batch: int, seq: int, microbatches: int, kv_heads: int 
         return x
 
     with torch.no_grad():
-        whole = module(ids)
+        whole = module(*inputs)
         whole_diff = (chained(ids) - whole).abs().max().item()
         split = torch.cat([chained(c) for c in ids.tensor_split(microbatches)])
         split_diff = (split - whole).abs().max().item()
     assert whole_diff <= OUTPUT_TOLERANCE and split_diff <= OUTPUT_TOLERANCE, (whole_diff, split_diff)
-    module(ids).float().sum().backward()
+    with hf_models.autocast_of("amp-bf16" if amp else "fp32"):
+        out = module(*inputs)
+    out.float().sum().backward()
     names = {id(p): n for n, p in module.inner.named_parameters()}
     grads = {names[id(p)]: p.grad for p in stages[rank].parameters()}
     checks = {"check_output_max_abs_diff": whole_diff, "check_microbatched_output_max_abs_diff": split_diff,
@@ -207,6 +231,18 @@ def reference(name: str, batch: int, seq: int, microbatches: int, kv_heads: int 
     del module, stages
     gc.collect()
     return grads, checks
+
+
+def _whole_inputs(name: str, ids) -> tuple:
+    """The whole model's inputs for the token ids ``ids``: with an all-ones attention_mask where its
+    spec takes one (no padding, as the stages read none)."""
+    import torch
+
+    from tests import hf_models
+
+    extra = hf_models.spec(name).inputs[1:]
+    assert set(extra) <= {"attention_mask"}, f"{name}: inputs {extra} beyond the token ids"
+    return (ids, *(torch.ones_like(ids) for _ in extra))
 
 
 class _SavedTracker:
@@ -296,7 +332,7 @@ def _recv_buffers(stage) -> dict[int, int]:
 
 
 def measure(name: str, batch: int, kv_heads: int | None, layers: int, schedule: str, seq: int,
-            microbatches: int, return_outputs: bool) -> dict:
+            microbatches: int, return_outputs: bool, amp: bool = False) -> dict:
     """One configuration's steps on this rank, and what it holds (the module docstring)."""
     import torch
     import torch.distributed as dist
@@ -308,7 +344,7 @@ def measure(name: str, batch: int, kv_heads: int | None, layers: int, schedule: 
 
     rank, world = dist.get_rank(), dist.get_world_size()
     assert batch % microbatches == 0, f"batch {batch} does not split into {microbatches} microbatches"
-    ref_grads, checks = reference(name, batch, seq, microbatches, kv_heads, layers, world, rank)
+    ref_grads, checks = reference(name, batch, seq, microbatches, kv_heads, layers, world, rank, amp)
     gc.collect()
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         module = hf_models.build(name, attn="default", kv_heads=kv_heads, layers=layers, cache=False)
@@ -327,7 +363,7 @@ def measure(name: str, batch: int, kv_heads: int | None, layers: int, schedule: 
         cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[schedule]
         pipe = cls(stage, microbatches, loss_fn=lambda out, target: out.float().sum(), scale_grads=False)
         opt = torch.optim.AdamW(params, lr=1e-3)
-        (ids,) = hf_models.example_inputs(name, batch, seq, seed=0)  # the global batch, read by stage 0
+        ids = hf_models.example_inputs(name, batch, seq, seed=0)[0]  # the global batch, read by stage 0
         args = (ids,) if stage.is_first else ()
         target = torch.zeros(batch) if stage.is_last else None  # the schedule splits a target per microbatch
 
@@ -336,11 +372,12 @@ def measure(name: str, batch: int, kv_heads: int | None, layers: int, schedule: 
             measured = step == 1  # the saved set is the same at every step: hooked on the first
             tracker.active, tracker.backward_marked = measured, False
             with record_function("## step ##" if step else "## warm-up ##"):
-                if measured:
-                    with torch.autograd.graph.saved_tensors_hooks(tracker.pack, lambda t: t):
+                with hf_models.autocast_of("amp-bf16" if amp else "fp32"):
+                    if measured:
+                        with torch.autograd.graph.saved_tensors_hooks(tracker.pack, lambda t: t):
+                            pipe.step(*args, target=target, return_outputs=return_outputs)
+                    else:
                         pipe.step(*args, target=target, return_outputs=return_outputs)
-                else:
-                    pipe.step(*args, target=target, return_outputs=return_outputs)
                 grads = _storages(p.grad for p in params if p.grad is not None)
                 if step == 0:
                     with torch.no_grad():
@@ -348,7 +385,7 @@ def measure(name: str, batch: int, kv_heads: int | None, layers: int, schedule: 
                                     for p, n in zip(params, param_names, strict=True))
                         scale = max(g.abs().max().item() for g in ref_grads.values())
                     checks |= {"check_grad_max_abs_diff": worst, "check_grad_max_abs": scale}
-                    assert worst <= GRAD_TOLERANCE * scale, (worst, scale)
+                    assert worst <= (AMP_GRAD_TOLERANCE if amp else GRAD_TOLERANCE) * scale, (worst, scale)
                     del ref_grads
                 with record_function("## optimizer ##"):
                     opt.step()
@@ -358,7 +395,7 @@ def measure(name: str, batch: int, kv_heads: int | None, layers: int, schedule: 
         top = max(tracker.timeline, key=lambda e: e["saved_bytes"])
         result = {"rank": rank, "world": world, "model": name, "schedule": schedule, "seq": seq,
                   "microbatches": microbatches, "batch": batch, "microbatch_size": batch // microbatches,
-                  "return_outputs": return_outputs, "stage": rank, "blocks": n_blocks,
+                  "return_outputs": return_outputs, "autocast": amp, "stage": rank, "blocks": n_blocks,
                   "stage_layers": part.indices, "first": stage.is_first, "last": stage.is_last,
                   "parameter_bytes": sum(_storages(params).values()),
                   "gradient_bytes": sum(grads.values()),

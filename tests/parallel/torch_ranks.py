@@ -9,13 +9,19 @@ Modes, as users write them: ``single`` (no wrapper: one device's step, for a wor
 (DistributedDataParallel, default 25 MiB buckets), ``zero1`` (DDP and torch's ZeroRedundancyOptimizer),
 ``tp`` (tensor parallel: each block's ``parallelize_module`` with ``ColwiseParallel`` on q/k/v and
 gate/up, ``RowwiseParallel`` on o and down, found by their module names; every rank reads one batch;
-``sp``: sequence parallel as torchtitan writes it for Llama-like blocks: ``SequenceParallel`` on the
-norms, the attention's and MLP's input all-gathered by ``PrepareModuleInput``, o and down
-``RowwiseParallel(output_layouts=Shard(1))``, the first block's input split and the last block's output
-gathered whole for the final norm),
+``sp``: sequence parallel as torchtitan writes it for Llama-like blocks (and Megatron's for DistilBERT's
+post-norm ones, SP_PLANS): ``SequenceParallel`` on the norms, the attention's and MLP's input all-gathered
+by ``PrepareModuleInput``, o and down (out_lin and lin2) ``RowwiseParallel(output_layouts=Shard(1))``,
+the first block's input split and the last block's output gathered whole for the final norm; checked
+before anything is profiled: the parallelized model's output and gradients against the unparallelized
+model's (``check_tensor_parallel``); ``amp``: the forward under CPU autocast to bf16, torchtitan's mixed
+precision where FSDP's is not in use),
 ``fsdp`` (FSDP2: ``fully_shard`` on every block, then on the root as torchtitan does; ``no-reshard``:
 the blocks' ``reshard_after_forward=False``; ``bf16``: ``MixedPrecisionPolicy(param_dtype=bf16,
-reduce_dtype=fp32)``). Optimizer AdamW (its CPU default, the for-loop form). Each rank reads its own
+reduce_dtype=fp32)``), ``fsdp_tp`` (torchtitan's 2-D layout on a (world / 2, 2) mesh: ``tp``'s plan on
+the inner dim, then ``fsdp``'s on the outer; each tensor-parallel pair reads one batch; the flags of both
+apply), ``hsdp`` (FSDP2 on a (world / 2, 2) mesh: replicated across the outer dim, sharded within the
+inner). Optimizer AdamW (its CPU default, the for-loop form). Each rank reads its own
 batch (seed = rank), loss ``sum(output)``, the output kept through backward as a training loop's name
 keeps it.
 
@@ -38,7 +44,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-MODES = ("single", "ddp", "zero1", "fsdp", "tp")
+MODES = ("single", "ddp", "zero1", "fsdp", "tp", "fsdp_tp", "hsdp")
+MESH_TP = 2  # fsdp_tp: a (world / 2, 2) mesh, the tensor-parallel pairs innermost
 # tensor parallel: the linears by their module names, Megatron's pairs (column-parallel, then row-parallel)
 COLWISE = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "q_lin", "k_lin", "v_lin", "lin1")
 ROWWISE = ("o_proj", "down_proj", "out_lin", "lin2")
@@ -46,6 +53,22 @@ ROWWISE = ("o_proj", "down_proj", "out_lin", "lin2")
 # are called: the attention with hidden_states=, the MLP positionally)
 SP_NORMS = ("input_layernorm", "post_attention_layernorm")
 SP_GATHERED = {"self_attn": "hidden_states", "mlp": None}
+# sequence parallel per block family, the one whose modules the block has (_sequence_family): its norms,
+# its gathered modules (the keyword their input comes as, None: the first positional argument), how many
+# positional arguments the block is called with (the first block's first one is split along the sequence,
+# the rest pass as they are) and whether the norms return local tensors (SequenceParallel's
+# use_local_output): a pre-norm block's norm outputs flow into a gathered module only, a post-norm block's
+# are also the next residual, added to a row-parallel linear's local output (DTensor and Tensor don't mix)
+SP_PLANS = {
+    "llama": {"norms": SP_NORMS, "gathered": SP_GATHERED, "block_args": 1, "local_norms": False},
+    # DistilBERT's TransformerBlock(hidden_states, attention_mask): attention(hidden_states,
+    # attention_mask=), its q_lin, k_lin and v_lin reading the one gathered input; sa_layer_norm(attention
+    # + input), ffn(that), output_layer_norm(ffn + that)
+    "distilbert": {"norms": ("sa_layer_norm", "output_layer_norm"),
+                   "gathered": {"attention": None, "ffn": None}, "block_args": 2, "local_norms": True},
+}
+CHECK_TOLERANCE = 1e-4  # tensor parallel: max abs output difference; gradients', relative to the largest
+SETTLE_SECONDS = 0.01  # _settle_collectives' pause with a core per rank
 STEPS = 3  # measured steps after the warm-up (the least of them is the measurement: _peak)
 sys.path.insert(0, str(ROOT))
 
@@ -67,16 +90,19 @@ def _storages(tensors) -> dict[int, int]:
 def _settle_collectives() -> None:
     """After each blocking collective, a pause holding its tensors: gloo's worker thread drops its
     references to them before the caller goes on, so the caller's release is the last one and the
-    profiler, which follows the calling thread only, records the free (timing changes, bytes do not)."""
+    profiler, which follows the calling thread only, records the free (timing changes, bytes do not).
+    The pause grows with the ranks per core: a starved worker thread takes longer."""
     import time
 
     import torch.distributed as dist
+
+    pause = SETTLE_SECONDS * max(1.0, dist.get_world_size() / (os.cpu_count() or 1))
 
     def settled(collective):
         def run(*args, **kwargs):
             work = collective(*args, **kwargs)
             if not kwargs.get("async_op", False):
-                time.sleep(0.002)
+                time.sleep(pause)
             return work
         return run
 
@@ -90,34 +116,26 @@ def _settle_collectives() -> None:
 
 
 def _wrap(model, mode: str, reshard: bool, param_dtype: str | None, sequence: bool = False):
-    import torch
     import torch.distributed as dist
 
     if mode == "single":
         return model
+    if mode == "fsdp_tp":  # torchtitan's 2-D order: tensor parallel on the inner dim, then FSDP2 on the outer
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh("cpu", (dist.get_world_size() // MESH_TP, MESH_TP),
+                                mesh_dim_names=("dp", "tp"))
+        return _shard(_tensor_parallel(model, mesh["tp"], sequence), mesh["dp"], reshard, param_dtype)
+    if mode == "hsdp":  # a (world / 2, 2) mesh: replicated across the outer dim, sharded within the inner
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh("cpu", (dist.get_world_size() // MESH_TP, MESH_TP),
+                                mesh_dim_names=("replicate", "shard"))
+        return _shard(model, mesh, reshard, param_dtype)
     if mode == "tp":
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-        mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-        blocks = _blocks(model)
-        for block in blocks:
-            names = {n: ColwiseParallel() if n.rsplit(".", 1)[-1] in COLWISE else
-                     RowwiseParallel(**_sequence_output() if sequence else {})
-                     for n, m in block.named_modules() if n.rsplit(".", 1)[-1] in COLWISE + ROWWISE}
-            assert names, "no linear named as a tensor-parallel pair"
-            if sequence:
-                names |= _sequence_plan(block)
-            parallelize_module(block, mesh, names)
-        if sequence:
-            from torch.distributed.tensor import Replicate, Shard
-            from torch.distributed.tensor.parallel import PrepareModuleInput, PrepareModuleOutput
-
-            parallelize_module(blocks[0], mesh, PrepareModuleInput(
-                input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),), use_local_output=True))
-            parallelize_module(blocks[-1], mesh, PrepareModuleOutput(
-                output_layouts=Shard(1), desired_output_layouts=Replicate(), use_local_output=True))
-        return model
+        return _tensor_parallel(model, init_device_mesh("cpu", (dist.get_world_size(),)), sequence)
     if mode in ("ddp", "zero1"):
         from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -125,14 +143,49 @@ def _wrap(model, mode: str, reshard: bool, param_dtype: str | None, sequence: bo
         # threads free unrecorded (the step's own collectives are settled: _settle_collectives)
         return DDP(model, init_sync=False)
     from torch.distributed.device_mesh import init_device_mesh
+
+    return _shard(model, init_device_mesh("cpu", (dist.get_world_size(),)), reshard, param_dtype)
+
+
+def _shard(model, mesh, reshard: bool, param_dtype: str | None):
+    """FSDP2 as torchtitan applies it: ``fully_shard`` on every block, then on the root."""
+    import torch
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     mp = MixedPrecisionPolicy(param_dtype=getattr(torch, {"bf16": "bfloat16"}[param_dtype]),
                               reduce_dtype=torch.float32) if param_dtype else MixedPrecisionPolicy()
     for block in _blocks(model):
         fully_shard(block, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
     fully_shard(model, mesh=mesh, mp_policy=mp)  # the root as torchtitan's: kept gathered after forward
+    return model
+
+
+def _tensor_parallel(model, mesh, sequence: bool):
+    """Each block's column/row-parallel linears by name (COLWISE, ROWWISE), and with ``sequence`` its
+    sequence-parallel plan (SP_PLANS)."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    blocks = _blocks(model)
+    for block in blocks:
+        names = {n: ColwiseParallel() if n.rsplit(".", 1)[-1] in COLWISE else
+                 RowwiseParallel(**_sequence_output() if sequence else {})
+                 for n, m in block.named_modules() if n.rsplit(".", 1)[-1] in COLWISE + ROWWISE}
+        assert names, "no linear named as a tensor-parallel pair"
+        if sequence:
+            names |= _sequence_plan(block)
+        # every rank built the same model from one seed: each keeps its own share, no scatter from rank 0
+        # (whose send buffers gloo's thread frees unrecorded)
+        parallelize_module(block, mesh, names, src_data_rank=None)
+    if sequence:
+        from torch.distributed.tensor import Replicate, Shard
+        from torch.distributed.tensor.parallel import PrepareModuleInput, PrepareModuleOutput
+
+        rest = (None,) * (SP_PLANS[_sequence_family(blocks[0])]["block_args"] - 1)
+        parallelize_module(blocks[0], mesh, PrepareModuleInput(
+            input_layouts=(Replicate(), *rest), desired_input_layouts=(Shard(1), *rest),
+            use_local_output=True))
+        parallelize_module(blocks[-1], mesh, PrepareModuleOutput(
+            output_layouts=Shard(1), desired_output_layouts=Replicate(), use_local_output=True))
     return model
 
 
@@ -142,21 +195,65 @@ def _sequence_output() -> dict:
     return {"output_layouts": Shard(1)}  # reduce-scattered along the sequence
 
 
+def _sequence_family(block) -> str:
+    """The SP_PLANS family of ``block``: the one whose norms and gathered modules it has, by name."""
+    names = dict(block.named_modules())
+    families = [f for f, p in SP_PLANS.items() if set(p["norms"]) | set(p["gathered"]) <= names.keys()]
+    assert len(families) == 1, f"no one sequence-parallel plan for the block ({families}): {sorted(names)}"
+    return families[0]
+
+
 def _sequence_plan(block) -> dict:
-    """torchtitan's sequence-parallel entries for a Llama-like block (SP_NORMS, SP_GATHERED)."""
+    """torchtitan's sequence-parallel entries for the block, as its family's SP_PLANS entry names them.
+    A gathered module called with keywords is gathered per keyword (PrepareModuleInput redistributes each
+    keyword's tensor on its own: the one tensor passed as query=, key= and value= would be all-gathered
+    three times); the blocks here call theirs with the hidden states once."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import PrepareModuleInput, SequenceParallel
 
-    names = dict(block.named_modules())
-    plan = {n: SequenceParallel() for n in SP_NORMS if n in names}
-    for n, kwarg in SP_GATHERED.items():
-        if n in names:
-            plan[n] = PrepareModuleInput(
-                input_kwarg_layouts={kwarg: Shard(1)}, desired_input_kwarg_layouts={kwarg: Replicate()},
-                use_local_output=True) if kwarg else PrepareModuleInput(
-                input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True)
-    assert len(plan) == len(SP_NORMS) + len(SP_GATHERED), f"not a Llama-like block: {sorted(plan)}"
+    family = SP_PLANS[_sequence_family(block)]
+    plan = {n: SequenceParallel(use_local_output=family["local_norms"]) for n in family["norms"]}
+    for n, kwarg in family["gathered"].items():
+        plan[n] = PrepareModuleInput(
+            input_kwarg_layouts={kwarg: Shard(1)}, desired_input_kwarg_layouts={kwarg: Replicate()},
+            use_local_output=True) if kwarg else PrepareModuleInput(
+            input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True)
     return plan
+
+
+def check_tensor_parallel(name: str, batch: int, kv_heads: int | None, seq: int, sequence: bool) -> dict:
+    """The tensor-parallel model (sequence parallel too where ``sequence``) against the unparallelized one
+    built from the same seed, on the batch every rank reads, in fp32 and outside any profiling: their
+    outputs (max abs difference at most CHECK_TOLERANCE, asserted on every rank: the output is whole on
+    each) and the gradients of ``sum(output)`` (the parallel ones gathered whole, the max abs difference
+    at most CHECK_TOLERANCE of the largest), by parameter name."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    from tests import hf_models
+
+    inputs = hf_models.example_inputs(name, batch, seq, seed=0)
+    plain = hf_models.build(name, attn="default", kv_heads=kv_heads)
+    parallel = _wrap(hf_models.build(name, attn="default", kv_heads=kv_heads), "tp", True, None, sequence)
+    want, got = plain(*inputs), parallel(*inputs)
+    assert not isinstance(got, DTensor), type(got)
+    out_diff = (got - want).abs().max().item()
+    want.float().sum().backward()
+    got.float().sum().backward()
+    grads = dict(plain.named_parameters())
+    worst = scale = 0.0
+    with torch.no_grad():
+        for n, p in parallel.named_parameters():
+            g = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
+            worst = max(worst, (g - grads[n].grad).abs().max().item())
+            scale = max(scale, grads[n].grad.abs().max().item())
+    assert out_diff <= CHECK_TOLERANCE, f"tensor-parallel output off by {out_diff}"
+    assert worst <= CHECK_TOLERANCE * scale, f"tensor-parallel gradients off by {worst} (largest {scale})"
+    checks = {"check_output_max_abs_diff": out_diff, "check_output_max_abs": want.abs().max().item(),
+              "check_grad_max_abs_diff": worst, "check_grad_max_abs": scale}
+    del plain, parallel, want, got, grads
+    gc.collect()
+    return checks
 
 
 def _blocks(model):
@@ -168,16 +265,16 @@ def _blocks(model):
     return list(lists[0])
 
 
-RUN = "MODE:SEQ[:no-reshard][:bf16][:ckpt][:sp]"  # a step on the command line: fsdp:128:bf16
+RUN = "MODE:SEQ[:no-reshard][:bf16][:ckpt][:sp][:amp]"  # a step on the command line: fsdp:128:bf16
 
 
 def parse_run(text: str) -> dict:
     mode, seq, *flags = text.split(":")
-    assert mode in MODES and set(flags) <= {"no-reshard", "bf16", "ckpt", "sp"}, text
-    assert "sp" not in flags or mode == "tp", text
+    assert mode in MODES and set(flags) <= {"no-reshard", "bf16", "ckpt", "sp", "amp"}, text
+    assert "sp" not in flags or mode in ("tp", "fsdp_tp"), text
     return {"mode": mode, "seq": int(seq), "reshard": "no-reshard" not in flags,
             "param_dtype": "bf16" if "bf16" in flags else None, "checkpointed": "ckpt" in flags,
-            "sequence": "sp" in flags}
+            "sequence": "sp" in flags, "amp": "amp" in flags}
 
 
 def run_name(text: str) -> str:
@@ -232,7 +329,8 @@ def _checkpoint(blocks, held: dict, measuring: list) -> None:
 
 
 def measure(name: str, batch: int, kv_heads: int | None, mode: str, seq: int, reshard: bool,
-            param_dtype: str | None, checkpointed: bool = False, sequence: bool = False) -> dict:
+            param_dtype: str | None, checkpointed: bool = False, sequence: bool = False,
+            amp: bool = False) -> dict:
     """One configuration's steps on this rank, and what it holds (the module docstring)."""
     import torch
     import torch.distributed as dist
@@ -242,6 +340,7 @@ def measure(name: str, batch: int, kv_heads: int | None, mode: str, seq: int, re
     from tests import hf_models
 
     rank = dist.get_rank()
+    checks = check_tensor_parallel(name, batch, kv_heads, seq, sequence) if mode == "tp" else {}
     gc.collect()
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         module = hf_models.build(name, attn="default", kv_heads=kv_heads, cache=not checkpointed)
@@ -257,8 +356,9 @@ def measure(name: str, batch: int, kv_heads: int | None, mode: str, seq: int, re
             opt = ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, lr=1e-3)
         else:
             opt = torch.optim.AdamW(params, lr=1e-3)
-        # tensor-parallel ranks read the same batch; data-parallel ones their own
-        inputs = hf_models.example_inputs(name, batch, seq, seed=0 if mode == "tp" else rank)
+        # tensor-parallel ranks read one batch (under fsdp_tp, each pair its own); data-parallel ones theirs
+        seed = 0 if mode == "tp" else rank // MESH_TP if mode == "fsdp_tp" else rank
+        inputs = hf_models.example_inputs(name, batch, seq, seed=seed)
 
         def pack(t):
             from torch.distributed.tensor import DTensor
@@ -274,11 +374,12 @@ def measure(name: str, batch: int, kv_heads: int | None, mode: str, seq: int, re
             measured = step == 1  # the saved set is the same at every step: hooked on the first
             measuring[:] = [True] if measured else []
             with record_function("## step ##" if step else "## warm-up ##"):
-                if measured:
-                    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                with hf_models.autocast_of("amp-bf16" if amp else "fp32"):
+                    if measured:
+                        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                            out = model(*inputs)
+                    else:
                         out = model(*inputs)
-                else:
-                    out = model(*inputs)
                 loss = out.float().sum()  # the output kept through backward, as a training loop names it
                 with record_function("## backward ##"):
                     loss.backward()
@@ -291,10 +392,11 @@ def measure(name: str, batch: int, kv_heads: int | None, mode: str, seq: int, re
             [v for s in opt.state.values() for v in s.values()]
         result = {"rank": rank, "world": dist.get_world_size(), "model": name, "mode": mode, "seq": seq,
                   "reshard_after_forward": reshard, "param_dtype": param_dtype, "sequence_parallel": sequence,
+                  "autocast": amp,
                   "parameter_bytes": sum(_storages(params).values()),
                   "gradient_bytes": sum(grads.values()),
                   "optimizer_bytes": sum(_storages(state).values()),
-                  "saved_bytes": sum(held.values())}
+                  "saved_bytes": sum(held.values()), **checks}
     result.update(_peak(prof, _EventType))
     return result
 

@@ -1,0 +1,220 @@
+"""Selective activation checkpointing: an op-level policy, as users write it for
+``torch.utils.checkpoint.create_selective_checkpoint_contexts``, applied to every block.
+
+Each block runs under non-reentrant checkpoint; the policy is asked about every aten op the block
+dispatches, in order, in forward and again in the re-run (``ctx.is_recompute``). SAC caches the outputs of
+the ops it saves (MUST_SAVE / PREFER_SAVE), not what autograd would have saved: a cached output that
+backward reads keeps its lifetime, one that it does not is held until the block's re-run reads it back;
+every other op is recomputed, so what it saves for backward is freed after forward and made again in the
+re-run, as under plain block checkpointing (plan.candidates). The block's inputs are kept for the re-run.
+
+The export's nodes are mapped to the aten ops PyTorch dispatches for them (``aten_ops``): a linear without
+bias is ``aten.mm`` (on a flattened view), with bias ``aten.addmm`` (GPT-2's Conv1D too), a matmul of two
+activations ``aten.bmm``, a scaled-dot-product-attention region the kernel the profile chose for the device
+(the CPU flash kernel ``aten._scaled_dot_product_flash_attention_for_cpu``; on CUDA flash or
+memory-efficient), a softmax ``aten._softmax``; any other node that makes a storage of its own is
+``aten.<its kind>`` (no policy names those but one that saves every op); views make none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from ..core.ir import Node, Tensor
+from ..fusion.recompute import node_flops
+from ..grad.storage import linear_bias_add
+from .candidates import Candidate, block_candidates, block_scopes, rng_state_bytes
+
+# the sdpa kernel the profile chose (grad.sdpa.choose), by device -> the aten op PyTorch dispatches
+SDPA_OPS = {("flash", "cpu"): "aten._scaled_dot_product_flash_attention_for_cpu",
+            ("flash", "cuda"): "aten._scaled_dot_product_flash_attention",
+            ("efficient", "cuda"): "aten._scaled_dot_product_efficient_attention"}
+SDPA = frozenset({*SDPA_OPS.values(), "aten._scaled_dot_product_cudnn_attention"})
+MATMULS = frozenset({"aten.mm", "aten.addmm", "aten.bmm"})
+# torchtitan's default op-level policy (torchtitan/distributed/activation_checkpoint.py at c5d93d1,
+# _get_default_save_ops): torch's compute-intensive ops (mm, addmm, bmm, convolution, the CUDA sdpa
+# kernels; not the CPU one), the other sdpa variants, max, topk, linear and the collectives; every second
+# mm (or linear) of a block's forward recomputed
+TORCHTITAN_SAVE = frozenset({
+    "aten.mm", "aten.addmm", "aten.bmm", "aten.convolution", "aten._scaled_mm", "aten.upsample_bilinear2d",
+    "aten._scaled_dot_product_flash_attention", "aten._scaled_dot_product_efficient_attention",
+    "aten._flash_attention_forward", "aten._efficient_attention_forward",
+    "aten._scaled_dot_product_cudnn_attention", "aten._scaled_dot_product_attention_math",
+    "aten._scaled_dot_product_fused_attention_overrideable", "aten.max", "aten.topk", "aten.linear",
+    "_c10d_functional.reduce_scatter_tensor", "_c10d_functional.all_to_all_single"})
+
+
+@dataclass(frozen=True)
+class Call:
+    """One aten op a block dispatches: the op, its place among the block's calls of that op (1-based),
+    the node that spells it and the tensors it outputs (their storages)."""
+
+    op: str
+    count: int
+    node: Node
+    outputs: tuple[Tensor, ...]
+
+
+Policy = Callable[[Call], bool]  # True: save (cache) the op's outputs
+
+
+def _save_list(ops) -> Policy:
+    return lambda call: call.op in ops
+
+
+def _megatron(calls: list[Call]) -> list[bool]:
+    """Megatron-LM's selective recompute as an op-level policy: the attention core recomputed (the sdpa
+    kernel; in eager attention every op from the first bmm, q by k, to the second, by v), every other op
+    saved."""
+    out, inside = [], False
+    for call in calls:
+        core = call.op in SDPA or inside or call.op == "aten.bmm"
+        if call.op == "aten.bmm":
+            inside = not inside
+        out.append(not core)
+    return out
+
+
+def _torchtitan(call: Call) -> bool:
+    # `to_save = func in _save_list and not (func == mm and meta[mm_count] % 2 == 0)`, the count taken
+    # before the test, apart in forward and recompute: the 1st, 3rd, ... mm saved, the 2nd, 4th recomputed
+    return call.op in TORCHTITAN_SAVE and not (call.op == "aten.mm" and call.count % 2 == 0)
+
+
+def _traced(nodes: list[Node]) -> list[Node]:
+    """The nodes in the order the export traced them (its file's order, load.onnx's ``traced``), the
+    order PyTorch dispatched them in; the canonical order where the file's is not known."""
+    return sorted(nodes, key=lambda n: n.meta.get("traced", -1))
+
+
+PRESETS: dict[str, Policy | None] = {
+    "none": None,  # no checkpoint
+    "full": _save_list(()),  # plain block checkpointing: nothing cached
+    "attention": _save_list(SDPA),
+    "matmul": _save_list(MATMULS | SDPA),
+    "torchtitan": _torchtitan,
+    "megatron": _megatron,  # decides over the block's calls together
+}
+WHOLE_BLOCK = frozenset({_megatron})  # policies that read a block's calls in order, not one at a time
+
+
+def policy_of(preset: str | None, save: list[str] | None = None) -> Policy | None:
+    """The preset's policy, or one saving the aten ops ``save`` names ('aten.mm', ...)."""
+    if save:
+        ops = frozenset(s if s.startswith(("aten.", "_c10d")) else f"aten.{s}" for s in save)
+        return _save_list(ops)
+    return PRESETS[preset or "none"]
+
+
+def aten_ops(nodes: list[Node], kernels: dict[str, dict], weighted: set[str], storage, device: str,
+             interiors: set[str] = frozenset()) -> list[Call]:
+    """The block's aten calls that policies name, in dispatch order (module docstring); a node inside a
+    fused kernel (``interiors``: the tensors the kernel never makes, an sdpa's scores and probabilities)
+    dispatches no bmm or softmax."""
+    counts: dict[str, int] = {}
+    out = []
+    for n in _traced(nodes):
+        op, outputs = None, tuple(o for o in n.outputs if o is not None)
+        inside = bool(outputs) and all(o.name in interiors for o in outputs)
+        if n.name in kernels:
+            op = SDPA_OPS.get((kernels[n.name].get("kernel"), device))
+        elif n.kind in ("matmul", "gemm"):
+            acts = [i for i in n.inputs if i is not None and i.name not in weighted and i.kind != "constant"]
+            if len(acts) == 2:
+                op = None if inside else "aten.bmm"
+            elif acts:
+                bias = n.kind == "gemm" and len(n.inputs) > 2 and n.inputs[2] is not None
+                add = linear_bias_add(n.outputs[0]) if n.outputs and n.outputs[0] is not None else None
+                op = "aten.addmm" if bias or add is not None else "aten.mm"
+                outputs = tuple(o for o in add.outputs if o is not None) if add is not None else outputs
+        elif n.kind == "softmax" and not inside:
+            op = "aten._softmax"
+        elif not inside and any(o not in storage for o in outputs):
+            op = f"aten.{n.kind}"  # an op of its own storage (views and a fused kernel's interior: none)
+        if op is None:
+            continue
+        counts[op] = counts.get(op, 0) + 1
+        bases = tuple(storage.get(o, o) if o in storage else o for o in outputs)
+        out.append(Call(op, counts[op], n, tuple(b for b in bases if b is not None)))
+    return out
+
+
+def sac_candidates(analysis, policy: Policy) -> list[tuple[Candidate, list[tuple[Call, bool]]]]:
+    """Every block's checkpoint under ``policy``: plan.candidates' block candidate with the saved ops'
+    outputs cached (module docstring), their FLOPs left out of the re-run's; with each block's calls and
+    the policy's answer for each."""
+    graph, joint, live, sizes = analysis.graph, analysis.joint, analysis.liveness, analysis.sizes
+    kernels = joint.meta.get("attention_kernels", {})
+    interiors = set(joint.meta.get("kernel_interiors", ()))
+    device = analysis.profile.device if analysis.profile is not None else "cpu"
+    weighted = _weight_only(graph)
+    scopes = block_scopes(graph)
+    out = []
+    for c in block_candidates(graph, joint, live, sizes, rng_state_bytes(analysis)):
+        calls = aten_ops(scopes.get(c.scope, []), kernels, weighted, live.storage, device, interiors)
+        answers = policy(calls) if policy in WHOLE_BLOCK else [policy(call) for call in calls]
+        cached = [call for call, yes in zip(calls, answers, strict=True) if yes]
+        mine = {t.name for call in cached for t in call.outputs}
+        mine |= {f"{call.node.name}.logsumexp" for call in cached if call.op in SDPA}
+        freed = [t for t in c.freed if _base(live, t).name not in mine]
+        held = {t.name for t in c.freed} | {t.name for t in c.kept}
+        cache = [joint.tensors[name] for name in sorted(mine) if name in joint.tensors
+                 and name not in held and name in live.lifetimes and name not in live.saved_by_name]
+        flops = c.flops
+        for call in cached:
+            f = node_flops(call.node, sizes)
+            flops = None if flops is None or f is None else max(0, flops - f)
+        recipe = f"selective checkpointing: {len(cached)} of {len(calls)} ops' outputs cached"
+        out.append((replace(c, freed=freed, cached=cache, flops=flops, recipe=recipe),
+                    [(call, call in cached) for call in calls]))
+    return out
+
+
+@dataclass
+class SacStep:
+    """The step under a policy: what it holds when forward returns (beyond the model's output), its
+    saved activations, its peak (resident state included) and the FLOPs backward's re-runs add."""
+
+    preset: str
+    held_at_forward_end: int
+    saved_activation_bytes: int
+    peak_bytes: int
+    recompute_flops: int | None
+    blocks: list[Candidate]
+    calls: dict[str, list[tuple[Call, bool]]]  # block name -> its calls, and whether each is saved
+
+
+def evaluate(analysis, preset: str | None, save: list[str] | None = None, dims=None) -> SacStep:
+    """The step with every block under the policy (``dims``: the sizes, the analysis' own by default)."""
+    from ..core.dims import Poly
+    from .planner import StepModel
+
+    live = analysis.liveness
+    values = {**{n: analysis.sizes[n] for n in analysis.sizes}, **(dims or {})}
+    model = StepModel(analysis.joint, live, values, Poly())
+    policy = policy_of(preset, save)
+    planned = sac_candidates(analysis, policy) if policy is not None else []
+    chosen = [c for c, _ in planned]
+    line = model.timeline(chosen)
+    output = sum(model.value.get(_base(live, t).name, 0) for t in analysis.joint.outputs
+                 if t.meta.get("grad_of") is None)
+    held = int(line[live.boundary - 1]) - output if live.boundary else 0
+    flops = sum(c.flops for c in chosen) if all(c.flops is not None for c in chosen) else None
+    return SacStep(preset or "custom", held, model.saved(chosen).evaluate(values) or 0,
+                   model.peak_bytes(chosen), flops, chosen, {c.name: calls for c, calls in planned})
+
+
+def _base(live, t: Tensor) -> Tensor:
+    base = live.storage.get(t, t) if t in live.storage else t
+    return base if base is not None else t
+
+
+def _weight_only(graph) -> set[str]:
+    """The tensors made of parameters and constants alone (a weight, its transpose or cast)."""
+    out = {t.name for t in graph.tensors.values() if t.kind == "parameter" and t.producer is None}
+    for n in graph.nodes:
+        ins = [i for i in n.inputs if i is not None]
+        if ins and all(i.name in out or i.kind == "constant" for i in ins):
+            out.update(o.name for o in n.outputs if o is not None)
+    return out

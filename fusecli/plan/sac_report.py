@@ -1,0 +1,41 @@
+"""A selective-checkpointing policy's step for people (lines at 80 columns) and programs (JSON)."""
+
+from __future__ import annotations
+
+from ..core.units import format_bytes
+from .sac import SacStep
+
+
+def sac_json(step: SacStep, base: SacStep) -> dict:
+    """``memory.sac``: the step under the policy, the step without it, and what each block caches."""
+    return {"policy": step.preset, "held_at_forward_end": step.held_at_forward_end,
+            "saved_activation_bytes": step.saved_activation_bytes, "peak_bytes": step.peak_bytes,
+            "recompute_flops": step.recompute_flops,
+            "without_policy": {"held_at_forward_end": base.held_at_forward_end,
+                               "saved_activation_bytes": base.saved_activation_bytes,
+                               "peak_bytes": base.peak_bytes},
+            "blocks": [{"block": c.name, "recompute_flops": c.flops,
+                        "ops": [{"op": call.op, "node": call.node.name, "saved": saved}
+                                for call, saved in step.calls[c.name]]}
+                       for c in step.blocks]}
+
+
+def sac_lines(step: SacStep, base: SacStep) -> list[str]:
+    """The policy's figures beside the step without it, and the first block's decisions."""
+    flops = "unknown" if step.recompute_flops is None else f"{step.recompute_flops:,}"
+    out = [f"selective checkpointing ({step.preset}, every block):",
+           f"  held when forward returns {format_bytes(step.held_at_forward_end):>10}"
+           f"   (without: {format_bytes(base.held_at_forward_end)})",
+           f"  saved activations         {format_bytes(step.saved_activation_bytes):>10}"
+           f"   (without: {format_bytes(base.saved_activation_bytes)})",
+           f"  step peak                 {format_bytes(step.peak_bytes):>10}"
+           f"   (without: {format_bytes(base.peak_bytes)})",
+           f"  FLOPs backward re-runs    {flops}"]
+    if step.blocks:
+        c = step.blocks[0]
+        calls = step.calls[c.name]
+        saved = [call.op.removeprefix("aten.") + f"#{call.count}" for call, s in calls if s]
+        rest = [call.op.removeprefix("aten.") + f"#{call.count}" for call, s in calls if not s]
+        out.append(f"  {c.name}: saves {', '.join(saved) or 'nothing'}")
+        out.append(f"  {' ' * len(c.name)}  recomputes {', '.join(rest) or 'nothing'} and the rest")
+    return out
