@@ -18,22 +18,17 @@ stages do. One torchrun per model runs every configuration (multi-process: this 
 from __future__ import annotations
 
 import functools
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from fusecli.parallel.layout import Layout
 from fusecli.parallel.ranks import rank_memory
 from fusecli.pipeline import Options, analyze
+from tests.parallel.judges import run_judge
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-HERE = Path(__file__).resolve().parent
 BATCH = 4
 WORLD = 2
 SAVED_TOLERANCE = 0.02
@@ -62,19 +57,9 @@ WIDER = {
 @functools.cache
 def measured(model: str, kv_heads: int | None, layers: int, runs: tuple[str, ...], out: str) -> dict:
     """run -> rank -> what torch_pipeline.py measured there."""
-    args = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={WORLD}",
-            str(HERE / "torch_pipeline.py"), "--model", model, "--runs", ",".join(runs),
-            "--batch", str(BATCH), "--layers", str(layers), "--out", out]
-    if kv_heads is not None:
-        args += ["--kv-heads", str(kv_heads)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(args, capture_output=True, text=True, timeout=900, env=env)
-    assert done.returncode == 0, done.stderr[-3000:]
-    results: dict[str, dict[int, dict]] = {}
-    for path in Path(out).glob("*/rank_*.json"):
-        m = json.loads(path.read_text())
-        results.setdefault(path.parent.name, {})[m["rank"]] = m
-    return results
+    args = ["--model", model, "--runs", ",".join(runs), "--batch", str(BATCH), "--layers", str(layers)]
+    args += ["--kv-heads", str(kv_heads)] if kv_heads is not None else []
+    return run_judge("torch_pipeline.py", args, out, WORLD)
 
 
 @functools.cache

@@ -16,11 +16,6 @@ positions). One torchrun per model runs every configuration (multi-process: this
 from __future__ import annotations
 
 import functools
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -28,11 +23,11 @@ from fusecli.parallel.layout import Layout
 from fusecli.parallel.ranks import rank_memory
 from fusecli.pipeline import Options, analyze
 from fusecli.plan.candidates import block_candidates, rng_state_bytes
+from tests.parallel.judges import run_judge
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-HERE = Path(__file__).resolve().parent
 BATCH = 2
 WORLD = 2
 SAVED_TOLERANCE = 0.02
@@ -75,19 +70,9 @@ MESH_WORLD = 4
 def measured(model: str, kv_heads: int | None, out: str, runs: tuple[str, ...] | None = None,
              world: int = WORLD) -> dict[str, dict[int, dict]]:
     """run -> rank -> what torch_ranks.py measured there (``runs``: _runs' unless given)."""
-    args = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
-            str(HERE / "torch_ranks.py"), "--model", model, "--runs",
-            ",".join(runs or _runs(model, kv_heads)), "--batch", str(BATCH), "--out", out]
-    if kv_heads is not None:
-        args += ["--kv-heads", str(kv_heads)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(args, capture_output=True, text=True, timeout=900, env=env)
-    assert done.returncode == 0, done.stderr[-3000:]
-    results: dict[str, dict[int, dict]] = {}
-    for path in Path(out).glob("*/rank_*.json"):
-        m = json.loads(path.read_text())
-        results.setdefault(path.parent.name, {})[m["rank"]] = m
-    return results
+    args = ["--model", model, "--runs", ",".join(runs or _runs(model, kv_heads)), "--batch", str(BATCH)]
+    args += ["--kv-heads", str(kv_heads)] if kv_heads is not None else []
+    return run_judge("torch_ranks.py", args, out, world)
 
 
 @functools.cache
