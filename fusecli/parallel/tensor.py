@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from ..core.errors import UsageError
 from ..core.ir import Graph, Node, Tensor
+from ..core.weights import made_of_weights
 from ..plan.candidates import block_scopes
 from ..spellings.attention import AttentionForm, read_attention
 
@@ -46,29 +47,12 @@ class Split:
     chunked: list[str] = field(default_factory=list)  # whole when made, then split (the first block's input)
 
 
-def _weighted(graph: Graph) -> dict[str, list[Tensor]]:
-    """Tensor name -> the parameters it is made of alone (a weight, its transpose or cast), for the
-    tensors computed from parameters only."""
-    out: dict[str, list[Tensor]] = {}
-    for t in graph.tensors.values():
-        if t.kind == "parameter" and t.producer is None:
-            out[t.name] = [t]
-    for n in graph.nodes:
-        ins = [i for i in n.inputs if i is not None]
-        if ins and all(i.name in out or i.kind == "constant" for i in ins):
-            made = [p for i in ins for p in out.get(i.name, ())]
-            for o in n.outputs:
-                if o is not None and made:
-                    out[o.name] = made
-    return out
-
-
 def find_split(graph: Graph, joint: Graph, t: int, sequence: bool = False,
                storage: dict[str, str] | None = None) -> Split:
     """The split of ``t``-way tensor parallelism (UsageError where the graph has no pair, or t does not
     divide a split dim: heads, K/V heads, a column-parallel weight's output); with ``sequence``, sequence
     parallelism's too (``storage``: tensor name -> the name of the tensor whose storage holds it)."""
-    weighted = _weighted(graph)
+    weighted = made_of_weights(graph)
     storage = storage or {}
     blocks = block_scopes(graph)
     in_block = {id(n) for nodes in blocks.values() for n in nodes}

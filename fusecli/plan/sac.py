@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from ..core.ir import Node, Tensor
+from ..core.weights import made_of_weights
 from ..fusion.recompute import node_flops
 from ..grad.storage import linear_bias_add
 from .candidates import Candidate, block_candidates, block_scopes, rng_state_bytes
@@ -148,7 +149,7 @@ def sac_candidates(analysis, policy: Policy) -> list[tuple[Candidate, list[tuple
     kernels = joint.meta.get("attention_kernels", {})
     interiors = set(joint.meta.get("kernel_interiors", ()))
     device = analysis.profile.device if analysis.profile is not None else "cpu"
-    weighted = _weight_only(graph)
+    weighted = set(made_of_weights(graph))
     scopes = block_scopes(graph)
     out = []
     for c in block_candidates(graph, joint, live, sizes, rng_state_bytes(analysis)):
@@ -208,13 +209,3 @@ def evaluate(analysis, preset: str | None, save: list[str] | None = None, dims=N
 def _base(live, t: Tensor) -> Tensor:
     base = live.storage.get(t, t) if t in live.storage else t
     return base if base is not None else t
-
-
-def _weight_only(graph) -> set[str]:
-    """The tensors made of parameters and constants alone (a weight, its transpose or cast)."""
-    out = {t.name for t in graph.tensors.values() if t.kind == "parameter" and t.producer is None}
-    for n in graph.nodes:
-        ins = [i for i in n.inputs if i is not None]
-        if ins and all(i.name in out or i.kind == "constant" for i in ins):
-            out.update(o.name for o in n.outputs if o is not None)
-    return out
