@@ -231,6 +231,10 @@ def _device_option(f):
 
 
 SAC_PRESETS = ("none", "full", "attention", "matmul", "torchtitan", "megatron")  # plan.sac.PRESETS
+# presets --emit-pytorch does not write as a policy function (plan.emit.SAC_POLICY), and why
+UNEMITTED_SAC = {"megatron": "Megatron-LM's selective recompute is its own (--recompute-granularity "
+                             "selective); fusecli evaluates it but writes no policy for it",
+                 "none": "no checkpoint to write"}
 
 
 def _sac_options(f):
@@ -242,7 +246,12 @@ def _sac_options(f):
         preset, ops = kwargs.pop("sac_preset"), kwargs.pop("sac_save")
         if ops and preset:
             raise UsageError("--sac and --sac-save exclude each other: --sac-save is the policy")
-        save = _sac_ops(ops) if ops else None
+        if ops:
+            from .plan.sac import op_names
+
+            save = sorted(op_names(_sac_ops(ops)))
+        else:
+            save = None
         return f(*args, sac=(preset, save) if preset or save else None, **kwargs)
 
     g = click.option("--sac-save", "sac_save", default=None, metavar="OPS",
@@ -250,7 +259,8 @@ def _sac_options(f):
                           "aten.mm,aten._scaled_dot_product_flash_attention_for_cpu (or @FILE, one a "
                           "line).")(with_sac)
     return click.option("--sac", "sac_preset", type=click.Choice(SAC_PRESETS), default=None,
-                        help="Selective activation checkpointing on every block, as "
+                        help="Selective activation checkpointing (analyze: on every block; plan: on the "
+                             "blocks it checkpoints), as "
                              "create_selective_checkpoint_contexts runs it: torchtitan's policy (every "
                              "second mm recomputed), attention (save sdpa), matmul, megatron (recompute "
                              "the attention core), full (plain checkpointing) or none.")(g)
@@ -264,6 +274,8 @@ def _sac_ops(text: str) -> list[str]:
                 lines = [line.split("#")[0].strip() for line in fh]
         except OSError as e:
             raise UsageError(f"--sac-save {text}: cannot read ({e.strerror or e})") from None
+        except UnicodeDecodeError:
+            raise UsageError(f"--sac-save {text}: not a text file of op names") from None
         ops = [x for line in lines for x in line.split(",") if x.strip()]
     else:
         ops = [x for x in text.split(",") if x.strip()]
@@ -688,9 +700,10 @@ def _parse_budget(ctx, param, value: str) -> int:
 @click.option("--emit-pytorch", "emit_path", default=None, metavar="FILE.py",
               help="Write a helper module whose apply(model) checkpoints the planned submodules.")
 @_layout_options
+@_sac_options
 def plan_command(model: str, budget: int, batch: int | None, dims: tuple[str, ...], signature: str | None,
                  optimizer: str, device: str, precision: str | None, solve: str, recompute: str,
-                 as_json: bool, plot_path: str | None, emit_path: str | None, layout) -> None:
+                 as_json: bool, plot_path: str | None, emit_path: str | None, layout, sac) -> None:
     """Fit MODEL's training step into --budget: its memory as formulas, the largest batch that fits,
     and what to recompute (checkpoint) when it does not. Exit 1 when it cannot fit."""
     from .core import progress
@@ -707,7 +720,13 @@ def plan_command(model: str, budget: int, batch: int | None, dims: tuple[str, ..
         if recompute == "all":
             raise UsageError("--emit-pytorch writes torch.utils.checkpoint calls, which recompute blocks "
                              "only: use --recompute blocks (the default with --emit-pytorch)")
-    recompute = recompute or ("blocks" if emit_path else "all")
+    if sac is not None:
+        if recompute == "all":
+            raise UsageError("--sac checkpoints blocks under the policy, not fused kernels: drop --recompute "
+                             "all (--recompute blocks is implied)")
+        if emit_path and sac[0] in UNEMITTED_SAC:
+            raise UsageError(f"--emit-pytorch --sac {sac[0]}: {UNEMITTED_SAC[sac[0]]}")
+    recompute = recompute or ("blocks" if emit_path or sac is not None else "all")
     if layout is not None and emit_path:
         raise UsageError("--emit-pytorch writes one device's plan and its predictions; with a layout, "
                          "checkpoint the modules the per-rank plan lists")
@@ -716,8 +735,15 @@ def plan_command(model: str, budget: int, batch: int | None, dims: tuple[str, ..
     with progress.stages() as stage:
         result = run_analysis(model, options)
         stage("planning")
+        blocks = None
+        if sac is not None:
+            from .plan.sac import policy_of, sac_candidates
+
+            policy = policy_of(*sac)
+            blocks = [c for c, _ in sac_candidates(result, policy)] if policy is not None else []
         plan = make_plan(result, PlanOptions(budget, optimizer, precision, solve, recompute,
-                                             floor_check=layout is None))
+                                             floor_check=layout is None), blocks)
+        plan.sac = sac
         ranks = None
         if layout is not None:
             from .parallel.plan import plan_ranks
@@ -739,6 +765,7 @@ def plan_command(model: str, budget: int, batch: int | None, dims: tuple[str, ..
         _echo(f"wrote {emit_path} ({note})", err=True)
     doc = plan_json(plan)
     lines = plan_lines(plan, name)
+
     fits = plan.fits
     if ranks is not None:
         from .parallel.report import rank_plan_json, rank_plan_lines

@@ -59,6 +59,9 @@ class Candidate:
     # forward until the re-run reads them back (each is let go as the re-run consumes it: before the
     # block's backward begins)
     cached: list[Tensor] = field(default_factory=list)
+    # blocks: the generator state the checkpoint keeps until the re-run (held, but no saved tensor: the
+    # saved-tensor hooks never see it)
+    rng_state: int = 0
 
 
 def block_scopes(graph: Graph) -> dict[tuple[str, ...], list[Node]]:
@@ -177,10 +180,9 @@ def block_candidates(graph: Graph, joint: Graph, live: Liveness, sizes: Mapping[
             flops = None if flops is None or f is None else flops + f
         layer = layer_name(nodes, scope)
         path = ".".join(scope) if LIST_INDEX.search(scope[-1]) else layer  # Keras: the layer's name
-        stats = [("rng_state", Poly.const(rng_state))] if rng_state else []
-        out.append(Candidate("block", path, index, freed, kept, stats, flops, min(starts),
+        out.append(Candidate("block", path, index, freed, kept, [], flops, min(starts),
                              "activation checkpointing: re-run the block's forward when its backward begins",
-                             scope, layer, remade))
+                             scope, layer, remade, rng_state=rng_state))
     return out
 
 
@@ -254,6 +256,8 @@ def planned_intervals(chosen: list[Candidate], live: Liveness, fwd_last: Mapping
             kept_until[t.name] = max(kept_until.get(t.name, -1), until)
         born = min((live.lifetimes[t.name][0] for t in c.freed), default=live.boundary - 1)
         stats.extend(((born, end), f) for _, f in c.stats)
+        if c.rng_state:  # taken as the block's forward begins; its frame lives to the last saved read
+            stats.append(((born, end), Poly.const(c.rng_state)))
         if c.kind == "block" and c.recompute_at is not None:
             stats.extend(((c.recompute_at, c.recompute_at), f) for t in c.remade
                          if (f := tensor_formula(t.shape, t.dtype)) is not None)

@@ -46,13 +46,17 @@ def apply(model, prefix=""):
 '''
 
 
-def pytorch_lines(paths: list[str]) -> list[str]:
-    """The few lines a torch.utils.checkpoint user applies the plan with."""
+def pytorch_lines(paths: list[str], sac: bool = False) -> list[str]:
+    """The few lines a torch.utils.checkpoint user applies the plan with (``sac``: under the policy's
+    context_fn, which the helper --emit-pytorch writes holds)."""
+    policy = ", context_fn=context_fn" if sac else ""
     return ["from torch.utils.checkpoint import checkpoint",
+            *(["from helper import context_fn  # the policy, which --emit-pytorch helper.py writes"]
+              if sac else []),
             f"for path in {paths!r}:",
             "    m = model.get_submodule(path)  # paths are relative to the exported module",
             "    m.forward = (lambda f: lambda *a, **k:",
-            "                 checkpoint(f, *a, use_reentrant=False, **k))(m.forward)"]
+            f"                 checkpoint(f, *a, use_reentrant=False{policy}, **k))(m.forward)"]
 
 
 def keras_lines(names: list[str]) -> list[str]:
@@ -62,8 +66,40 @@ def keras_lines(names: list[str]) -> list[str]:
             "    layer.call = tf.recompute_grad(layer.call)"]
 
 
+# under --sac: the checkpoint call takes the policy's contexts, made afresh per block forward (torchtitan's
+# context_fn), and the policy, torch.utils.checkpoint's policy_fn, names ops by their overload packet
+SAC_IMPORTS = """from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+"""
+SAC_POLICY = '''
+# selective checkpointing ({policy}): the aten ops whose outputs each checkpoint caches; the rest re-run
+SAVE_OPS = frozenset({{{save}}})
+# torchtitan's: of each block forward's aten.mm / aten.linear calls, the 2nd, 4th, ... recomputed
+EVERY_SECOND_MM_RECOMPUTED = {every_second}
+
+
+def policy():
+    """A fresh policy_fn for one block forward (its mm count starts at zero)."""
+    mm = [0]
+
+    def policy_fn(ctx, func, *args, **kwargs):
+        name = str(func.overloadpacket)
+        if EVERY_SECOND_MM_RECOMPUTED and name in ("aten.mm", "aten.linear"):
+            mm[0] += 1
+            if mm[0] % 2 == 0:
+                return CheckpointPolicy.PREFER_RECOMPUTE
+        return CheckpointPolicy.MUST_SAVE if name in SAVE_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return policy_fn
+
+
+def context_fn():
+    return create_selective_checkpoint_contexts(policy())
+'''
+
+
 def write_pytorch_helper(path: str, plan, model: str) -> str:
-    """Write the helper module; a one-line note of what it wraps."""
+    """Write the helper module; a one-line note of what it wraps (under ``plan.sac``, the policy's
+    ``policy_fn`` too: every preset but megatron and none)."""
     from ..core.units import format_bytes
 
     final = plan.planned_peak or plan.peak
@@ -74,6 +110,18 @@ def write_pytorch_helper(path: str, plan, model: str) -> str:
     text = HELPER.format(model=source_comment(model), budget=f"budget {format_bytes(plan.options.budget)}",
                          modules=ascii([str(p) for p in plan.checkpoints]), dims=ascii(dims),
                          saved=int(saved.bytes), peak=int(final.bytes))
+    sac = plan.sac
+    if sac is not None:
+        from .sac import emitted_policy
+
+        save, every_second = emitted_policy(*sac)
+        text = text.replace("from torch.utils.checkpoint import checkpoint\n",
+                            "from torch.utils.checkpoint import checkpoint\n" + SAC_IMPORTS)
+        text = text.replace("use_reentrant=False, **kwargs)",
+                            "use_reentrant=False, context_fn=context_fn, **kwargs)")
+        listed = "".join(f"\n    {ascii(op)}," for op in sorted(save)) + "\n" * bool(save)
+        text += SAC_POLICY.format(policy=source_comment(sac[0] or "custom"), save=listed,
+                                  every_second=every_second)
     with atomic_write(path) as f:
         f.write(text.encode("ascii"))
     n = len(plan.checkpoints)

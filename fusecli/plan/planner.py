@@ -92,6 +92,8 @@ class Plan:
     framework: str = "ops"  # pytorch | tensorflow | ops: who applies the checkpoints
     notes: list[str] = field(default_factory=list)
     precision: dict = field(default_factory=dict)  # precision.precision_entry of the analysis
+    # plan --sac: (preset, ops to save), the policy the checkpointed blocks run under (plan.sac)
+    sac: tuple[str | None, list[str] | None] | None = None
 
     @property
     def fits(self) -> bool:
@@ -269,8 +271,9 @@ def step_lines(n_params: int, options: PlanOptions, width: int = 4) -> tuple[lis
     return lines, Poly.const(extra)
 
 
-def make_plan(analysis, options: PlanOptions) -> Plan:
-    """The step's memory, and the recomputation plan for ``options.budget`` (FuseError: below the floor)."""
+def make_plan(analysis, options: PlanOptions, blocks: list[Candidate] | None = None) -> Plan:
+    """The step's memory, and the recomputation plan for ``options.budget`` (FuseError: below the floor);
+    ``blocks``: the block checkpoints to choose from (plan.sac's, under a policy), plain ones by default."""
     graph, joint, live, sizes = analysis.graph, analysis.joint, analysis.liveness, analysis.sizes
     if (options.precision is not None and options.precision not in PRECISIONS) \
             or options.optimizer not in OPTIMIZERS:
@@ -305,7 +308,7 @@ def make_plan(analysis, options: PlanOptions) -> Plan:
                 _solve(polys0, dims, names, options.budget), [], 0,
                 framework=analysis.profile.name if analysis.profile is not None else "ops", notes=notes,
                 precision=precision_entry(graph, analysis.precision))
-    plan.sequence = recompute_sequence(analysis, model, options.recompute)
+    plan.sequence = recompute_sequence(analysis, model, options.recompute, blocks)
     if peak0 <= options.budget:
         return plan
     plan.chosen = next((i + 1 for i, s in enumerate(plan.sequence) if s.peak_bytes <= options.budget),
@@ -320,12 +323,14 @@ def make_plan(analysis, options: PlanOptions) -> Plan:
     return plan
 
 
-def recompute_sequence(analysis, model: StepModel, which: str = "all") -> list[Step]:
+def recompute_sequence(analysis, model: StepModel, which: str = "all",
+                       blocks: list[Candidate] | None = None) -> list[Step]:
     """Every recomputation worth taking, in order: cheapest FLOPs per freed byte first (ties: model
     order), passing over one that does not lower the step peak now, and retrying those after the next
-    one taken. Independent of the budget."""
+    one taken. Independent of the budget. ``blocks``: the block checkpoints (plain ones by default)."""
     graph, joint, live, sizes = analysis.graph, analysis.joint, analysis.liveness, analysis.sizes
-    cands = block_candidates(graph, joint, live, sizes, rng_state_bytes(analysis))
+    cands = list(blocks) if blocks is not None else \
+        block_candidates(graph, joint, live, sizes, rng_state_bytes(analysis))
     if which == "all":
         cands = fusion_candidates(analysis.matches, joint) + cands
     saved_now = model.saved([]).evaluate(sizes) or 0

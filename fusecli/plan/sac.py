@@ -100,12 +100,27 @@ PRESETS: dict[str, Policy | None] = {
 WHOLE_BLOCK = frozenset({_megatron})  # policies that read a block's calls in order, not one at a time
 
 
+def op_names(save: list[str]) -> frozenset[str]:
+    """A user's op names as the policies name them: 'mm' -> 'aten.mm' (a namespace given is kept)."""
+    return frozenset(s if s.startswith(("aten.", "_c10d")) else f"aten.{s}" for s in save)
+
+
 def policy_of(preset: str | None, save: list[str] | None = None) -> Policy | None:
     """The preset's policy, or one saving the aten ops ``save`` names ('aten.mm', ...)."""
     if save:
-        ops = frozenset(s if s.startswith(("aten.", "_c10d")) else f"aten.{s}" for s in save)
-        return _save_list(ops)
+        return _save_list(op_names(save))
     return PRESETS[preset or "none"]
+
+
+# the presets as plan.emit writes them: the ops saved, and whether every second mm is recomputed
+EMITTED = {"full": (frozenset(), False), "attention": (SDPA, False), "matmul": (MATMULS | SDPA, False),
+           "torchtitan": (TORCHTITAN_SAVE, True)}
+
+
+def emitted_policy(preset: str | None, save: list[str] | None = None) -> tuple[frozenset[str], bool]:
+    """The policy as a policy_fn writes it: the ops it saves, and whether it recomputes every second mm
+    (KeyError: a preset no op list spells: megatron's reads a block's calls together; none)."""
+    return (op_names(save), False) if save else EMITTED[preset]
 
 
 def aten_ops(nodes: list[Node], kernels: dict[str, dict], weighted: set[str], storage, device: str,
@@ -114,8 +129,10 @@ def aten_ops(nodes: list[Node], kernels: dict[str, dict], weighted: set[str], st
     fused kernel (``interiors``: the tensors the kernel never makes, an sdpa's scores and probabilities)
     dispatches no bmm or softmax."""
     counts: dict[str, int] = {}
-    out = []
+    out, absorbed = [], set()  # absorbed: the bias adds of the addmm calls (one aten op, not two)
     for n in _traced(nodes):
+        if n.name in absorbed:
+            continue
         op, outputs = None, tuple(o for o in n.outputs if o is not None)
         inside = bool(outputs) and all(o.name in interiors for o in outputs)
         if n.name in kernels:
@@ -128,7 +145,9 @@ def aten_ops(nodes: list[Node], kernels: dict[str, dict], weighted: set[str], st
                 bias = n.kind == "gemm" and len(n.inputs) > 2 and n.inputs[2] is not None
                 add = linear_bias_add(n.outputs[0]) if n.outputs and n.outputs[0] is not None else None
                 op = "aten.addmm" if bias or add is not None else "aten.mm"
-                outputs = tuple(o for o in add.outputs if o is not None) if add is not None else outputs
+                if add is not None:
+                    outputs = tuple(o for o in add.outputs if o is not None)
+                    absorbed.add(add.name)
         elif n.kind == "softmax" and not inside:
             op = "aten._softmax"
         elif not inside and any(o not in storage for o in outputs):

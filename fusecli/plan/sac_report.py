@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import textwrap
+
 from ..core.units import format_bytes
-from .sac import SacStep
+from .sac import MATMULS, SDPA, SacStep
+
+WIDTH = 80
 
 
 def sac_json(step: SacStep, base: SacStep) -> dict:
@@ -34,8 +38,19 @@ def sac_lines(step: SacStep, base: SacStep) -> list[str]:
     if step.blocks:
         c = step.blocks[0]
         calls = step.calls[c.name]
-        saved = [call.op.removeprefix("aten.") + f"#{call.count}" for call, s in calls if s]
-        rest = [call.op.removeprefix("aten.") + f"#{call.count}" for call, s in calls if not s]
-        out.append(f"  {c.name}: saves {', '.join(saved) or 'nothing'}")
-        out.append(f"  {' ' * len(c.name)}  recomputes {', '.join(rest) or 'nothing'} and the rest")
+        saved = [_name(call) for call, s in calls if s]
+        # the recomputed matmuls and attention by name; the elementwise rest as a count
+        heavy = [_name(call) for call, s in calls if not s and call.op in MATMULS | SDPA]
+        others = sum(1 for call, s in calls if not s and call.op not in MATMULS | SDPA)
+        rest = ", ".join(heavy) + (f" and {others} other op{'s' * (others != 1)}" if others else "")
+        indent = " " * 4
+        out += textwrap.wrap(f"{c.name} (of {len(step.blocks)}): saves {', '.join(saved) or 'nothing'}",
+                             WIDTH, initial_indent="  ", subsequent_indent=indent)
+        out += textwrap.wrap(f"recomputes {rest or 'nothing'}", WIDTH, initial_indent=indent,
+                             subsequent_indent=indent)
     return out
+
+
+def _name(call) -> str:
+    return call.op.removeprefix("aten.") + f"#{call.count}"
+

@@ -51,6 +51,10 @@ def plan_lines(plan: Plan, model: str) -> list[str]:
     precision = o.precision or "as exported"
     out = [f"{model}: training step at {dims}, optimizer {o.optimizer}, precision {precision}; budget "
            f"{format_bytes(o.budget)} ({o.budget:,} bytes)", ""]
+    if plan.sac is not None:
+        preset, save = plan.sac
+        what = f"saving {', '.join(sorted(save))}" if save else f"the {preset} policy"
+        out[1:1] = [f"checkpointed blocks run under selective checkpointing: {what}"]
     out += [_line(line, plan.dims) for line in plan.lines] + [_line(plan.peak, plan.dims), ""]
     out.append(f"largest with nothing recomputed: {_largest(plan, plan.largest)}")
     out += [f"note: {n}" for n in plan.notes]
@@ -64,7 +68,8 @@ def plan_lines(plan: Plan, model: str) -> list[str]:
     out.append(f"  {'#':>2}  {'what':<40} {'kind':<6} {'freed':>10} {'FLOPs added':>12} {'step peak':>10}")
     for i, s in enumerate(plan.steps, 1):
         c = s.candidate
-        out.append(f"  {i:>2}  {c.name:<40} {c.kind:<6} {format_bytes(s.freed_bytes):>10} "
+        kind = "sac" if plan.sac is not None and c.kind == "block" else c.kind
+        out.append(f"  {i:>2}  {c.name:<40} {kind:<6} {format_bytes(s.freed_bytes):>10} "
                    f"{_flops(s.flops):>12} {format_bytes(s.peak_bytes):>10}")
     if plan.planned_peak is not None:
         out += ["", _line(plan.planned_saved, plan.dims), _line(plan.planned_peak, plan.dims),
@@ -87,7 +92,7 @@ def apply_lines(plan: Plan) -> list[str]:
         names = [s.candidate.layer for s in plan.steps if s.candidate.kind == "block"]
         return ["apply in Keras (layer names):", *("  " + x for x in keras_lines(names))]
     head = "apply in PyTorch (module paths of the exported module; --emit-pytorch FILE.py writes a helper):"
-    return [head, *("  " + x for x in pytorch_lines(plan.checkpoints))]
+    return [head, *("  " + x for x in pytorch_lines(plan.checkpoints, plan.sac is not None))]
 
 
 def _line_json(line: Line | None) -> dict | None:
@@ -100,6 +105,8 @@ def plan_json(plan: Plan) -> dict:
     return {
         "budget": o.budget, "optimizer": o.optimizer, "precision": plan.precision, "dims": plan.dims,
         "solve": plan.solve_dim, "recompute": o.recompute,
+        "sac": None if plan.sac is None else {"policy": plan.sac[0] or "custom",
+                                              "save_ops": sorted(plan.sac[1]) if plan.sac[1] else None},
         "memory": {line.name.replace(" ", "_"): _line_json(line) for line in plan.lines},
         "floor": plan.floor, "step_peak": _line_json(plan.peak), "largest": plan.largest,
         "fits_unplanned": plan.peak.bytes <= o.budget, "fits": plan.fits,

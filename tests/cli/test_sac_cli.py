@@ -1,0 +1,106 @@
+"""``--sac`` / ``--sac-save`` on the command line: analyze's figures under the policy, plan's blocks
+checkpointed under it and the policy function --emit-pytorch writes, and the pairs refused in one line.
+
+The model is test_plan_cli's residual MLP stack (TorchScript's node names, each fc a MatMul + Add: the
+addmm PyTorch dispatches for a linear with bias).
+"""
+
+from __future__ import annotations
+
+import json
+
+import onnx
+import pytest
+from click.testing import CliRunner
+
+from fusecli.cli import main
+from tests.cli.test_plan_cli import stack
+
+SIZES = ["--batch", "8", "--dim", "seq=32"]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("sac") / "stack.onnx"
+    onnx.save(stack(), str(path))
+    return str(path)
+
+
+def run(*args):
+    return CliRunner().invoke(main, list(args))
+
+
+def analyze_json(model, *extra) -> dict:
+    r = run("analyze", model, *SIZES, "--json", *extra)
+    assert r.exit_code == 0, r.output
+    return json.loads(r.stdout)
+
+
+def test_analyze_reports_the_step_under_the_policy(model):
+    plain = analyze_json(model)["memory"]
+    full, addmm = (analyze_json(model, *flags)["memory"] for flags in (["--sac", "full"],
+                                                                           ["--sac-save", "aten.addmm"]))
+    assert "sac" not in plain
+    for doc, policy in ((full, "full"), (addmm, "custom")):
+        sac = doc["sac"]
+        assert sac["policy"] == policy
+        assert doc["saved_activation_bytes"] == sac["saved_activation_bytes"]
+        assert doc["peak_bytes"] == sac["peak_bytes"]
+        assert sac["without_policy"]["saved_activation_bytes"] == plain["saved_activation_bytes"]
+        assert len(sac["blocks"]) == 4
+    # full checkpointing keeps each block's input only; caching the addmm outputs re-runs fewer FLOPs but
+    # holds more than no checkpoint at all: fc1's output, which autograd does not save (ReLU keeps its own
+    # output), is cached beside the block's input and fc2's output
+    assert full["saved_activation_bytes"] < plain["saved_activation_bytes"] < \
+        addmm["sac"]["saved_activation_bytes"]
+    assert 0 < addmm["sac"]["recompute_flops"] < full["sac"]["recompute_flops"]
+    ops = addmm["sac"]["blocks"][0]["ops"]
+    assert [(o["op"], o["saved"]) for o in ops] == [("aten.addmm", True), ("aten.relu", False),
+                                                    ("aten.addmm", True), ("aten.add", False)]
+    text = run("analyze", model, *SIZES, "--sac", "torchtitan").output
+    assert "selective checkpointing (torchtitan, every block)" in text
+
+
+def test_plan_checkpoints_blocks_under_the_policy_and_writes_it(model, tmp_path):
+    unplanned = json.loads(run("plan", model, "--budget", "1TiB", *SIZES, "--json").stdout)
+    saved, peak = unplanned["memory"]["saved_activations"]["bytes"], unplanned["step_peak"]["bytes"]
+    budget = str(peak - saved // 3)
+    helper = tmp_path / "sac.py"
+    r = run("plan", model, "--budget", budget, *SIZES, "--json", "--sac", "attention",
+            "--emit-pytorch", str(helper))
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["sac"] == {"policy": "attention", "save_ops": None}
+    assert doc["recompute"] == "blocks" and doc["fits"] and doc["plan"]
+    assert doc["planned"]["step_peak"]["bytes"] <= int(budget)
+    text = helper.read_text()
+    compile(text, str(helper), "exec")
+    assert "context_fn=context_fn" in text and "'aten._scaled_dot_product_flash_attention_for_cpu'," in text
+    assert "EVERY_SECOND_MM_RECOMPUTED = False" in text
+    # torchtitan's saves every addmm here (no mm to skip): its checkpoints free nothing, the plan cannot fit
+    r = run("plan", model, "--budget", budget, *SIZES, "--json", "--sac", "torchtitan")
+    assert r.exit_code == 1 and json.loads(r.stdout)["plan"] == []
+    # the same plan as plain block checkpoints frees more per block: it needs no more blocks
+    plain = json.loads(run("plan", model, "--budget", budget, *SIZES, "--json", "--recompute",
+                           "blocks").stdout)
+    assert len(plain["plan"]) <= len(doc["plan"])
+    # saving the residual add's output: each block's output, the next block's input, which it keeps anyway
+    out = run("plan", model, "--budget", budget, *SIZES, "--sac-save", "add").output
+    assert "selective checkpointing: saving aten.add" in out and "context_fn=context_fn" in out
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--sac", "torchtitan", "--recompute", "all"], "--recompute blocks"),
+    (["--sac", "megatron", "--emit-pytorch", "{tmp}/h.py"], "Megatron"),
+    (["--sac", "full", "--sac-save", "aten.mm"], "exclude each other"),
+    (["--sac-save", "@{tmp}/missing.txt"], "cannot read"),
+    (["--sac-save", "mm;rm -rf"], "not an aten op name"),
+    (["--sac-save", "@{model}"], "not a text file"),
+    (["--sac", "everything"], "everything"),
+])
+def test_bad_policy_flags_are_one_line_usage_errors(model, tmp_path, args, says):
+    args = [a.format(tmp=tmp_path, model=model) for a in args]
+    r = run("plan", model, "--budget", "1MiB", *SIZES, *args)
+    assert r.exit_code == 2, r.output
+    assert says in r.output and len(r.output.strip().splitlines()) <= 3
+    assert not (tmp_path / "h.py").exists()

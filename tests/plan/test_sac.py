@@ -1,0 +1,145 @@
+"""Selective activation checkpointing (plan.sac) against PyTorch: each preset applied to every block of the
+same ``nn.Module`` (tests/plan/torch_sac.py: torch.utils.checkpoint with
+``create_selective_checkpoint_contexts``, one CPU training step under torch.profiler), what the step holds
+when forward returns (less the output) and its peak above the resident bytes, beside what fusecli reads
+from the model's dynamo export (cache-less, as the checkpointed module runs) at the same batch and seq.
+The judge asserts the gradients equal the unplanned model's; the ops each policy saves are compared too.
+
+Models: Llama with grouped-query attention (2 K/V heads), GPT-2, Qwen2 and BERT from small configs
+(tests/hf_models.py), transformers' default attention; fp32, and Llama in bf16 and under autocast.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import Counter
+
+import pytest
+
+from fusecli.core.dims import Poly
+from fusecli.pipeline import Options, analyze
+from fusecli.plan.planner import StepModel
+from fusecli.plan.sac import MATMULS, SDPA, evaluate
+
+BATCH, SEQ = 2, 128
+HELD, PEAK = 0.02, 0.02  # fusecli over PyTorch: held when forward returns, peak above resident
+ALL = ("none", "full", "attention", "matmul", "torchtitan", "megatron")
+CASES = [("llama", 2, "fp32", ALL), ("gpt2", None, "fp32", ("full", "torchtitan", "megatron")),
+         ("qwen2", 2, "fp32", ("full", "torchtitan", "megatron")),
+         ("bert", None, "fp32", ("none", "full", "torchtitan", "megatron")),
+         ("llama", 2, "bf16", ("full", "torchtitan")), ("llama", 2, "amp-bf16", ("torchtitan",))]
+# measured misses, each a named band the ratio must stay in (lower, upper) until its cause is modelled
+KNOWN = {
+    # megatron's MUST_SAVE keeps every op's output, also those autograd frees: fusecli reads 2-4% low
+    # (BERT 18% low: its mask's and LayerNorm's outputs)
+    ("megatron", "held"): (0.80, 1.0), ("megatron", "peak"): (0.86, 1.0),
+    # BERT under checkpointing: ~34 KiB per block held that PyTorch does not hold (the extended mask, kept
+    # as a block input); its peaks are right
+    ("bert", "full", "held"): (1.02, 1.35), ("bert", "torchtitan", "held"): (1.02, 1.10),
+    # a bf16 model's checkpointed peak: a constant ~113 KiB low, as the last block's re-run begins
+    ("llama", "bf16", "full", "peak"): (0.85, 0.98), ("llama", "bf16", "torchtitan", "peak"): (0.85, 0.98),
+    ("llama", "amp-bf16", "torchtitan", "peak"): (0.87, 0.98),
+}
+
+
+def _cases():
+    for model, kv_heads, precision, presets in CASES:
+        for preset in presets:
+            yield pytest.param(model, kv_heads, precision, preset, id=f"{model}-{precision}-{preset}")
+
+
+@functools.cache
+def _analysis(path: str, precision: str):
+    return analyze(path, Options(batch=BATCH, dims={"seq": SEQ},
+                                 precision="amp-bf16" if precision == "amp-bf16" else None))
+
+
+def _band(model: str, precision: str, preset: str, what: str) -> tuple[float, float]:
+    tol = HELD if what == "held" else PEAK
+    for key in ((model, precision, preset, what), (model, preset, what), (preset, what)):
+        if key in KNOWN:
+            return KNOWN[key]
+    return 1 - tol, 1 + tol
+
+
+@pytest.mark.parametrize(("model", "kv_heads", "precision", "preset"), list(_cases()))
+def test_policy_holds_and_peaks_as_torch(hf_onnx, model, kv_heads, precision, preset):
+    torch_sac = pytest.importorskip("tests.plan.torch_sac")
+    path = hf_onnx(model, "dynamo", attn="default", kv_heads=kv_heads, cache=False,
+                   precision="bf16" if precision == "bf16" else "fp32")
+    a = _analysis(path, precision)
+    got = evaluate(a, preset)
+    m = torch_sac.measure(model, preset, batch=BATCH, seq=SEQ, precision=precision, kv_heads=kv_heads)
+    values = dict(a.sizes.items())
+    resident = StepModel(a.joint, a.liveness, values, Poly()).resident.evaluate(values)
+    held = got.held_at_forward_end / m["held_at_forward_end"]
+    peak = (got.peak_bytes - resident) / m["peak_above_resident"]
+    print(f"{model} {precision} {preset}: held {got.held_at_forward_end}/{m['held_at_forward_end']} = "
+          f"{held:.3f}, peak above resident {got.peak_bytes - resident}/{m['peak_above_resident']} = "
+          f"{peak:.3f}")
+    for what, ratio in (("held", held), ("peak", peak)):
+        lo, hi = _band(model, precision, preset, what)
+        assert lo <= ratio <= hi, f"{what} {ratio:.3f} outside [{lo}, {hi}]"
+    # the ops the policy names, saved as often as PyTorch's policy saved them (both blocks)
+    named = MATMULS | SDPA
+    ours = Counter(c.op for calls in got.calls.values() for c, saved in calls if saved and c.op in named)
+    theirs = Counter({op.removesuffix(".default"): n for op, n in m["saved_ops"].items()
+                      if op.removesuffix(".default") in named})
+    assert ours == theirs
+
+
+def test_a_save_list_is_the_preset_it_spells(hf_onnx):
+    """--sac-save with matmul's ops is the matmul preset; full is plain block checkpointing."""
+    a = _analysis(hf_onnx("llama", "dynamo", attn="default", kv_heads=2, cache=False), "fp32")
+    listed = evaluate(a, None, save=[*sorted(MATMULS), "aten._scaled_dot_product_flash_attention_for_cpu"])
+    matmul = evaluate(a, "matmul")
+    assert (listed.held_at_forward_end, listed.peak_bytes) == (matmul.held_at_forward_end, matmul.peak_bytes)
+    none, full = evaluate(a, "none"), evaluate(a, "full")
+    assert full.saved_activation_bytes < matmul.saved_activation_bytes < none.saved_activation_bytes
+    assert full.recompute_flops > matmul.recompute_flops > 0 == none.recompute_flops
+
+
+# plan --sac: a plan whose block checkpoints run under the policy, its --emit-pytorch helper applied to the
+# module (4 blocks to choose from, as tests/plan/test_planner.py plans them), at budgets leaving 30%, 60% and
+# 90% of the unplanned saved activations to them
+PLAN_LAYERS, PLAN_BATCH, PLAN_SEQ, HUGE = 4, 8, 64, 1 << 50
+PLAN_PEAK = 0.03  # as test_planner's PEAK_TOLERANCE
+
+
+@pytest.mark.parametrize("preset", ["torchtitan", "attention"])
+def test_sac_plan_applied_in_pytorch_peaks_where_it_says(hf_onnx, tmp_path, preset):
+    import torch
+
+    from fusecli.plan.emit import write_pytorch_helper
+    from fusecli.plan.planner import PlanOptions, make_plan
+    from fusecli.plan.sac import policy_of, sac_candidates
+    from tests import hf_models
+    from tests.plan.test_planner import _grads, _import
+
+    path = hf_onnx("llama", "dynamo", attn="default", layers=PLAN_LAYERS, cache=False)
+    a = analyze(path, Options(batch=PLAN_BATCH, dims={"seq": PLAN_SEQ}))
+    blocks = [c for c, _ in sac_candidates(a, policy_of(preset))]
+    base = make_plan(a, PlanOptions(HUGE, "none", recompute="blocks"))
+    args = hf_models.example_inputs("llama", PLAN_BATCH, PLAN_SEQ)
+
+    def module():
+        return hf_models.build("llama", attn="default", layers=PLAN_LAYERS, cache=False)
+
+    reference = _grads(module(), args)
+    for fraction in (0.3, 0.6, 0.9):
+        budget = base.peak.bytes - int((1 - fraction) * base.saved.bytes)
+        plan = make_plan(a, PlanOptions(budget, "none", recompute="blocks"), blocks)
+        plan.sac = (preset, None)
+        assert plan.checkpoints, fraction
+        helper = tmp_path / f"plan_{preset}_{fraction}.py"
+        write_pytorch_helper(str(helper), plan, "model.onnx")
+        model = module()
+        assert len(_import(str(helper)).apply(model)) == len(plan.checkpoints)
+        peak = hf_models.peak_memory(model, args)["peak"]
+        planned = (plan.planned_peak or plan.peak).bytes
+        print(f"sac plan {preset} {fraction:.0%}: {len(plan.checkpoints)} blocks, fits={plan.fits}, "
+              f"peak {planned}/{peak} = {planned / peak:.3f}")
+        assert planned / peak == pytest.approx(1, abs=PLAN_PEAK), fraction
+        grads = _grads(model, args)
+        assert grads.keys() == reference.keys()
+        assert all(torch.allclose(grads[k], g, rtol=1e-5, atol=1e-6) for k, g in reference.items())
