@@ -23,7 +23,7 @@ finding.
 
     python -m tests.fuzz_structure --order --seconds 1200 [--seed 0]
 
-tests/test_fuzz_structure.py runs both for a bounded time in CI (FUSECLI_FUZZ_SECONDS, default 100, and
+tests/test_fuzz_structure.py runs both for a bounded time in CI (FUSECLI_FUZZ_SECONDS, default 70, and
 FUSECLI_FUZZ_ORDER_SECONDS, default 30).
 """
 

@@ -1,6 +1,6 @@
 """The structure-aware fuzzer (tests/fuzz_structure.py) in CI: a bounded run, and every past finding.
 
-FUSECLI_FUZZ_SECONDS sets the run's length (default 100 s); FUSECLI_FUZZ_SEED its first seed (default 0,
+FUSECLI_FUZZ_SECONDS sets the run's length (default 70 s); FUSECLI_FUZZ_SEED its first seed (default 0,
 so CI is repeatable; set another to explore, and a failure names its seed to replay). The node-order
 properties (``--order``) run FUSECLI_FUZZ_ORDER_SECONDS (default 30 s) from the same first seed.
 """
@@ -59,7 +59,7 @@ def test_past_findings_end_cleanly():
 
 
 def test_fuzzer_finds_no_internal_error_hang_or_memory_hit():
-    seconds = float(os.environ.get("FUSECLI_FUZZ_SECONDS", "100"))
+    seconds = float(os.environ.get("FUSECLI_FUZZ_SECONDS", "70"))
     seed = int(os.environ.get("FUSECLI_FUZZ_SEED", "0"))
     summary = _run(["--seconds", str(seconds), "--seed", str(seed)], timeout=seconds + 120)
     print(json.dumps({k: v for k, v in summary.items() if k != "findings"}))

@@ -5,7 +5,7 @@ when forward returns (less the output) and its peak above the resident bytes, be
 from the model's dynamo export (cache-less, as the checkpointed module runs) at the same batch and seq.
 The judge asserts the gradients equal the unplanned model's; the ops each policy saves are compared too.
 
-Models: Llama with grouped-query attention (2 K/V heads), GPT-2, Qwen2 and BERT from small configs
+Models: Llama with grouped-query attention (2 K/V heads), GPT-2 and BERT from small configs
 (tests/hf_models.py), transformers' default attention; fp32, and Llama in bf16 and under autocast.
 """
 
@@ -24,9 +24,9 @@ from fusecli.plan.sac import MATMULS, SDPA, evaluate
 BATCH, SEQ = 2, 128
 HELD, PEAK = 0.02, 0.02  # fusecli over PyTorch: held when forward returns, peak above resident
 ALL = ("none", "full", "attention", "matmul", "torchtitan", "megatron")
+# (Qwen2's blocks are Llama's here: benchmarks/bench_sac.py runs it, with seq 1024)
 CASES = [("llama", 2, "fp32", ALL), ("gpt2", None, "fp32", ("full", "torchtitan", "megatron")),
-         ("qwen2", 2, "fp32", ("full", "torchtitan", "megatron")),
-         ("bert", None, "fp32", ("none", "full", "torchtitan", "megatron")),
+         ("bert", None, "fp32", ("full", "torchtitan", "megatron")),
          ("llama", 2, "bf16", ("full", "torchtitan")), ("llama", 2, "amp-bf16", ("torchtitan",))]
 # measured misses, each a named band the ratio must stay in (lower, upper) until its cause is modelled
 KNOWN = {
