@@ -406,8 +406,9 @@ def analyze(model: str, as_json: bool, batch: int | None, dims: tuple[str, ...],
     result = run_analysis(model, options)
     policy = base = None
     if sac is not None:
-        from .plan.sac import evaluate
+        from .plan.sac import evaluate, require_pytorch
 
+        require_pytorch(result)
         policy, base = evaluate(result, *sac), evaluate(result, "none")
     ranks = None
     if layout is not None:
@@ -737,8 +738,9 @@ def plan_command(model: str, budget: int, batch: int | None, dims: tuple[str, ..
         stage("planning")
         blocks = None
         if sac is not None:
-            from .plan.sac import policy_of, sac_candidates
+            from .plan.sac import policy_of, require_pytorch, sac_candidates
 
+            require_pytorch(result)
             policy = policy_of(*sac)
             blocks = [c for c, _ in sac_candidates(result, policy)] if policy is not None else []
         plan = make_plan(result, PlanOptions(budget, optimizer, precision, solve, recompute,

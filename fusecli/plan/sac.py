@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from ..core.errors import UsageError
 from ..core.ir import Node, Tensor
 from ..core.weights import made_of_weights
 from ..fusion.recompute import node_flops
@@ -158,6 +159,16 @@ def aten_ops(nodes: list[Node], kernels: dict[str, dict], weighted: set[str], st
         bases = tuple(storage.get(o, o) if o in storage else o for o in outputs)
         out.append(Call(op, counts[op], n, tuple(b for b in bases if b is not None)))
     return out
+
+
+def require_pytorch(analysis) -> None:
+    """Selective checkpointing is torch.utils.checkpoint's: the analysis must follow PyTorch's autodiff."""
+    name = analysis.profile.name if analysis.profile is not None else "ops"
+    if name != "pytorch":
+        habits = {"tensorflow": "TensorFlow's autodiff"}.get(name, "no framework's autodiff (the model's "
+                                                                  "producer is not PyTorch)")
+        raise UsageError(f"--sac: selective checkpointing is torch.utils.checkpoint's, and this analysis "
+                         f"follows {habits}; for an ONNX export of a PyTorch model give --autodiff pytorch")
 
 
 def sac_candidates(analysis, policy: Policy) -> list[tuple[Candidate, list[tuple[Call, bool]]]]:

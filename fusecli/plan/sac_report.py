@@ -8,6 +8,7 @@ from ..core.units import format_bytes
 from .sac import MATMULS, SDPA, SacStep
 
 WIDTH = 80
+NO_BLOCKS = "no repeated blocks (layers.N, h.N) to checkpoint: the policy changes nothing"
 
 
 def sac_json(step: SacStep, base: SacStep) -> dict:
@@ -15,6 +16,7 @@ def sac_json(step: SacStep, base: SacStep) -> dict:
     return {"policy": step.preset, "held_at_forward_end": step.held_at_forward_end,
             "saved_activation_bytes": step.saved_activation_bytes, "peak_bytes": step.peak_bytes,
             "recompute_flops": step.recompute_flops,
+            "note": NO_BLOCKS if not step.blocks and step.preset != "none" else None,
             "without_policy": {"held_at_forward_end": base.held_at_forward_end,
                                "saved_activation_bytes": base.saved_activation_bytes,
                                "peak_bytes": base.peak_bytes},
@@ -35,6 +37,8 @@ def sac_lines(step: SacStep, base: SacStep) -> list[str]:
            f"  step peak                 {format_bytes(step.peak_bytes):>10}"
            f"   (without: {format_bytes(base.peak_bytes)})",
            f"  FLOPs backward re-runs    {flops}"]
+    if not step.blocks and step.preset != "none":
+        out.append(f"  {NO_BLOCKS}")
     if step.blocks:
         c = step.blocks[0]
         calls = step.calls[c.name]

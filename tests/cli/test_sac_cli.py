@@ -104,3 +104,24 @@ def test_bad_policy_flags_are_one_line_usage_errors(model, tmp_path, args, says)
     assert r.exit_code == 2, r.output
     assert says in r.output and len(r.output.strip().splitlines()) <= 3
     assert not (tmp_path / "h.py").exists()
+
+
+def test_a_model_not_from_pytorch_is_refused_and_one_without_blocks_says_so(tmp_path):
+    from tests.cli.test_plan_cli import stack as blocks
+
+    model = blocks(layers=1)
+    model.producer_name = "tf2onnx"
+    path = tmp_path / "tf.onnx"
+    onnx.save(model, str(path))
+    r = run("analyze", str(path), *SIZES, "--sac", "torchtitan")
+    assert r.exit_code == 2 and "--autodiff pytorch" in r.output and len(r.output.strip().splitlines()) == 1
+    r = run("plan", str(path), "--budget", "1MiB", *SIZES, "--sac", "torchtitan")
+    assert r.exit_code == 2 and "--autodiff pytorch" in r.output
+    # one MLP whose nodes carry no list index: no block to checkpoint, and the report says so
+    flat = blocks(layers=1)
+    for n in flat.graph.node:
+        n.name = n.name.replace("/layers.0", "")
+    onnx.save(flat, str(path))
+    doc = analyze_json(str(path), "--sac", "torchtitan")["memory"]
+    assert doc["sac"]["blocks"] == [] and "no repeated blocks" in doc["sac"]["note"]
+    assert doc["sac"]["saved_activation_bytes"] == doc["sac"]["without_policy"]["saved_activation_bytes"]
