@@ -691,10 +691,11 @@ def _parse_budget(ctx, param, value: str) -> int:
 @_precision_option
 @click.option("--solve", type=click.Choice(["batch", "seq"]), default="batch", show_default=True,
               help="Which dim the largest-that-fits answer solves for.")
-@click.option("--recompute", type=click.Choice(["all", "blocks"]), default=None,
-              help="What the plan may recompute: fused kernels and checkpointed blocks, or blocks only "
-                   "(what a framework's activation checkpointing applies). Default: all; blocks with "
-                   "--emit-pytorch, whose helper applies checkpoints only.")
+@click.option("--recompute", type=click.Choice(["all", "blocks", "ops"]), default=None,
+              help="What the plan may recompute: fused kernels and checkpointed blocks, blocks only "
+                   "(what a framework's activation checkpointing applies), or ops: the blocks' plan with "
+                   "each matmul and attention call saved where the budget allows (a selective "
+                   "checkpointing policy chosen op by op). Default: all; blocks with --emit-pytorch.")
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON document on stdout.")
 @click.option("--plot", "plot_path", default=None, metavar="FILE",
               help="Draw the step peak against the FLOPs recomputation adds (.png, .svg or .pdf).")
@@ -721,6 +722,8 @@ def plan_command(model: str, budget: int, batch: int | None, dims: tuple[str, ..
         if recompute == "all":
             raise UsageError("--emit-pytorch writes torch.utils.checkpoint calls, which recompute blocks "
                              "only: use --recompute blocks (the default with --emit-pytorch)")
+    if sac is not None and recompute == "ops":
+        raise UsageError("--recompute ops chooses the policy itself: drop --sac/--sac-save")
     if sac is not None:
         if recompute == "all":
             raise UsageError("--sac checkpoints blocks under the policy, not fused kernels: drop --recompute "
@@ -743,9 +746,17 @@ def plan_command(model: str, budget: int, batch: int | None, dims: tuple[str, ..
             require_pytorch(result)
             policy = policy_of(*sac)
             blocks = [c for c, _ in sac_candidates(result, policy)] if policy is not None else []
-        plan = make_plan(result, PlanOptions(budget, optimizer, precision, solve, recompute,
-                                             floor_check=layout is None), blocks)
-        plan.sac = sac
+        options = PlanOptions(budget, optimizer, precision, solve, recompute,
+                              floor_check=layout is None)
+        if recompute == "ops":
+            from .plan.sac import require_pytorch
+            from .plan.sac_choose import plan_ops
+
+            require_pytorch(result)
+            plan = plan_ops(result, options)
+        else:
+            plan = make_plan(result, options, blocks)
+            plan.sac = sac
         ranks = None
         if layout is not None:
             from .parallel.plan import plan_ranks

@@ -36,7 +36,7 @@ def apply(model, prefix=""):
             continue
         forward = module.forward
 
-        def run(*args, _forward=forward, **kwargs):
+        def run(*args, _forward=forward, _path=path, **kwargs):
             return checkpoint(_forward, *args, use_reentrant=False, **kwargs)
 
         module.forward = run
@@ -49,14 +49,18 @@ def apply(model, prefix=""):
 def pytorch_lines(paths: list[str], sac: bool = False) -> list[str]:
     """The few lines a torch.utils.checkpoint user applies the plan with (``sac``: under the policy's
     context_fn, which the helper --emit-pytorch writes holds)."""
-    policy = ", context_fn=context_fn" if sac else ""
+    if not sac:
+        return ["from torch.utils.checkpoint import checkpoint",
+                f"for path in {paths!r}:",
+                "    m = model.get_submodule(path)  # paths are relative to the exported module",
+                "    m.forward = (lambda f: lambda *a, **k:",
+                "                 checkpoint(f, *a, use_reentrant=False, **k))(m.forward)"]
     return ["from torch.utils.checkpoint import checkpoint",
-            *(["from helper import context_fn  # the policy, which --emit-pytorch helper.py writes"]
-              if sac else []),
+            "from helper import context_fn  # the policy, which --emit-pytorch helper.py writes",
             f"for path in {paths!r}:",
             "    m = model.get_submodule(path)  # paths are relative to the exported module",
-            "    m.forward = (lambda f: lambda *a, **k:",
-            f"                 checkpoint(f, *a, use_reentrant=False{policy}, **k))(m.forward)"]
+            "    m.forward = (lambda f, p: lambda *a, **k: checkpoint(",
+            "        f, *a, use_reentrant=False, context_fn=lambda: context_fn(p), **k))(m.forward, path)"]
 
 
 def keras_lines(names: list[str]) -> list[str]:
@@ -70,6 +74,29 @@ def keras_lines(names: list[str]) -> list[str]:
 # context_fn), and the policy, torch.utils.checkpoint's policy_fn, names ops by their overload packet
 SAC_IMPORTS = """from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 """
+SAC_CHOSEN = '''
+# selective checkpointing chosen for the budget (plan --recompute ops): per module, the calls whose outputs
+# its checkpoint caches, as (aten op, its place among the block forward's calls of that op); the rest re-run
+SAVE_CALLS = {calls}
+
+
+def policy(path):
+    """A fresh policy_fn for one forward of the block at ``path`` (its call counts start at zero)."""
+    saved, counts = SAVE_CALLS[path], {{}}
+
+    def policy_fn(ctx, func, *args, **kwargs):
+        name = str(func.overloadpacket)
+        counts[name] = counts.get(name, 0) + 1
+        if (name, counts[name]) in saved:
+            return CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.PREFER_RECOMPUTE
+
+    return policy_fn
+
+
+def context_fn(path):
+    return create_selective_checkpoint_contexts(policy(path))
+'''
 SAC_POLICY = '''
 # selective checkpointing ({policy}): the aten ops whose outputs each checkpoint caches; the rest re-run
 SAVE_OPS = frozenset({{{save}}})
@@ -92,9 +119,13 @@ def policy():
     return policy_fn
 
 
-def context_fn():
+def context_fn(path=None):
     return create_selective_checkpoint_contexts(policy())
 '''
+
+
+def _set_literal(items: set) -> str:
+    return "{" + ", ".join(map(ascii, sorted(items))) + "}" if items else "set()"
 
 
 def write_pytorch_helper(path: str, plan, model: str) -> str:
@@ -114,14 +145,23 @@ def write_pytorch_helper(path: str, plan, model: str) -> str:
     if sac is not None:
         from .sac import emitted_policy
 
-        save, every_second = emitted_policy(*sac)
         text = text.replace("from torch.utils.checkpoint import checkpoint\n",
                             "from torch.utils.checkpoint import checkpoint\n" + SAC_IMPORTS)
         text = text.replace("use_reentrant=False, **kwargs)",
-                            "use_reentrant=False, context_fn=context_fn, **kwargs)")
-        listed = "".join(f"\n    {ascii(op)}," for op in sorted(save)) + "\n" * bool(save)
-        text += SAC_POLICY.format(policy=source_comment(sac[0] or "custom"), save=listed,
-                                  every_second=every_second)
+                            "use_reentrant=False,\n                              "
+                            "context_fn=lambda: context_fn(_path), **kwargs)")
+        if sac[0] == "chosen":
+            calls: dict[str, set] = {str(p): set() for p in plan.checkpoints}
+            for d in plan.decisions:
+                if d.saved and d.block in calls:
+                    calls[d.block].add((str(d.call.op), int(d.call.count)))
+            listed = "".join(f"\n    {ascii(p)}: {_set_literal(c)}," for p, c in calls.items())
+            text += SAC_CHOSEN.format(calls="{" + listed + "\n}")
+        else:
+            save, every_second = emitted_policy(*sac)
+            listed = "".join(f"\n    {ascii(op)}," for op in sorted(save)) + "\n" * bool(save)
+            text += SAC_POLICY.format(policy=source_comment(sac[0] or "custom"), save=listed,
+                                      every_second=every_second)
     with atomic_write(path) as f:
         f.write(text.encode("ascii"))
     n = len(plan.checkpoints)

@@ -94,6 +94,9 @@ class Plan:
     precision: dict = field(default_factory=dict)  # precision.precision_entry of the analysis
     # plan --sac: (preset, ops to save), the policy the checkpointed blocks run under (plan.sac)
     sac: tuple[str | None, list[str] | None] | None = None
+    # plan --recompute ops: every choosable call of the checkpointed blocks, saved or re-run, and why
+    # (plan.sac_choose.Decision); the policy is ("chosen", None)
+    decisions: list = field(default_factory=list)
 
     @property
     def fits(self) -> bool:
@@ -271,6 +274,16 @@ def step_lines(n_params: int, options: PlanOptions, width: int = 4) -> tuple[lis
     return lines, Poly.const(extra)
 
 
+def _step_lines(analysis, options: PlanOptions) -> tuple[list[Line], Poly]:
+    count, width = _parameter_count(analysis.graph, analysis.sizes)
+    return step_lines(count, options, width)
+
+
+def step_model(analysis, options: PlanOptions) -> StepModel:
+    """The step's lifetimes with the optimizer's and the weights' bytes ``make_plan`` adds (its peaks)."""
+    return StepModel(analysis.joint, analysis.liveness, analysis.sizes, _step_lines(analysis, options)[1])
+
+
 def make_plan(analysis, options: PlanOptions, blocks: list[Candidate] | None = None) -> Plan:
     """The step's memory, and the recomputation plan for ``options.budget`` (FuseError: below the floor);
     ``blocks``: the block checkpoints to choose from (plan.sac's, under a policy), plain ones by default."""
@@ -282,8 +295,7 @@ def make_plan(analysis, options: PlanOptions, blocks: list[Candidate] | None = N
     if applied != options.precision:
         raise UsageError(f"the plan is at precision {options.precision}, the analysis at {applied}: give "
                          "Options(precision=...) the same value")
-    count, width = _parameter_count(graph, sizes)
-    lines, extra = step_lines(count, options, width)
+    lines, extra = _step_lines(analysis, options)
     floor = sum(line.bytes for line in lines)
     if options.budget < floor and options.floor_check:
         parts = " + ".join(f"{line.name} {format_bytes(line.bytes)}" for line in lines if line.bytes)

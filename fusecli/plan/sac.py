@@ -171,34 +171,44 @@ def require_pytorch(analysis) -> None:
                          f"follows {habits}; for an ONNX export of a PyTorch model give --autodiff pytorch")
 
 
-def sac_candidates(analysis, policy: Policy) -> list[tuple[Candidate, list[tuple[Call, bool]]]]:
-    """Every block's checkpoint under ``policy``: plan.candidates' block candidate with the saved ops'
-    outputs cached (module docstring), their FLOPs left out of the re-run's; with each block's calls and
-    the policy's answer for each."""
+def block_calls(analysis) -> list[tuple[Candidate, list[Call]]]:
+    """Every block's plain checkpoint (plan.candidates) and the aten calls its forward dispatches."""
     graph, joint, live, sizes = analysis.graph, analysis.joint, analysis.liveness, analysis.sizes
     kernels = joint.meta.get("attention_kernels", {})
     interiors = set(joint.meta.get("kernel_interiors", ()))
     device = analysis.profile.device if analysis.profile is not None else "cpu"
     weighted = set(made_of_weights(graph))
     scopes = block_scopes(graph)
+    return [(c, aten_ops(scopes.get(c.scope, []), kernels, weighted, live.storage, device, interiors))
+            for c in block_candidates(graph, joint, live, sizes, rng_state_bytes(analysis))]
+
+
+def under_policy(analysis, c: Candidate, calls: list[Call], answers: list[bool]) -> Candidate:
+    """Block ``c``'s checkpoint with the outputs of the calls ``answers`` saves cached (module docstring),
+    their FLOPs left out of the re-run's."""
+    joint, live, sizes = analysis.joint, analysis.liveness, analysis.sizes
+    cached = [call for call, yes in zip(calls, answers, strict=True) if yes]
+    mine = {t.name for call in cached for t in call.outputs}
+    mine |= {f"{call.node.name}.logsumexp" for call in cached if call.op in SDPA}
+    freed = [t for t in c.freed if _base(live, t).name not in mine]
+    held = {t.name for t in c.freed} | {t.name for t in c.kept}
+    cache = [joint.tensors[name] for name in sorted(mine) if name in joint.tensors
+             and name not in held and name in live.lifetimes and name not in live.saved_by_name]
+    flops = c.flops
+    for call in cached:
+        f = node_flops(call.node, sizes)
+        flops = None if flops is None or f is None else max(0, flops - f)
+    recipe = f"selective checkpointing: {len(cached)} of {len(calls)} ops' outputs cached"
+    return replace(c, freed=freed, cached=cache, flops=flops, recipe=recipe)
+
+
+def sac_candidates(analysis, policy: Policy) -> list[tuple[Candidate, list[tuple[Call, bool]]]]:
+    """Every block's checkpoint under ``policy``, with each block's calls and the policy's answer for
+    each."""
     out = []
-    for c in block_candidates(graph, joint, live, sizes, rng_state_bytes(analysis)):
-        calls = aten_ops(scopes.get(c.scope, []), kernels, weighted, live.storage, device, interiors)
+    for c, calls in block_calls(analysis):
         answers = policy(calls) if policy in WHOLE_BLOCK else [policy(call) for call in calls]
-        cached = [call for call, yes in zip(calls, answers, strict=True) if yes]
-        mine = {t.name for call in cached for t in call.outputs}
-        mine |= {f"{call.node.name}.logsumexp" for call in cached if call.op in SDPA}
-        freed = [t for t in c.freed if _base(live, t).name not in mine]
-        held = {t.name for t in c.freed} | {t.name for t in c.kept}
-        cache = [joint.tensors[name] for name in sorted(mine) if name in joint.tensors
-                 and name not in held and name in live.lifetimes and name not in live.saved_by_name]
-        flops = c.flops
-        for call in cached:
-            f = node_flops(call.node, sizes)
-            flops = None if flops is None or f is None else max(0, flops - f)
-        recipe = f"selective checkpointing: {len(cached)} of {len(calls)} ops' outputs cached"
-        out.append((replace(c, freed=freed, cached=cache, flops=flops, recipe=recipe),
-                    [(call, call in cached) for call in calls]))
+        out.append((under_policy(analysis, c, calls, answers), list(zip(calls, answers, strict=True))))
     return out
 
 

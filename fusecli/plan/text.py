@@ -54,6 +54,8 @@ def plan_lines(plan: Plan, model: str) -> list[str]:
     if plan.sac is not None:
         preset, save = plan.sac
         what = f"saving {', '.join(sorted(save))}" if save else f"the {preset} policy"
+        if preset == "chosen":
+            what = "a policy chosen op by op for the budget (--json: sac.calls, each call's why)"
         out[1:1] = [f"checkpointed blocks run under selective checkpointing: {what}"]
     out += [_line(line, plan.dims) for line in plan.lines] + [_line(plan.peak, plan.dims), ""]
     out.append(f"largest with nothing recomputed: {_largest(plan, plan.largest)}")
@@ -71,6 +73,12 @@ def plan_lines(plan: Plan, model: str) -> list[str]:
         kind = "sac" if plan.sac is not None and c.kind == "block" else c.kind
         out.append(f"  {i:>2}  {c.name:<40} {kind:<6} {format_bytes(s.freed_bytes):>10} "
                    f"{_flops(s.flops):>12} {format_bytes(s.peak_bytes):>10}")
+    chosen = {s.candidate.name for s in plan.steps}
+    for block in sorted({d.block for d in plan.decisions} & chosen):
+        mine = [d for d in plan.decisions if d.block == block]
+        for label, pick in (("saves", True), ("re-runs", False)):
+            names = [f"{d.call.op.removeprefix('aten.')}#{d.call.count}" for d in mine if d.saved == pick]
+            out.append(f"      {block} {label}: {', '.join(names) or 'none of its matmul/attention calls'}")
     if plan.planned_peak is not None:
         out += ["", _line(plan.planned_saved, plan.dims), _line(plan.planned_peak, plan.dims),
                 f"largest with this plan: {_largest(plan, plan.planned_largest)}"]
@@ -105,8 +113,11 @@ def plan_json(plan: Plan) -> dict:
     return {
         "budget": o.budget, "optimizer": o.optimizer, "precision": plan.precision, "dims": plan.dims,
         "solve": plan.solve_dim, "recompute": o.recompute,
-        "sac": None if plan.sac is None else {"policy": plan.sac[0] or "custom",
-                                              "save_ops": sorted(plan.sac[1]) if plan.sac[1] else None},
+        "sac": None if plan.sac is None else {
+            "policy": plan.sac[0] or "custom", "save_ops": sorted(plan.sac[1]) if plan.sac[1] else None,
+            "calls": [{"block": d.block, "op": d.call.op, "count": d.call.count, "node": d.call.node.name,
+                       "saved": d.saved, "flops": d.flops, "bytes": d.bytes, "peak_bytes": d.peak_bytes,
+                       "why": d.why} for d in plan.decisions] if plan.decisions else None},
         "memory": {line.name.replace(" ", "_"): _line_json(line) for line in plan.lines},
         "floor": plan.floor, "step_peak": _line_json(plan.peak), "largest": plan.largest,
         "fits_unplanned": plan.peak.bytes <= o.budget, "fits": plan.fits,

@@ -70,12 +70,13 @@ def test_plan_checkpoints_blocks_under_the_policy_and_writes_it(model, tmp_path)
             "--emit-pytorch", str(helper))
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
-    assert doc["sac"] == {"policy": "attention", "save_ops": None}
+    assert doc["sac"] == {"policy": "attention", "save_ops": None, "calls": None}
     assert doc["recompute"] == "blocks" and doc["fits"] and doc["plan"]
     assert doc["planned"]["step_peak"]["bytes"] <= int(budget)
     text = helper.read_text()
     compile(text, str(helper), "exec")
-    assert "context_fn=context_fn" in text and "'aten._scaled_dot_product_flash_attention_for_cpu'," in text
+    assert "context_fn=lambda: context_fn(_path)" in text
+    assert "'aten._scaled_dot_product_flash_attention_for_cpu'," in text
     assert "EVERY_SECOND_MM_RECOMPUTED = False" in text
     # torchtitan's saves every addmm here (no mm to skip): its checkpoints free nothing, the plan cannot fit
     r = run("plan", model, "--budget", budget, *SIZES, "--json", "--sac", "torchtitan")
@@ -86,10 +87,34 @@ def test_plan_checkpoints_blocks_under_the_policy_and_writes_it(model, tmp_path)
     assert len(plain["plan"]) <= len(doc["plan"])
     # saving the residual add's output: each block's output, the next block's input, which it keeps anyway
     out = run("plan", model, "--budget", budget, *SIZES, "--sac-save", "add").output
-    assert "selective checkpointing: saving aten.add" in out and "context_fn=context_fn" in out
+    assert "selective checkpointing: saving aten.add" in out and "context_fn=lambda: context_fn(p)" in out
+
+
+def test_recompute_ops_chooses_the_calls_for_the_budget(model, tmp_path):
+    unplanned = json.loads(run("plan", model, "--budget", "1TiB", *SIZES, "--json").stdout)
+    saved, peak = unplanned["memory"]["saved_activations"]["bytes"], unplanned["step_peak"]["bytes"]
+    budget = str(peak - saved // 3)
+    blocks = json.loads(run("plan", model, "--budget", budget, *SIZES, "--json", "--recompute",
+                            "blocks").stdout)
+    helper = tmp_path / "ops.py"
+    r = run("plan", model, "--budget", budget, *SIZES, "--json", "--recompute", "ops", "--emit-pytorch",
+            str(helper))
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["fits"] and doc["sac"]["policy"] == "chosen"
+    calls = doc["sac"]["calls"]
+    assert calls and {c["op"] for c in calls} == {"aten.addmm"}
+    assert all(c["peak_bytes"] <= int(budget) for c in calls if c["saved"])
+    assert all("over the budget" in c["why"] for c in calls if not c["saved"])
+    # never more re-run FLOPs than the whole blocks the block plan checkpoints at the same budget
+    assert sum(s["flops"] for s in doc["plan"]) <= sum(s["flops"] for s in blocks["plan"])
+    text = helper.read_text()
+    compile(text, str(helper), "exec")
+    assert "SAVE_CALLS = {" in text and "context_fn=lambda: context_fn(_path)" in text
 
 
 @pytest.mark.parametrize(("args", "says"), [
+    (["--recompute", "ops", "--sac", "torchtitan"], "chooses the policy itself"),
     (["--sac", "torchtitan", "--recompute", "all"], "--recompute blocks"),
     (["--sac", "megatron", "--emit-pytorch", "{tmp}/h.py"], "Megatron"),
     (["--sac", "full", "--sac-save", "aten.mm"], "exclude each other"),

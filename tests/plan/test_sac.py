@@ -108,19 +108,22 @@ PLAN_LAYERS, PLAN_BATCH, PLAN_SEQ, HUGE = 4, 8, 64, 1 << 50
 PLAN_PEAK = 0.03  # as test_planner's PEAK_TOLERANCE
 
 
-@pytest.mark.parametrize("preset", ["torchtitan", "attention"])
+@pytest.mark.parametrize("preset", ["torchtitan", "attention", "chosen"])
 def test_sac_plan_applied_in_pytorch_peaks_where_it_says(hf_onnx, tmp_path, preset):
+    """A preset on the blocks plan --sac checkpoints; "chosen": plan --recompute ops's policy, which
+    re-runs no more FLOPs than the block plan at the same budget."""
     import torch
 
     from fusecli.plan.emit import write_pytorch_helper
     from fusecli.plan.planner import PlanOptions, make_plan
     from fusecli.plan.sac import policy_of, sac_candidates
+    from fusecli.plan.sac_choose import plan_ops
     from tests import hf_models
     from tests.plan.test_planner import _grads, _import
 
     path = hf_onnx("llama", "dynamo", attn="default", layers=PLAN_LAYERS, cache=False)
     a = analyze(path, Options(batch=PLAN_BATCH, dims={"seq": PLAN_SEQ}))
-    blocks = [c for c, _ in sac_candidates(a, policy_of(preset))]
+    blocks = [c for c, _ in sac_candidates(a, policy_of(preset))] if preset != "chosen" else None
     base = make_plan(a, PlanOptions(HUGE, "none", recompute="blocks"))
     args = hf_models.example_inputs("llama", PLAN_BATCH, PLAN_SEQ)
 
@@ -130,8 +133,14 @@ def test_sac_plan_applied_in_pytorch_peaks_where_it_says(hf_onnx, tmp_path, pres
     reference = _grads(module(), args)
     for fraction in (0.3, 0.6, 0.9):
         budget = base.peak.bytes - int((1 - fraction) * base.saved.bytes)
-        plan = make_plan(a, PlanOptions(budget, "none", recompute="blocks"), blocks)
-        plan.sac = (preset, None)
+        if preset == "chosen":
+            plan = plan_ops(a, PlanOptions(budget, "none"))
+            whole = make_plan(a, PlanOptions(budget, "none", recompute="blocks"))
+            assert sum(st.flops for st in plan.steps) <= sum(st.flops for st in whole.steps)
+            assert plan.fits == whole.fits
+        else:
+            plan = make_plan(a, PlanOptions(budget, "none", recompute="blocks"), blocks)
+            plan.sac = (preset, None)
         assert plan.checkpoints, fraction
         helper = tmp_path / f"plan_{preset}_{fraction}.py"
         write_pytorch_helper(str(helper), plan, "model.onnx")
@@ -140,8 +149,33 @@ def test_sac_plan_applied_in_pytorch_peaks_where_it_says(hf_onnx, tmp_path, pres
         peak = hf_models.peak_memory(model, args)["peak"]
         planned = (plan.planned_peak or plan.peak).bytes
         print(f"sac plan {preset} {fraction:.0%}: {len(plan.checkpoints)} blocks, fits={plan.fits}, "
+              f"saved calls {sum(d.saved for d in plan.decisions)}/{len(plan.decisions)}, "
               f"peak {planned}/{peak} = {planned / peak:.3f}")
         assert planned / peak == pytest.approx(1, abs=PLAN_PEAK), fraction
         grads = _grads(model, args)
         assert grads.keys() == reference.keys()
         assert all(torch.allclose(grads[k], g, rtol=1e-5, atol=1e-6) for k, g in reference.items())
+
+
+def test_chosen_policy_peak_is_monotone_in_the_budget_and_never_costlier_than_blocks(hf_onnx):
+    from fusecli.core.errors import FuseError
+    from fusecli.plan.planner import PlanOptions, make_plan
+    from fusecli.plan.sac_choose import plan_ops
+
+    a = analyze(hf_onnx("llama", "dynamo", attn="default", layers=PLAN_LAYERS, cache=False),
+                Options(batch=PLAN_BATCH, dims={"seq": PLAN_SEQ}))
+    base = make_plan(a, PlanOptions(HUGE, "none", recompute="blocks"))
+    peaks = []
+    for i in range(10):  # from no room for activations to all of them
+        budget = base.peak.bytes - int((1 - i / 9) * base.saved.bytes)
+        try:
+            plan = plan_ops(a, PlanOptions(budget, "none"))
+        except FuseError:  # below the floor
+            continue
+        whole = make_plan(a, PlanOptions(budget, "none", recompute="blocks"))
+        assert sum(s.flops for s in plan.steps) <= sum(s.flops for s in whole.steps)
+        final = plan.planned_peak or plan.peak
+        assert plan.fits == (final.bytes <= budget) and plan.fits == whole.fits
+        peaks.append(final.bytes)
+    assert len(peaks) >= 5
+    assert peaks == sorted(peaks), peaks
