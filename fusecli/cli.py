@@ -740,19 +740,18 @@ def plan_command(model: str, budget: int, batch: int | None, dims: tuple[str, ..
         result = run_analysis(model, options)
         stage("planning")
         blocks = None
-        if sac is not None:
+        if sac is not None or recompute == "ops":
             from .plan.sac import policy_of, require_pytorch, sac_candidates
 
             require_pytorch(result)
+        if sac is not None:
             policy = policy_of(*sac)
             blocks = [c for c, _ in sac_candidates(result, policy)] if policy is not None else []
         options = PlanOptions(budget, optimizer, precision, solve, recompute,
                               floor_check=layout is None)
         if recompute == "ops":
-            from .plan.sac import require_pytorch
             from .plan.sac_choose import plan_ops
 
-            require_pytorch(result)
             plan = plan_ops(result, options)
         else:
             plan = make_plan(result, options, blocks)

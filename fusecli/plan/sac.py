@@ -57,6 +57,11 @@ class Call:
     node: Node
     outputs: tuple[Tensor, ...]
 
+    @property
+    def label(self) -> str:
+        """'mm#3': the op without its namespace and its place among the block's calls of it."""
+        return f"{self.op.removeprefix('aten.')}#{self.count}"
+
 
 Policy = Callable[[Call], bool]  # True: save (cache) the op's outputs
 

@@ -37,40 +37,44 @@ def choose_policy(analysis, model, blocks: list[str], budget: int
     """Each of ``blocks`` (module paths, the block plan's) under the calls chosen for ``budget``, and every
     choosable call's decision in the order they were weighed."""
     sizes = analysis.sizes
-    pairs = {c.name: (c, calls) for c, calls in block_calls(analysis) if c.name in set(blocks)}
+    wanted = set(blocks)
+    pairs = {c.name: (c, calls) for c, calls in block_calls(analysis) if c.name in wanted}  # model order
     answers = {name: [False] * len(calls) for name, (_, calls) in pairs.items()}
-
-    def applied() -> list[Candidate]:
-        return [under_policy(analysis, c, calls, answers[name]) for name, (c, calls) in pairs.items()]
+    # each block's checkpoint under its answers so far; only the block a decision touches is rebuilt
+    current = {name: under_policy(analysis, c, calls, answers[name]) for name, (c, calls) in pairs.items()}
 
     weighed = []
-    for name, (_, calls) in pairs.items():
+    for order, (name, (_, calls)) in enumerate(pairs.items()):
         for i, call in enumerate(calls):
             flops = node_flops(call.node, sizes) if call.op in CHOOSABLE else None
             size = sum(model.value.get(t.name, 0) for t in call.outputs)
             if flops and size:
-                weighed.append((flops / size, name, i, call, flops, size))
+                weighed.append((flops / size, order, i, name, call, flops, size))
     weighed.sort(key=lambda w: (-w[0], w[1], w[2]))  # most FLOPs per byte first; ties in model order
     decisions = []
-    for _, name, i, call, flops, size in weighed:
+    for _, _, i, name, call, flops, size in weighed:
+        c, calls = pairs[name]
         answers[name][i] = True
-        peak = model.peak_bytes(applied())
+        trial = under_policy(analysis, c, calls, answers[name])
+        peak = model.peak_bytes([*(trial if n == name else x for n, x in current.items())])
         saved = peak <= budget
-        if not saved:
+        if saved:
+            current[name] = trial
+        else:
             answers[name][i] = False
         why = (f"saved: {flops / size:.1f} FLOPs per byte, the peak stays within the budget" if saved else
                f"re-run: saving it would lift the peak to {peak:,} bytes, over the budget")
         decisions.append(Decision(name, call, saved, flops, size, peak, why))
-    return applied(), decisions
+    return list(current.values()), decisions
 
 
 def plan_ops(analysis, options: PlanOptions) -> Plan:
     """``plan --recompute ops``: the block plan at ``options.budget`` with its blocks under the policy
     chosen for it (``plan.decisions``)."""
-    options = replace(options, recompute="blocks")
-    whole = make_plan(analysis, options)
-    blocks, decisions = choose_policy(analysis, step_model(analysis, options), whole.checkpoints,
+    blocks_only = replace(options, recompute="blocks")
+    whole = make_plan(analysis, blocks_only)
+    blocks, decisions = choose_policy(analysis, step_model(analysis, blocks_only), whole.checkpoints,
                                       options.budget)
-    plan = make_plan(analysis, options, blocks)
+    plan = make_plan(analysis, blocks_only, blocks)
     plan.sac, plan.decisions = ("chosen", None), decisions
     return plan

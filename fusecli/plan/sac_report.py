@@ -42,9 +42,9 @@ def sac_lines(step: SacStep, base: SacStep) -> list[str]:
     if step.blocks:
         c = step.blocks[0]
         calls = step.calls[c.name]
-        saved = [_name(call) for call, s in calls if s]
+        saved = [call.label for call, s in calls if s]
         # the recomputed matmuls and attention by name; the elementwise rest as a count
-        heavy = [_name(call) for call, s in calls if not s and call.op in MATMULS | SDPA]
+        heavy = [call.label for call, s in calls if not s and call.op in MATMULS | SDPA]
         others = sum(1 for call, s in calls if not s and call.op not in MATMULS | SDPA)
         rest = ", ".join(heavy) + (f" and {others} other op{'s' * (others != 1)}" if others else "")
         indent = " " * 4
@@ -53,8 +53,3 @@ def sac_lines(step: SacStep, base: SacStep) -> list[str]:
         out += textwrap.wrap(f"recomputes {rest or 'nothing'}", WIDTH, initial_indent=indent,
                              subsequent_indent=indent)
     return out
-
-
-def _name(call) -> str:
-    return call.op.removeprefix("aten.") + f"#{call.count}"
-

@@ -77,7 +77,7 @@ def plan_lines(plan: Plan, model: str) -> list[str]:
     for block in sorted({d.block for d in plan.decisions} & chosen):
         mine = [d for d in plan.decisions if d.block == block]
         for label, pick in (("saves", True), ("re-runs", False)):
-            names = [f"{d.call.op.removeprefix('aten.')}#{d.call.count}" for d in mine if d.saved == pick]
+            names = [d.call.label for d in mine if d.saved == pick]
             out.append(f"      {block} {label}: {', '.join(names) or 'none of its matmul/attention calls'}")
     if plan.planned_peak is not None:
         out += ["", _line(plan.planned_saved, plan.dims), _line(plan.planned_peak, plan.dims),
