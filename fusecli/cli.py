@@ -406,10 +406,12 @@ def analyze(model: str, as_json: bool, batch: int | None, dims: tuple[str, ...],
     result = run_analysis(model, options)
     policy = base = None
     if sac is not None:
-        from .plan.sac import evaluate, require_pytorch
+        from .plan.sac import evaluate, order_warning, require_pytorch
 
         require_pytorch(result)
         policy, base = evaluate(result, *sac), evaluate(result, "none")
+        if (w := order_warning(result)) is not None:
+            result.warnings.append(w)
     ranks = None
     if layout is not None:
         from .parallel.ranks import rank_memory
@@ -741,9 +743,11 @@ def plan_command(model: str, budget: int, batch: int | None, dims: tuple[str, ..
         stage("planning")
         blocks = None
         if sac is not None or recompute == "ops":
-            from .plan.sac import policy_of, require_pytorch, sac_candidates
+            from .plan.sac import order_warning, policy_of, require_pytorch, sac_candidates
 
             require_pytorch(result)
+            if (w := order_warning(result)) is not None:
+                result.warnings.append(w)
         if sac is not None:
             policy = policy_of(*sac)
             blocks = [c for c, _ in sac_candidates(result, policy)] if policy is not None else []

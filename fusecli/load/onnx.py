@@ -207,6 +207,17 @@ def load_onnx(path: str, constant_weights: bool = True) -> Graph:
     return graph
 
 
+def _topological(g) -> bool:
+    """Whether the file lists every node after the makers of what it reads (as an exporter writes it)."""
+    made = {""} | {i.name for i in g.input} | {t.name for t in g.initializer} | \
+        {t.values.name for t in g.sparse_initializer}
+    for n in g.node:
+        if any(i not in made for i in n.input):
+            return False
+        made.update(n.output)
+    return True
+
+
 def graph_of_model(model: onnx.ModelProto, name: str, constant_weights: bool = True) -> Graph:
     """Shape inference, then the IR graph of an in-memory model (its weights may be left out); its nodes
     are first put in the canonical order, in place (``onnx_order.canonical``): every pass reads that
@@ -215,6 +226,7 @@ def graph_of_model(model: onnx.ModelProto, name: str, constant_weights: bool = T
     # each node's place in the file: the order the exporter traced the ops in, which the canonical order
     # forgets (plan.sac counts a block's calls of an op in it); keyed by the node's first output
     traced = {next((o for o in n.output if o), None): i for i, n in enumerate(model.graph.node)}
+    in_trace_order = _topological(model.graph)  # a reordered file (ONNX Runtime loads one) is no trace
     canonicalize(model.graph)
     progress.stage("shape inference")
     check_shape_costs(model)  # a declared shape is a promise about cost: checked before the tools read it
@@ -227,9 +239,10 @@ def graph_of_model(model: onnx.ModelProto, name: str, constant_weights: bool = T
     model = inferred
     progress.stage("building the graph")
     graph = build_graph(model, name, constant_weights)
+    graph.meta["traced_order"] = in_trace_order
     for node in graph.nodes:
         first = next((o.name for o in node.outputs if o is not None), None)
-        if first in traced:
+        if first in traced and in_trace_order:
             node.meta["traced"] = traced[first]
     graph.meta["opset"] = opset
     if opset and opset < MIN_OPSET:

@@ -166,6 +166,16 @@ def aten_ops(nodes: list[Node], kernels: dict[str, dict], weighted: set[str], st
     return out
 
 
+def order_warning(analysis) -> str | None:
+    """Said when the file's node order is not the order its exporter traced (load.onnx), which a block's
+    call numbers (mm#3, torchtitan's every second mm) follow."""
+    if analysis.graph.meta.get("traced_order", True):
+        return None
+    return ("the file's nodes are not in the order its exporter traced them (reordered): selective "
+            "checkpointing numbers each block's calls in fusecli's canonical order, which may not be "
+            "PyTorch's (torchtitan's every-second-mm choice, --recompute ops' call numbers)")
+
+
 def require_pytorch(analysis) -> None:
     """Selective checkpointing is torch.utils.checkpoint's: the analysis must follow PyTorch's autodiff."""
     name = analysis.profile.name if analysis.profile is not None else "ops"

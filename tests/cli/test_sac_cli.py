@@ -150,3 +150,18 @@ def test_a_model_not_from_pytorch_is_refused_and_one_without_blocks_says_so(tmp_
     doc = analyze_json(str(path), "--sac", "torchtitan")["memory"]
     assert doc["sac"]["blocks"] == [] and "no repeated blocks" in doc["sac"]["note"]
     assert doc["sac"]["saved_activation_bytes"] == doc["sac"]["without_policy"]["saved_activation_bytes"]
+
+
+def test_a_reordered_file_says_its_call_numbers_may_not_be_pytorchs(model, tmp_path):
+    """A block's calls are numbered in the order the exporter traced them (the file's); a file whose
+    nodes were reordered (ONNX Runtime loads one) has no such order, and the report says so."""
+    shuffled = onnx.load(model)
+    nodes = list(shuffled.graph.node)[::-1]
+    del shuffled.graph.node[:]
+    shuffled.graph.node.extend(nodes)
+    path = tmp_path / "reversed.onnx"
+    onnx.save(shuffled, str(path))
+    for m, warned in ((model, False), (str(path), True)):
+        r = CliRunner().invoke(main, ["analyze", m, *SIZES, "--json", "--sac", "torchtitan"])
+        assert r.exit_code == 0, r.output
+        assert ("not in the order its exporter traced" in r.stderr) == warned
