@@ -233,23 +233,31 @@ def softmax_dtypes(graph: Graph) -> int:
 
 def folded_batch_norms(graph: Graph) -> list[str]:
     """The convolutions of a PyTorch export a BatchNorm was folded into (an eval-mode export): dynamo's,
-    which onnxscript's FuseBatchNormIntoConv made (named for the BatchNorm's module), and TorchScript's,
+    which onnxscript's FuseBatchNormIntoConv made (named for the BatchNorm's module; among the node's
+    rules, as a bias-free conv's 'FuseBatchNormIntoConv, RemoveOptionalBiasFromConv'), and TorchScript's,
     whose weight and bias are both values the exporter computed (``onnx::Conv_25``, ``onnx::Conv_26``:
-    its eval peephole folds the BatchNorm's scale into the weight and its shift into the bias)."""
+    its eval peephole folds the BatchNorm's scale into the weight and its shift into the bias; a bias
+    equal to another's is read through an Identity of it)."""
     if graph.meta.get("producer") != "pytorch":
         return []
     found = []
     for node in graph.nodes:
         if node.op_type not in ("Conv", "ConvTranspose"):
             continue
-        if node.meta.get("rewritten_by") == "FuseBatchNormIntoConv":
+        if "FuseBatchNormIntoConv" in node.meta.get("rewritten_by", ()):
             found.append(node.meta.get("module") or node.name)
             continue
-        w, b = node.input(1), node.input(2)
-        if all(t is not None and t.producer is None and t.kind == "parameter" and t.name.startswith("onnx::")
-               for t in (w, b)):
+        if all(_computed_initializer(t) for t in (node.input(1), node.input(2))):
             found.append(node.name)
     return found
+
+
+def _computed_initializer(t) -> bool:
+    """``t`` is a weight the TorchScript exporter computed (``onnx::Conv_N``), directly or through the
+    Identity its deduplication of equal initializers leaves."""
+    while t is not None and t.producer is not None and t.producer.op_type == "Identity":
+        t = t.producer.input(0)
+    return t is not None and t.producer is None and t.kind == "parameter" and t.name.startswith("onnx::")
 
 
 def folded_batch_norm_note(found: list[str]) -> str | None:

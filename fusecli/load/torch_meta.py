@@ -11,8 +11,9 @@
 - ``softmax_dtype``: the dtype ``aten.softmax.int`` was asked to compute in (``softmax(x, dim,
   dtype=torch.float32)``, Gemma's eager attention), which the dynamo export drops on a bf16 model: its
   Softmax node then reads and writes bf16 (grad/torch_export.py restores the casts);
-- ``rewritten_by``: the onnxscript rewrite rule that made the node ('FuseBatchNormIntoConv', from
-  ``pkg.onnxscript.rewriter.rule_name``): what the export's optimizer folded into it (grad/torch_export.py).
+- ``rewritten_by``: the onnxscript rewrite rules that made the node, in the order they ran
+  (('FuseBatchNormIntoConv', 'RemoveOptionalBiasFromConv'), from ``pkg.onnxscript.rewriter.rule_name``,
+  comma-separated): what the export's optimizer folded into it (grad/torch_export.py).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def torch_node_meta(props) -> dict:
             if classes:
                 meta["torch_classes"] = classes
         elif key == RULE and len(p.value) < _LONGEST:
-            meta["rewritten_by"] = p.value
+            meta["rewritten_by"] = tuple(r.strip() for r in p.value.split(",") if r.strip())
         elif key == FX_NODE and "aten.softmax.int" in p.value:
             dtype = _softmax_dtype(p.value)
             if dtype:

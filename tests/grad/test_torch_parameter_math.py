@@ -233,12 +233,14 @@ def test_resident_parameters_are_eagers(exported, exporter):
 
 class ConvBNNet(nn.Module):
     """Two Conv-BatchNorm-ReLU blocks and a plain conv (no BatchNorm): an eval export folds the two
-    BatchNorms into their convs, never the third conv."""
+    BatchNorms into their convs, never the third conv. ``bias=False``: ResNet's bias-free convs, whose
+    folded biases dynamo's optimizer makes under two rule names and TorchScript shares (equal at
+    initialisation) through an Identity."""
 
-    def __init__(self):
+    def __init__(self, bias: bool = True):
         super().__init__()
-        self.c1, self.bn1 = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8)
-        self.c2, self.bn2 = nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8)
+        self.c1, self.bn1 = nn.Conv2d(3, 8, 3, padding=1, bias=bias), nn.BatchNorm2d(8)
+        self.c2, self.bn2 = nn.Conv2d(8, 8, 3, padding=1, bias=bias), nn.BatchNorm2d(8)
         self.c3 = nn.Conv2d(8, 4, 1)
 
     def forward(self, x):
@@ -246,23 +248,24 @@ class ConvBNNet(nn.Module):
         return self.c3(torch.relu(self.bn2(self.c2(x))))
 
 
-def _export_cnn(path: str, exporter: str, training: bool) -> str:
+def _export_cnn(path: str, exporter: str, training: bool, bias: bool = True) -> str:
     torch.manual_seed(0)
     x = (torch.randn(2, 3, 16, 16),)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if exporter == "torchscript":
             mode = torch.onnx.TrainingMode.TRAINING if training else torch.onnx.TrainingMode.EVAL
-            torch.onnx.export(ConvBNNet().eval(), x, path, dynamo=False, opset_version=17, training=mode,
+            torch.onnx.export(ConvBNNet(bias).eval(), x, path, dynamo=False, opset_version=17, training=mode,
                               input_names=["x"], dynamic_axes={"x": {0: "batch"}})
         else:
-            torch.onnx.export(ConvBNNet().eval(), x, dynamo=True, optimize=not training,
+            torch.onnx.export(ConvBNNet(bias).eval(), x, dynamo=True, optimize=not training,
                               input_names=["x"]).save(path)
     return path
 
 
+@pytest.mark.parametrize("bias", [True, False], ids=["conv_bias", "bias_free_conv"])
 @pytest.mark.parametrize("exporter", EXPORTERS)
-def test_batch_norm_folded_by_an_eval_export_is_said(tmp_path, exporter):
+def test_batch_norm_folded_by_an_eval_export_is_said(tmp_path, exporter, bias):
     """An eval export folds each BatchNorm into its conv (TorchScript's eval peephole, onnxscript's
     FuseBatchNormIntoConv in dynamo's), so the conv outputs training keeps for the BatchNorms' backward are
     not in the file: fusecli's saved bytes are below PyTorch's training step's, and the report says so in
@@ -272,8 +275,8 @@ def test_batch_norm_folded_by_an_eval_export_is_said(tmp_path, exporter):
 
     from fusecli.cli import main
 
-    folded = _export_cnn(str(tmp_path / f"{exporter}_eval.onnx"), exporter, training=False)
-    kept = _export_cnn(str(tmp_path / f"{exporter}_train.onnx"), exporter, training=True)
+    folded = _export_cnn(str(tmp_path / f"{exporter}_eval.onnx"), exporter, training=False, bias=bias)
+    kept = _export_cnn(str(tmp_path / f"{exporter}_train.onnx"), exporter, training=True, bias=bias)
     assert "BatchNormalization" not in {n.op_type for n in onnx.load(folded).graph.node}
     assert "BatchNormalization" in {n.op_type for n in onnx.load(kept).graph.node}
     a = analyze(folded, Options(batch=2))
@@ -281,7 +284,7 @@ def test_batch_norm_folded_by_an_eval_export_is_said(tmp_path, exporter):
     assert len(said) == 1 and "TrainingMode.TRAINING" in said[0] and "optimize=False" in said[0], a.warnings
     assert len(a.graph.meta["folded_batch_norms"]) == 2
     torch.manual_seed(0)
-    step = ConvBNNet().train()  # what a training step runs: the BatchNorms and their batch statistics
+    step = ConvBNNet(bias).train()  # what a training step runs: the BatchNorms and their batch statistics
     pytorch = sum(b for _, _, b in hf_models.saved_storages(step, (torch.randn(2, 3, 16, 16),)))
     assert a.liveness.saved_activation_bytes < pytorch  # what the warning is about: measured, not assumed
     r = CliRunner().invoke(main, ["analyze", folded, "--batch", "2", "--json"])
