@@ -81,9 +81,9 @@ def test_precision_is_said_in_the_json(hf_onnx):
 
 
 GPT2_PEAK = ("GPT-2 at 0.951 (amp-bf16 and bf16, seq 128): PyTorch peaks in AddmmBackward0's mm, 132 kB "
-             "above fusecli's peak, a MulGrad step (at fp32 both peak in that Mul's backward, exact): the work "
-             "buffer oneDNN's bf16 mm takes on CPU, said in memory.peak.not_counted, its size the library's "
-             "(tests/report/test_peak.py measures it)")
+             "above fusecli's peak, a MulGrad step (at fp32 both peak in that Mul's backward, exact): the "
+             "work buffer oneDNN's bf16 mm takes on CPU, said in memory.peak.not_counted, its size the "
+             "library's (tests/report/test_peak_not_counted.py)")
 
 
 GPT2_XFAIL = pytest.mark.xfail(strict=True, reason=GPT2_PEAK)
