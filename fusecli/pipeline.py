@@ -12,7 +12,7 @@ from .fusion.match import Match
 from .grad.backward import build_backward
 from .grad.profiles import OPS, Profile, choose_profile
 from .grad.sdpa import unshare_calls
-from .grad.storage import held_to_boundary, storages, transients
+from .grad.storage import held_by_calls, held_to_boundary, storages, transients
 from .grad.torch_export import (
     folded_batch_norm_note,
     folded_batch_norms,
@@ -189,7 +189,8 @@ def analyze_graph(path: str, graph: Graph, options: Options) -> Analysis:
     progress.stage("liveness")
     liveness = analyze_liveness(joint, sizes, keeps_for_shape=profile.keeps_for_shape,
                                 storage=storages(joint, profile), transients=transients(joint, profile),
-                                held=held_to_boundary(joint, profile), outputs_held=profile.outputs_held)
+                                held=held_to_boundary(joint, profile),
+                                held_until=held_by_calls(joint, profile), outputs_held=profile.outputs_held)
     progress.stage("fusion")
     matches = find_fusions(graph, joint, liveness, sizes, options.patterns)
     misses = []

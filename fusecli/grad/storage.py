@@ -13,7 +13,9 @@ An export spells out what PyTorch runs as one kernel, and names every view it ta
   autograd accumulates a tensor's partial gradients into the first one's buffer (InputBuffer, in place);
 - some backward formulas hold more buffers of their output's size while they run (``transients``);
 - a value the model's forward hands to every block (the attention mask, the position embeddings) is a
-  local of the loop over its blocks: it lives until forward returns (``held_to_boundary``).
+  local of the loop over its blocks: it lives until forward returns (``held_to_boundary``);
+- a module's ``forward`` holds its arguments in its frame until it returns: an activation a module call
+  reads from outside it lives to the call's last step (``held_by_calls``).
 
 ``storages(joint, profile)`` maps each tensor with no storage of its own to the tensor whose storage holds
 it (a view's base), or to None (never allocated); a tensor not in the map is its own storage.
@@ -127,6 +129,44 @@ def held_to_boundary(joint: Graph, profile) -> list[Tensor]:
         if len(blocks) > 1:
             out.append(t)
     return out
+
+
+def held_by_calls(joint: Graph, profile) -> dict[Tensor, int]:
+    """Forward activation -> the last step of the outermost module call that reads it from outside (its
+    argument, alive in the call's frame until the call returns; module docstring), where that is later than
+    its last read; for a framework with these habits. A call is a run of consecutive forward steps under one
+    module path; a scope-less Constant inside a run does not end it."""
+    if not profile.views:
+        return {}
+    forward = [n for n in joint.nodes if n.phase == "forward"]
+    step_of = {id(n): i for i, n in enumerate(forward)}
+    open_calls: list[list] = []  # [prefix, first step, last step], outermost first
+    reads: list[tuple[Tensor, list]] = []  # (tensor, the outermost call reading it that began after it)
+    last_read: dict[Tensor, int] = {}
+    for i, n in enumerate(forward):
+        scope = node_scope(n)
+        if not scope and n.op_type == "Constant":
+            continue
+        depth = 0
+        while depth < len(open_calls) and depth < len(scope) and open_calls[depth][0] == scope[depth]:
+            open_calls[depth][2] = i
+            depth += 1
+        del open_calls[depth:]
+        open_calls += [[seg, i, i] for seg in scope[depth:]]
+        for t in n.inputs:
+            if t is None or t.kind != "activation" or t.producer is None or t.producer.phase != "forward":
+                continue
+            last_read[t] = i
+            born = step_of[id(t.producer)]
+            call = next((c for c in open_calls if c[1] > born), None)
+            if call is not None:
+                reads.append((t, call))
+    out: dict[Tensor, int] = {}
+    for t, call in reads:
+        if call[2] > last_read[t] and call[2] > out.get(t, -1):
+            out[t] = call[2]
+    schedule_step = {id(n): i for i, n in enumerate(joint.nodes)}
+    return {t: schedule_step[id(forward[end])] for t, end in out.items()}
 
 
 def _block(node: Node) -> tuple[str, ...] | None:

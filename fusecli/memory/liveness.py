@@ -103,7 +103,7 @@ def analyze_liveness(joint: Graph, sizes: Mapping[str, int] | None = None,
                      keeps_for_shape: Callable[[Tensor, Node], bool] | None = None,
                      storage: Mapping[Tensor, Tensor | None] | None = None,
                      transients: list[tuple[Tensor, int]] = (), held: list[Tensor] = (),
-                     outputs_held: bool = False) -> Liveness:
+                     held_until: Mapping[Tensor, int] | None = None, outputs_held: bool = False) -> Liveness:
     """Lifetimes and the saved set of ``joint`` at the dims' values ``sizes``, in one pass over its edges.
     A tensor of unknown size is left out of every total (and listed in ``unknown``).
 
@@ -112,8 +112,9 @@ def analyze_liveness(joint: Graph, sizes: Mapping[str, int] | None = None,
     read costs nothing. ``storage``: tensor -> the tensor whose storage holds it (None: never allocated);
     a tensor not in it is its own storage. ``transients``: (tensor, step), one more buffer of the
     tensor's size alive at that step only. ``held``: forward tensors alive until the end of forward
-    whatever reads them (a value the model's forward holds in a local). ``outputs_held``: the graph's
-    outputs live to the end of backward (the caller's variable holds them), not only to the loss.
+    whatever reads them (a value the model's forward holds in a local). ``held_until``: forward tensor ->
+    a forward step it is alive until at least (an argument a module call's frame holds). ``outputs_held``:
+    the graph's outputs live to the end of backward (the caller's variable holds them), not only to the loss.
     """
     schedule = joint.nodes
     boundary = next((i for i, n in enumerate(schedule) if n.phase == "backward"), len(schedule))
@@ -124,6 +125,9 @@ def analyze_liveness(joint: Graph, sizes: Mapping[str, int] | None = None,
     for t in held:
         if last.get(t, -2) < boundary - 1:
             last[t] = boundary - 1
+    for t, step in (held_until or {}).items():
+        if last.get(t, -2) < step:
+            last[t] = step
     readers, shape_readers = _backward_reads(schedule, boundary, last, keeps_for_shape)
     for t in joint.outputs:  # graph outputs live until the loss, parameter gradients until the end
         keep = min(boundary, end) if t.meta.get("grad_of") is None and not outputs_held else end

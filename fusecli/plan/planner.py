@@ -175,6 +175,20 @@ class StepModel:
             self.add_span(delta, iv, f.evaluate(self.sizes) or 0)
         return np.cumsum(delta)[1:self.steps + 1]
 
+    def held_after(self, chosen: list[Candidate], step: int) -> int:
+        """Bytes (resident state aside) still alive once ``step`` has run, with ``chosen`` applied: what
+        that step last reads is freed as it returns (the timeline counts it alive during the step)."""
+        over, stats = self.changes(chosen)
+        total = 0
+        for n, v in self.value.items():
+            for born, last in over.get(n, [self.live.lifetimes[n]]):
+                if born <= step < last:
+                    total += v
+        for (born, last), f in stats:
+            if born <= step < last:
+                total += f.evaluate(self.sizes) or 0
+        return total
+
     def peak_bytes(self, chosen: list[Candidate]) -> int:
         """The step peak at the plan's dims with ``chosen`` applied."""
         timeline = self.timeline(chosen)

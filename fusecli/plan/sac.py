@@ -252,10 +252,9 @@ def evaluate(analysis, preset: str | None, save: list[str] | None = None, dims=N
     policy = policy_of(preset, save)
     planned = sac_candidates(analysis, policy) if policy is not None else []
     chosen = [c for c, _ in planned]
-    line = model.timeline(chosen)
     output = sum(model.value.get(_base(live, t).name, 0) for t in analysis.joint.outputs
                  if t.meta.get("grad_of") is None)
-    held = int(line[live.boundary - 1]) - output if live.boundary else 0
+    held = int(model.held_after(chosen, live.boundary - 1)) - output if live.boundary else 0
     flops = sum(c.flops for c in chosen) if all(c.flops is not None for c in chosen) else None
     return SacStep(preset or "custom", held, model.saved(chosen).evaluate(values) or 0,
                    model.peak_bytes(chosen), flops, chosen, {c.name: calls for c, calls in planned})

@@ -33,14 +33,10 @@ KNOWN = {
     # megatron's MUST_SAVE keeps every op's output, also those autograd frees: fusecli reads 2-4% low
     # (BERT 18% low: its mask's and LayerNorm's outputs)
     ("megatron", "held"): (0.80, 1.0), ("megatron", "peak"): (0.86, 1.0),
-    # BERT under checkpointing: ~34 KiB per block held that PyTorch does not hold (the extended mask, kept
-    # as a block input); its peaks are right
-    ("bert", "full", "held"): (1.02, 1.35), ("bert", "torchtitan", "held"): (1.02, 1.10),
     # a bf16 model's checkpointed step peaks in sdpa's backward, beside the CPU flash kernel's work buffers,
     # which memory.peak.not_counted names (48 KiB per intra-op thread here, more in bf16): ~113 KiB low at
     # pytest's 2 threads, 0.96-0.97 at 1 (benchmarks/RESULTS-sac.md)
     ("llama", "bf16", "full", "peak"): (0.85, 0.98), ("llama", "bf16", "torchtitan", "peak"): (0.85, 0.98),
-    ("llama", "amp-bf16", "torchtitan", "peak"): (0.87, 0.98),
 }
 
 

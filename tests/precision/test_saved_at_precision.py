@@ -94,8 +94,7 @@ GPT2_XFAIL = pytest.mark.xfail(strict=True, reason=GPT2_PEAK)
 def test_peak_at_a_modelled_precision_matches_the_profiler(hf_onnx, name, precision):
     """The step's peak at seq 128, against torch.profiler's allocations (hf_models.peak_memory) of the
     same step under that precision, within TOLERANCE (Llama: 1.0004-1.0006); GPT-2 a strict xfail (GPT2_PEAK).
-    BERT, at 0.91 of PyTorch under both, is left out: its forward's LayerNorm peak under autocast is not
-    modelled yet (issue 53 item 6)."""
+    BERT, within 3% under autocast, has its own test (test_module_arguments_live_through_the_call)."""
     seq = 128
     model, args = hf_models.at_precision(hf_models.build(name, attn="default"),
                                          hf_models.example_inputs(name, BATCH, seq), precision)
@@ -107,6 +106,27 @@ def test_peak_at_a_modelled_precision_matches_the_profiler(hf_onnx, name, precis
     print(f"peak at {precision} {name}: fusecli {got} PyTorch {want} ratio {got / want:.4f}")  # with -s
     assert abs(got / want - 1) <= TOLERANCE, f"{name} --precision {precision} peak: fusecli {got:,} B, " \
                                         f"PyTorch {want:,} B"
+
+
+FRAME_PEAK = 0.03  # BERT amp-bf16 at seq 128: 0.975 on both exporters (0.904 before frames were modelled)
+
+
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+def test_module_arguments_live_through_the_call(hf_onnx, exporter):
+    """BERT under autocast peaks in forward, where the float32 LayerNorm outputs of the layers before are
+    still alive: each is an argument of the module calls it was passed to (the next layer, its attention),
+    held by their frames until they return (grad.storage.held_by_calls). Without that 0.904 of PyTorch's
+    peak; the rest of the gap is not found (the model cast to bf16 reads 0.94)."""
+    seq = 128
+    model, args = hf_models.build("bert", attn="default"), hf_models.example_inputs("bert", BATCH, seq)
+    with hf_models.autocast_of("amp-bf16"):
+        want = hf_models.peak_memory(model, args)["peak"]
+    a = analyze(hf_onnx("bert", exporter, attn="default"), Options(batch=BATCH, dims={"seq": seq},
+                                                                   precision="amp-bf16"))
+    got = a.liveness.peak_bytes
+    print(f"peak at amp-bf16 bert {exporter}: fusecli {got} PyTorch {want} ratio {got / want:.4f}")
+    assert a.liveness.peak_step < a.liveness.boundary  # a forward peak, as PyTorch's
+    assert abs(got / want - 1) <= FRAME_PEAK, f"fusecli {got:,} B, PyTorch {want:,} B"
 
 
 SOFTMAX_PEAK = 0.03  # measured 1.012-1.024 at seq 128 (see the test)
