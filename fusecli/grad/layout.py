@@ -11,10 +11,10 @@ rotary) -> contiguous (b, h, s, d) -> a copy, which o_proj's MmBackward0 saves b
 saves.
 
 The model is small on purpose: transpose permutes strides; reshape/flatten/squeeze/unsqueeze keep
-``computeStride``'s strides or copy; identity, same-dtype casts and split's outputs (narrow) keep
-strides; elementwise ops lay their output out as their first full-shape input (TensorIterator's operand
-order); an sdpa output
-carries ``meta["sdpa_layout"]``; every other op makes a contiguous tensor. Unknown sizes: contiguous.
+``computeStride``'s strides or copy; expand gives its broadcast dims stride 0; identity, same-dtype
+casts and split's outputs (narrow) keep strides; elementwise ops lay their output out as their first
+full-shape input (TensorIterator's operand order); an sdpa output carries ``meta["sdpa_layout"]``; every
+other op makes a contiguous tensor. Unknown sizes: contiguous.
 """
 
 from __future__ import annotations
@@ -139,6 +139,13 @@ class Layouts:
                 return tuple(xs[i] for i in perm) if len(perm) == len(shape) else contiguous(shape)
             view = compute_stride(xshape, xs, shape)
             return view if view is not None else contiguous(shape)
+        if p.kind == "expand":  # broadcast dims get stride 0, as Tensor.expand gives them
+            xs, xshape = self.strides(x, budget), self.shape(x)
+            if xs is None or xshape is None or len(xshape) > len(shape):
+                return contiguous(shape)
+            lead = len(shape) - len(xshape)
+            return tuple(0 if i < lead or (xshape[i - lead] == 1 and d != 1) else xs[i - lead]
+                         for i, d in enumerate(shape))
         if p.kind in ELEMENTWISE:
             for i in p.inputs:
                 if i is not None and i.kind not in ("constant",) and self.shape(i) == shape:

@@ -52,8 +52,8 @@ def peak_not_counted(a: Analysis) -> list[str]:
         out.append("the scratchpad oneDNN takes in a convolution's backward on CPU (its size is the "
                    "library's choice: a tiny ConvNeXt's depthwise convolutions took 1.6 MiB beside 0.3 MiB "
                    "of everything else)")
-    if cpu_bf16_matmuls(a):
-        out.append(BF16_MATMUL_WORK)
+    if cpu_low_precision_matmuls(a):
+        out.append(LOW_PRECISION_MATMUL_WORK)
     per_thread = cpu_flash_work_bytes(a)
     if per_thread:
         out.append("the CPU flash attention kernel's work buffers in its backward, "
@@ -65,19 +65,22 @@ def peak_not_counted(a: Analysis) -> list[str]:
     return out
 
 
-# measured with torch.profiler on torch 2.13's CPU bf16 mm, per call (one alive at a time): fp16 takes none
-BF16_MATMUL_WORK = ("the work buffer oneDNN's bfloat16 matmul takes inside each mm on CPU (its size is the "
-                    "library's choice, per intra-op thread: 97 KiB for (256 x 256) @ (256 x 64), 1.7 MiB "
-                    "for 4096^3, more where the first operand is transposed, as in a weight's gradient; "
-                    "GPT-2 at hidden 64 peaks 4-8% above fusecli's figure in one)")
+# measured with torch.profiler on torch 2.13's CPU mm, per call (one alive at a time), on two CPUs: bf16 takes
+# one on both, fp16 only on the one with AVX512-FP16, fp32 none
+LOW_PRECISION_MATMUL_WORK = (
+    "the work buffer oneDNN takes inside each bfloat16 mm on CPU, and each float16 one on CPUs with "
+    "AVX512-FP16 (its size is the library's choice, by CPU, operand layout and intra-op threads: 37-201 KiB "
+    "for a bf16 (256 x 256) @ (256 x 64), 385-449 KiB in fp16, 1.7-24 MiB for a bf16 4096^3, as measured "
+    "on two CPUs; GPT-2 at hidden 64 peaks 4-8% above fusecli's figure in one)")
 
 
-def cpu_bf16_matmuls(a: Analysis) -> int:
-    """How many matmuls of the step compute in bfloat16 on CPU (each takes oneDNN's work buffer)."""
+def cpu_low_precision_matmuls(a: Analysis) -> int:
+    """How many matmuls of the step compute in bfloat16 or float16 on CPU (each may take oneDNN's work
+    buffer: LOW_PRECISION_MATMUL_WORK)."""
     if a.profile is None or a.profile.device != "cpu":
         return 0
     return sum(1 for n in a.joint.nodes if n.kind in ("matmul", "gemm") and n.outputs
-               and n.outputs[0] is not None and n.outputs[0].dtype == "bfloat16")
+               and n.outputs[0] is not None and n.outputs[0].dtype in ("bfloat16", "float16"))
 
 
 def cpu_flash_work_bytes(a: Analysis) -> int:
