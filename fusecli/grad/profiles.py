@@ -68,14 +68,11 @@ class Profile:
                 and t.producer.inputs[0].dtype == t.dtype \
                 and (t.producer.outputs[0] is t or t.producer.kind in _EVERY_OUTPUT_VIEWS):
             x = t.producer.inputs[0]
-            if x.producer is not None and x.producer.kind == "expand" and t.producer.kind != "expand" \
-                    and (layouts is None or t.producer.kind not in ("reshape", "flatten")
-                         or layouts.reshape_copies(t)):
-                break  # reshaping a broadcast view copies (repeat_kv's K and V): its own storage, except
-                # where computeStride finds strides (one K/V head: its size-1 dim merges with a stride 0)
-            if layouts is not None and t.producer.kind in ("reshape", "flatten") \
-                    and layouts.reshape_copies(t):
-                break  # reshaping a non-contiguous view copies (transpose(1, 2).contiguous()): own storage
+            if layouts is not None and t.producer.kind in ("reshape", "flatten"):
+                if layouts.reshape_copies(t):  # no strides for it (computeStride): a copy, its own storage
+                    break  # (transpose(1, 2).contiguous(); repeat_kv's expand over several K/V heads)
+            elif x.producer is not None and x.producer.kind == "expand" and t.producer.kind != "expand":
+                break  # without layouts: reshaping a broadcast view is taken as a copy (repeat_kv's K, V)
             t = x
         return t
 

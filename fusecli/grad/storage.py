@@ -138,12 +138,13 @@ def held_by_calls(joint: Graph, profile) -> dict[Tensor, int]:
     module path; a scope-less Constant inside a run does not end it."""
     if not profile.views:
         return {}
-    forward = [n for n in joint.nodes if n.phase == "forward"]
-    step_of = {id(n): i for i, n in enumerate(forward)}
+    step_of = {id(n): i for i, n in enumerate(joint.nodes)}
     open_calls: list[list] = []  # [prefix, first step, last step], outermost first
     reads: list[tuple[Tensor, list]] = []  # (tensor, the outermost call reading it that began after it)
     last_read: dict[Tensor, int] = {}
-    for i, n in enumerate(forward):
+    for i, n in enumerate(joint.nodes):
+        if n.phase != "forward":
+            continue
         scope = node_scope(n)
         if not scope and n.op_type == "Constant":
             continue
@@ -165,8 +166,7 @@ def held_by_calls(joint: Graph, profile) -> dict[Tensor, int]:
     for t, call in reads:
         if call[2] > last_read[t] and call[2] > out.get(t, -1):
             out[t] = call[2]
-    schedule_step = {id(n): i for i, n in enumerate(joint.nodes)}
-    return {t: schedule_step[id(forward[end])] for t, end in out.items()}
+    return out
 
 
 def _block(node: Node) -> tuple[str, ...] | None:
