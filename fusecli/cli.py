@@ -406,12 +406,21 @@ def analyze(model: str, as_json: bool, batch: int | None, dims: tuple[str, ...],
     result = run_analysis(model, options)
     policy = base = None
     if sac is not None:
-        from .plan.sac import evaluate, order_warning, require_pytorch
+        from .plan.sac import (
+            evaluate,
+            order_warning,
+            pareto_front,
+            preset_points,
+            require_pytorch,
+            topk_warning,
+        )
 
         require_pytorch(result)
         policy, base = evaluate(result, *sac), evaluate(result, "none")
-        if (w := order_warning(result)) is not None:
-            result.warnings.append(w)
+        points = preset_points(result, policy)
+        for w in (order_warning(result), topk_warning(policy.calls.items())):
+            if w is not None:
+                result.warnings.append(w)
     ranks = None
     if layout is not None:
         from .parallel.ranks import rank_memory
@@ -423,12 +432,17 @@ def analyze(model: str, as_json: bool, batch: int | None, dims: tuple[str, ...],
             _warn(w)
     if plot_path:
         from .core import progress
-        from .report.plot import plot_timeline
+        from .report.plot import plot_sac_presets, plot_timeline
 
-        title = f"{os.path.basename(os.path.normpath(model))}: live memory at {_dims_text(result)}"
+        name = os.path.basename(os.path.normpath(model))
         with progress.stages() as stage:
             stage("plotting")
-            note = plot_timeline(result.liveness, plot_path, title)
+            if policy is not None:  # every policy's peak against its re-run FLOPs, this one circled
+                title = f"{name}: selective checkpointing at {_dims_text(result)}"
+                note = plot_sac_presets(points, pareto_front(points), policy.preset, plot_path, title)
+            else:
+                title = f"{name}: live memory at {_dims_text(result)}"
+                note = plot_timeline(result.liveness, plot_path, title)
         _echo(f"wrote {plot_path} ({note})", err=True)
     _write_viewer_outputs(result, model, overlay_path, annotate_path)
     if as_json:
@@ -436,7 +450,7 @@ def analyze(model: str, as_json: bool, batch: int | None, dims: tuple[str, ...],
         if policy is not None:
             from .plan.sac_report import sac_json
 
-            doc["memory"]["sac"] = sac_json(policy, base)
+            doc["memory"]["sac"] = sac_json(policy, base, points, pareto_front(points))
             doc["memory"]["saved_activation_bytes"] = policy.saved_activation_bytes
             doc["memory"]["peak_bytes"] = policy.peak_bytes
         if ranks is not None:
@@ -454,7 +468,7 @@ def analyze(model: str, as_json: bool, batch: int | None, dims: tuple[str, ...],
     if policy is not None:
         from .plan.sac_report import sac_lines
 
-        _echo("\n".join(["", *sac_lines(policy, base)]))
+        _echo("\n".join(["", *sac_lines(policy, base, points, pareto_front(points))]))
     if ranks is not None:
         from .parallel.report import ranks_lines
 
@@ -703,11 +717,13 @@ def _parse_budget(ctx, param, value: str) -> int:
               help="Draw the step peak against the FLOPs recomputation adds (.png, .svg or .pdf).")
 @click.option("--emit-pytorch", "emit_path", default=None, metavar="FILE.py",
               help="Write a helper module whose apply(model) checkpoints the planned submodules.")
+@_routing_option
 @_layout_options
 @_sac_options
 def plan_command(model: str, budget: int, batch: int | None, dims: tuple[str, ...], signature: str | None,
                  optimizer: str, device: str, precision: str | None, solve: str, recompute: str,
-                 as_json: bool, plot_path: str | None, emit_path: str | None, layout, sac) -> None:
+                 as_json: bool, plot_path: str | None, emit_path: str | None, routing: str | None, layout,
+                 sac) -> None:
     """Fit MODEL's training step into --budget: its memory as formulas, the largest batch that fits,
     and what to recompute (checkpoint) when it does not. Exit 1 when it cannot fit."""
     from .core import progress
@@ -737,7 +753,7 @@ def plan_command(model: str, budget: int, batch: int | None, dims: tuple[str, ..
         raise UsageError("--emit-pytorch writes one device's plan and its predictions; with a layout, "
                          "checkpoint the modules the per-rank plan lists")
     options = Options(batch=batch, dims=_parse_dims(dims), signature=signature, device=device,
-                      precision=precision)
+                      precision=precision, routing=routing)
     with progress.stages() as stage:
         result = run_analysis(model, options)
         stage("planning")
@@ -748,9 +764,16 @@ def plan_command(model: str, budget: int, batch: int | None, dims: tuple[str, ..
             require_pytorch(result)
             if (w := order_warning(result)) is not None:
                 result.warnings.append(w)
+        forced = []  # torchtitan's router mm shapes, for --emit-pytorch
         if sac is not None:
+            from .plan.sac import forced_mm_shapes, topk_warning
+
             policy = policy_of(*sac)
-            blocks = [c for c, _ in sac_candidates(result, policy)] if policy is not None else []
+            planned = sac_candidates(result, policy) if policy is not None else []
+            blocks = [c for c, _ in planned]
+            forced = forced_mm_shapes(sac[0], planned)
+            if (w := topk_warning(planned)) is not None:
+                result.warnings.append(w)
         options = PlanOptions(budget, optimizer, precision, solve, recompute,
                               floor_check=layout is None)
         if recompute == "ops":
@@ -760,6 +783,7 @@ def plan_command(model: str, budget: int, batch: int | None, dims: tuple[str, ..
         else:
             plan = make_plan(result, options, blocks)
             plan.sac = sac
+            plan.sac_forced_mm_shapes = forced
         ranks = None
         if layout is not None:
             from .parallel.plan import plan_ranks

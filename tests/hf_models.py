@@ -285,7 +285,8 @@ def export(name: str, path: str, exporter: str = "torchscript", dynamic: bool = 
     model, args = at_precision(model, example_inputs(name, batch, seq), precision)
     second = "samples" if name in SPEECH else "seq"
     axes = {0: "batch", 1: second} if s.seq_axis else {0: "batch"}
-    with warnings.catch_warnings(), autocast_of(precision), _repeated_kv(exporter):
+    with warnings.catch_warnings(), autocast_of(precision), _repeated_kv(exporter), \
+            _no_packed_sequences(exporter, cache):
         warnings.simplefilter("ignore")
         if exporter == "torchscript":
             torch.onnx.export(model, args, path, dynamo=False, opset_version=opset,
@@ -320,6 +321,21 @@ def _repeated_kv(exporter: str):
     from transformers.integrations import sdpa_attention
 
     return mock.patch.object(sdpa_attention, "use_gqa_in_sdpa", lambda *args, **kwargs: False)
+
+
+def _no_packed_sequences(exporter: str, cache: bool):
+    """Without a cache or a mask, transformers probes position_ids for packed sequences (torch.diff, which
+    TorchScript cannot export; under tracing it keeps the probe's tensor and masks by it). Eager finds no
+    packing in these inputs and returns None: the trace is told the same."""
+    import contextlib
+
+    if exporter != "torchscript" or cache:
+        return contextlib.nullcontext()
+    from unittest import mock
+
+    from transformers import masking_utils
+
+    return mock.patch.object(masking_utils, "find_packed_sequence_indices", lambda position_ids: None)
 
 
 def at_precision(model, args, precision: str):

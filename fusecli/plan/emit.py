@@ -102,6 +102,9 @@ SAC_POLICY = '''
 SAVE_OPS = frozenset({{{save}}})
 # torchtitan's: of each block forward's aten.mm / aten.linear calls, the 2nd, 4th, ... recomputed
 EVERY_SECOND_MM_RECOMPUTED = {every_second}
+# torchtitan's forced recompute: an mm whose second operand has an MoE router weight's shape (in, out) is
+# recomputed and not counted (its per_op_sac_force_recompute_mm_shapes_by_fqns)
+FORCE_RECOMPUTE_MM_SHAPES = {forced}
 
 
 def policy():
@@ -110,6 +113,10 @@ def policy():
 
     def policy_fn(ctx, func, *args, **kwargs):
         name = str(func.overloadpacket)
+        if name in ("aten.mm", "aten.linear") and len(args) > 1:
+            shape = tuple(args[1].shape)
+            if (shape[::-1] if name == "aten.linear" else shape) in FORCE_RECOMPUTE_MM_SHAPES:
+                return CheckpointPolicy.PREFER_RECOMPUTE
         if EVERY_SECOND_MM_RECOMPUTED and name in ("aten.mm", "aten.linear"):
             mm[0] += 1
             if mm[0] % 2 == 0:
@@ -160,8 +167,9 @@ def write_pytorch_helper(path: str, plan, model: str) -> str:
         else:
             save, every_second = emitted_policy(*sac)
             listed = "".join(f"\n    {ascii(op)}," for op in sorted(save)) + "\n" * bool(save)
+            forced = {tuple(int(d) for d in shape) for shape in plan.sac_forced_mm_shapes}
             text += SAC_POLICY.format(policy=source_comment(sac[0] or "custom"), save=listed,
-                                      every_second=every_second)
+                                      every_second=every_second, forced=_set_literal(forced))
     with atomic_write(path) as f:
         f.write(text.encode("ascii"))
     n = len(plan.checkpoints)

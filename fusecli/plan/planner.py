@@ -94,6 +94,7 @@ class Plan:
     precision: dict = field(default_factory=dict)  # precision.precision_entry of the analysis
     # plan --sac: (preset, ops to save), the policy the checkpointed blocks run under (plan.sac)
     sac: tuple[str | None, list[str] | None] | None = None
+    sac_forced_mm_shapes: list[tuple] = field(default_factory=list)  # torchtitan's router mm shapes
     # plan --recompute ops: every choosable call of the checkpointed blocks, saved or re-run, and why
     # (plan.sac_choose.Decision); the policy is ("chosen", None)
     decisions: list = field(default_factory=list)
@@ -175,16 +176,19 @@ class StepModel:
             self.add_span(delta, iv, f.evaluate(self.sizes) or 0)
         return np.cumsum(delta)[1:self.steps + 1]
 
-    def held_after(self, chosen: list[Candidate], step: int) -> int:
+    def held_after(self, chosen: list[Candidate], step: int, names: set[str] | None = None) -> int:
         """Bytes (resident state aside) still alive once ``step`` has run, with ``chosen`` applied: what
-        that step last reads is freed as it returns (the timeline counts it alive during the step)."""
+        that step last reads is freed as it returns (the timeline counts it alive during the step);
+        ``names``: of those tensors only."""
         over, stats = self.changes(chosen)
         total = 0
         for n, v in self.value.items():
+            if names is not None and n not in names:
+                continue
             for born, last in over.get(n, [self.live.lifetimes[n]]):
                 if born <= step < last:
                     total += v
-        for (born, last), f in stats:
+        for (born, last), f in stats if names is None else ():
             if born <= step < last:
                 total += f.evaluate(self.sizes) or 0
         return total

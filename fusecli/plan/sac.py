@@ -13,7 +13,13 @@ bias is ``aten.mm`` (on a flattened view), with bias ``aten.addmm`` (GPT-2's Con
 activations ``aten.bmm``, a scaled-dot-product-attention region the kernel the profile chose for the device
 (the CPU flash kernel ``aten._scaled_dot_product_flash_attention_for_cpu``; on CUDA flash or
 memory-efficient), a softmax ``aten._softmax``; any other node that makes a storage of its own is
-``aten.<its kind>`` (no policy names those but one that saves every op); views make none.
+``aten.<its kind>`` (``ATEN_NAMES`` where aten names it otherwise: a Conv is ``aten.convolution``); views
+make none. A matmul by one expert's slice of a stacked weight (``w[i]``: a view) is an ``aten.mm`` too.
+
+An MoE router is a weight matmul whose scores reach a TopK (through softmax, sigmoid, casts, a bias):
+torchtitan recomputes every mm whose second operand has a router weight's shape (its
+``per_op_sac_force_recompute_mm_shapes_by_fqns``, ``moe.router.gate`` by default) and leaves it out of
+its every-second-mm count.
 """
 
 from __future__ import annotations
@@ -34,6 +40,13 @@ SDPA_OPS = {("flash", "cpu"): "aten._scaled_dot_product_flash_attention_for_cpu"
             ("efficient", "cuda"): "aten._scaled_dot_product_efficient_attention"}
 SDPA = frozenset({*SDPA_OPS.values(), "aten._scaled_dot_product_cudnn_attention"})
 MATMULS = frozenset({"aten.mm", "aten.addmm", "aten.bmm"})
+# the aten op of a kind whose name is not aten's (a Conv dispatches aten.convolution, TopK aten.topk)
+ATEN_NAMES = {"conv": "aten.convolution", "conv_transpose": "aten.convolution", "top_k": "aten.topk"}
+# what a router's scores pass through on their way to the TopK that picks the experts (Mixtral and
+# Qwen-MoE: softmax; DeepSeek-V3: sigmoid, then a bias added), followed at most ROUTE_STEPS ops
+ROUTE_OPS = frozenset({"softmax", "sigmoid", "cast", "add", "mul", "div", "reshape", "flatten", "squeeze",
+                       "unsqueeze", "identity", "log_softmax"})
+ROUTE_STEPS = 6
 # torchtitan's default op-level policy (torchtitan/distributed/activation_checkpoint.py at c5d93d1,
 # _get_default_save_ops): torch's compute-intensive ops (mm, addmm, bmm, convolution, the CUDA sdpa
 # kernels; not the CPU one), the other sdpa variants, max, topk, linear and the collectives; every second
@@ -56,6 +69,8 @@ class Call:
     count: int
     node: Node
     outputs: tuple[Tensor, ...]
+    rhs: tuple | None = None  # a weight matmul's second operand's shape, as the mm gets it ((in, out))
+    router: bool = False  # an MoE router's matmul (module docstring)
 
     @property
     def label(self) -> str:
@@ -83,10 +98,25 @@ def _megatron(calls: list[Call]) -> list[bool]:
     return out
 
 
-def _torchtitan(call: Call) -> bool:
-    # `to_save = func in _save_list and not (func == mm and meta[mm_count] % 2 == 0)`, the count taken
-    # before the test, apart in forward and recompute: the 1st, 3rd, ... mm saved, the 2nd, 4th recomputed
-    return call.op in TORCHTITAN_SAVE and not (call.op == "aten.mm" and call.count % 2 == 0)
+def _torchtitan(calls: list[Call]) -> list[bool]:
+    """torchtitan's policy over a block's calls: an mm whose second operand has a router weight's shape
+    recomputed and not counted; of the other mm calls the 1st, 3rd, ... saved, the 2nd, 4th recomputed
+    (`to_save = func in _save_list and not (func == mm and meta[mm_count] % 2 == 0)`, the count taken
+    before the test, apart in forward and recompute); every other op of its save list saved."""
+    forced = {c.rhs for c in calls if c.router and c.rhs is not None}
+    out, mm = [], 0
+    for call in calls:
+        if call.op == "aten.mm" and call.rhs in forced:
+            out.append(False)
+            continue
+        mm += call.op == "aten.mm"
+        out.append(call.op in TORCHTITAN_SAVE and not (call.op == "aten.mm" and mm % 2 == 0))
+    return out
+
+
+def router_shapes(calls: list[Call]) -> list[tuple]:
+    """The shapes (in, out) of the block's MoE router weights, as torchtitan's forced-recompute set."""
+    return sorted({c.rhs for c in calls if c.router and c.rhs is not None})
 
 
 def _traced(nodes: list[Node]) -> list[Node]:
@@ -103,7 +133,8 @@ PRESETS: dict[str, Policy | None] = {
     "torchtitan": _torchtitan,
     "megatron": _megatron,  # decides over the block's calls together
 }
-WHOLE_BLOCK = frozenset({_megatron})  # policies that read a block's calls in order, not one at a time
+# policies that read a block's calls in order, not one at a time
+WHOLE_BLOCK = frozenset({_megatron, _torchtitan})
 
 
 def op_names(save: list[str]) -> frozenset[str]:
@@ -136,6 +167,7 @@ def aten_ops(nodes: list[Node], kernels: dict[str, dict], weighted: set[str], st
     dispatches no bmm or softmax."""
     counts: dict[str, int] = {}
     out, absorbed = [], set()  # absorbed: the bias adds of the addmm calls (one aten op, not two)
+    rhs, router = None, False
     for n in _traced(nodes):
         if n.name in absorbed:
             continue
@@ -151,19 +183,67 @@ def aten_ops(nodes: list[Node], kernels: dict[str, dict], weighted: set[str], st
                 bias = n.kind == "gemm" and len(n.inputs) > 2 and n.inputs[2] is not None
                 add = linear_bias_add(n.outputs[0]) if n.outputs and n.outputs[0] is not None else None
                 op = "aten.addmm" if bias or add is not None else "aten.mm"
+                rhs, router = _rhs_shape(n, acts[0]), _routes_to_topk(n.outputs[0])
                 if add is not None:
                     outputs = tuple(o for o in add.outputs if o is not None)
                     absorbed.add(add.name)
         elif n.kind == "softmax" and not inside:
             op = "aten._softmax"
         elif not inside and any(o not in storage for o in outputs):
-            op = f"aten.{n.kind}"  # an op of its own storage (views and a fused kernel's interior: none)
+            op = ATEN_NAMES.get(n.kind, f"aten.{n.kind}")  # an op of its own storage (views and a fused
+            # kernel's interior: none)
         if op is None:
             continue
         counts[op] = counts.get(op, 0) + 1
         bases = tuple(storage.get(o, o) if o in storage else o for o in outputs)
-        out.append(Call(op, counts[op], n, tuple(b for b in bases if b is not None)))
+        out.append(Call(op, counts[op], n, tuple(b for b in bases if b is not None), rhs, router))
+        rhs, router = None, False
     return out
+
+
+def _rhs_shape(n: Node, act: Tensor) -> tuple | None:
+    """The weight operand's shape as the mm gets it, (in, out) (Gemm's transB transposes it); None where
+    the activation is not the first operand or a dim is not a number."""
+    if len(n.inputs) < 2 or n.inputs[0] is not act or n.inputs[1] is None or n.inputs[1].shape is None:
+        return None
+    shape = tuple(n.inputs[1].shape)
+    if n.kind == "gemm" and n.attrs.get("transB"):
+        shape = shape[::-1]
+    return shape if len(shape) == 2 and all(isinstance(d, int) for d in shape) else None
+
+
+def _routes_to_topk(t: Tensor | None) -> bool:
+    """Whether ``t`` reaches a TopK's scores through ROUTE_OPS, in at most ROUTE_STEPS ops (a router)."""
+    frontier = [t] if t is not None else []
+    for _ in range(ROUTE_STEPS):
+        nxt = []
+        for x in frontier:
+            for c in x.consumers:
+                if c.kind == "top_k" and c.inputs and c.inputs[0] is x:
+                    return True
+                if c.kind in ROUTE_OPS:
+                    nxt += [o for o in c.outputs if o is not None]
+        frontier = nxt
+    return False
+
+
+def forced_mm_shapes(preset: str | None, planned) -> list[tuple]:
+    """The mm shapes torchtitan's policy always recomputes (its MoE routers' weights), over every block's
+    calls in ``planned`` ((block, [(call, saved), ...]) pairs); none for any other policy."""
+    if preset != "torchtitan":
+        return []
+    return sorted({s for _, calls in planned for s in router_shapes([c for c, _ in calls])})
+
+
+def topk_warning(planned) -> str | None:
+    """Said when the policy caches a topk's outputs (an MoE router's choice): PyTorch refuses a cached
+    output that the model then changes in place, as transformers' routers do to topk's values."""
+    if not any(saved and call.op == "aten.topk" for _, calls in planned for call, saved in calls):
+        return None
+    return ("the policy caches aten.topk's outputs (an MoE router's choice): where the model then changes "
+            "them in place (transformers' routers: router_top_value /= ...), torch.utils.checkpoint raises "
+            "'Tensor cached during selective activation checkpoint has been mutated', and with "
+            "allow_cache_entry_mutation=True the re-run normalizes them again: gradients change")
 
 
 def order_warning(analysis) -> str | None:
@@ -192,7 +272,7 @@ def block_calls(analysis) -> list[tuple[Candidate, list[Call]]]:
     kernels = joint.meta.get("attention_kernels", {})
     interiors = set(joint.meta.get("kernel_interiors", ()))
     device = analysis.profile.device if analysis.profile is not None else "cpu"
-    weighted = set(made_of_weights(graph))
+    weighted = set(made_of_weights(graph, selects=True))
     scopes = block_scopes(graph)
     return [(c, aten_ops(scopes.get(c.scope, []), kernels, weighted, live.storage, device, interiors))
             for c in block_candidates(graph, joint, live, sizes, rng_state_bytes(analysis))]
@@ -229,8 +309,9 @@ def sac_candidates(analysis, policy: Policy) -> list[tuple[Candidate, list[tuple
 
 @dataclass
 class SacStep:
-    """The step under a policy: what it holds when forward returns (beyond the model's output), its
-    saved activations, its peak (resident state included) and the FLOPs backward's re-runs add."""
+    """The step under a policy: what it holds when forward returns (beyond the model's output and
+    inputs), its saved activations, its peak (resident state included) and the FLOPs backward's re-runs
+    add."""
 
     preset: str
     held_at_forward_end: int
@@ -254,7 +335,11 @@ def evaluate(analysis, preset: str | None, save: list[str] | None = None, dims=N
     chosen = [c for c, _ in planned]
     output = sum(model.value.get(_base(live, t).name, 0) for t in analysis.joint.outputs
                  if t.meta.get("grad_of") is None)
-    held = int(model.held_after(chosen, live.boundary - 1)) - output if live.boundary else 0
+    # the model's inputs are the caller's (resident, as the parameters), also where backward reads them
+    inputs = {t.name for t in analysis.joint.tensors.values() if t.kind == "input"}
+    end = live.boundary - 1
+    held = int(model.held_after(chosen, end)) - output - int(model.held_after(chosen, end, inputs)) \
+        if live.boundary else 0
     flops = sum(c.flops for c in chosen) if all(c.flops is not None for c in chosen) else None
     return SacStep(preset or "custom", held, model.saved(chosen).evaluate(values) or 0,
                    model.peak_bytes(chosen), flops, chosen, {c.name: calls for c, calls in planned})
@@ -263,3 +348,18 @@ def evaluate(analysis, preset: str | None, save: list[str] | None = None, dims=N
 def _base(live, t: Tensor) -> Tensor:
     base = live.storage.get(t, t) if t in live.storage else t
     return base if base is not None else t
+
+
+def preset_points(analysis, current: SacStep | None = None) -> list[tuple[str, int, int | None]]:
+    """Every preset's step as (name, peak bytes, re-run FLOPs), ``current`` (a custom list's) added."""
+    steps = [evaluate(analysis, name) for name in PRESETS]
+    if current is not None and current.preset not in PRESETS:
+        steps.append(current)
+    return [(s.preset, s.peak_bytes, s.recompute_flops) for s in steps]
+
+
+def pareto_front(points: list[tuple[str, int, int | None]]) -> set[str]:
+    """The policies no other beats on both the peak and the re-run FLOPs (unknown FLOPs: on none)."""
+    known = [(n, p, f) for n, p, f in points if f is not None]
+    return {n for n, p, f in known
+            if not any(p2 <= p and f2 <= f and (p2, f2) != (p, f) for _, p2, f2 in known)}

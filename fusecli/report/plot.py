@@ -1,4 +1,5 @@
-"""``--plot``: live bytes along the schedule, the forward/backward boundary marked (matplotlib).
+"""``--plot``: live bytes along the schedule, the forward/backward boundary marked (matplotlib); the plan's
+peak against its recompute, and selective-checkpointing policies' peaks against their re-run FLOPs.
 
 A timeline that leaves out tensors of unknown size says so: the title names how many, in red, and the
 peak is labelled as a lower bound (``peak >= ...``), never drawn as if it were the whole.
@@ -97,3 +98,38 @@ def plot_plan_curve(points: list[tuple[int, int]], budget: int, chosen: int, pat
         fig.savefig(f, format=fmt, dpi=120)
     plt.close(fig)
     return f"step peak over {len(points)} plan points, {chosen} chosen"
+
+
+def plot_sac_presets(points: list[tuple[str, int, int | None]], front: set[str], current: str, path: str,
+                     title: str) -> str:
+    """``analyze --sac --plot``: each selective-checkpointing policy's step peak against the FLOPs its
+    re-runs add, the Pareto front joined, the policy asked for circled; a short note of what was drawn."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    drawn = [(n, p, f) for n, p, f in points if f is not None]
+    unit, size = axis_unit(max((p for _, p, _ in drawn), default=0))
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, peak, flops in drawn:
+        on = name in front
+        ax.plot([flops / 1e9], [peak / size], "o", color="#1f77b4" if on else "#999", ms=5)
+        ax.annotate(name, (flops / 1e9, peak / size), textcoords="offset points", xytext=(5, 4), fontsize=8)
+        if name == current:
+            ax.plot([flops / 1e9], [peak / size], "o", color="#d62728", ms=11, mfc="none")
+    line = sorted((f / 1e9, p / size) for n, p, f in drawn if n in front)
+    if len(line) > 1:
+        ax.step([x for x, _ in line], [y for _, y in line], where="post", color="#1f77b4", lw=1, alpha=0.6)
+    ax.set_xlabel("FLOPs backward re-runs (GFLOP)")
+    ax.set_ylabel(f"step peak ({unit})")
+    ax.set_ylim(0, max((p / size for _, p, _ in drawn), default=1) * 1.15)
+    left_out = len(points) - len(drawn)
+    ax.set_title(title if not left_out else f"{title}\n{left_out} with unknown FLOPs not drawn")
+    fig.tight_layout()
+    fmt = path.rsplit(".", 1)[-1].lower()
+    with atomic_write(path) as f:
+        fig.savefig(f, format=fmt, dpi=120)
+    plt.close(fig)
+    return (f"{len(drawn)} policies' step peak against re-run FLOPs, {len(front)} on the Pareto front"
+            + (f"; {left_out} with unknown FLOPs not drawn" if left_out else ""))

@@ -208,3 +208,16 @@ def test_device_picks_autocasts_lists_as_analyze_does(tmp_path):
         assert r.exit_code == 0, r.output
         assert json.loads(r.stdout)["memory"]["saved_activation_bytes"] == saved[device]
     assert saved["cuda"] > saved["cpu"]  # the float32 softmax output on CUDA, bf16 on CPU
+
+
+def test_plan_takes_routing_as_analyze_does(hf_onnx):
+    """--routing balanced sizes the tokens each expert gets in plan too: Mixtral's saved activations are
+    analyze's under the same assumption (without it the routed tensors have no size to count)."""
+    path = hf_onnx("mixtral", "torchscript", attn="default", cache=False)
+    dims = ["--batch", "2", "--dim", "seq=128"]
+    r = CliRunner().invoke(main, ["plan", path, *dims, "--budget", "1GiB", "--routing", "balanced", "--json"])
+    assert r.exit_code == 0, r.output
+    saved = json.loads(r.stdout)["memory"]["saved_activations"]
+    a = CliRunner().invoke(main, ["analyze", path, *dims, "--routing", "balanced", "--json"])
+    assert saved["bytes"] == json.loads(a.stdout)["memory"]["saved_activation_bytes"] > 0
+    assert "routed" in saved["formula"] and "unk__" not in saved["formula"]

@@ -165,3 +165,33 @@ def test_a_reordered_file_says_its_call_numbers_may_not_be_pytorchs(model, tmp_p
         r = CliRunner().invoke(main, ["analyze", m, *SIZES, "--json", "--sac", "torchtitan"])
         assert r.exit_code == 0, r.output
         assert ("not in the order its exporter traced" in r.stderr) == warned
+
+
+def test_analyze_lists_every_preset_and_plots_their_front(model, tmp_path):
+    """memory.sac.presets: each preset's peak and re-run FLOPs, as analyze --sac of that preset reports
+    them, the Pareto front marked; --plot draws them (a PNG) and says how many are on the front."""
+    pytest.importorskip("matplotlib")
+    sac = analyze_json(model, "--sac", "matmul")["memory"]["sac"]
+    points = {p["policy"]: p for p in sac["presets"]}
+    assert set(points) == {"none", "full", "attention", "matmul", "torchtitan", "megatron"}
+    for name in ("none", "full", "torchtitan"):
+        alone = analyze_json(model, "--sac", name)["memory"]["sac"]
+        assert (points[name]["peak_bytes"], points[name]["recompute_flops"]) == \
+            (alone["peak_bytes"], alone["recompute_flops"])
+    front = {n for n, p in points.items() if p["pareto"]}
+    assert "none" in front  # nothing re-run: nothing re-runs fewer FLOPs
+    for n in front:  # no point beats a front point on both axes
+        assert not any(q["peak_bytes"] <= points[n]["peak_bytes"] and
+                       q["recompute_flops"] <= points[n]["recompute_flops"] and m != n and
+                       (q["peak_bytes"], q["recompute_flops"]) != (points[n]["peak_bytes"],
+                                                                   points[n]["recompute_flops"])
+                       for m, q in points.items())
+    custom = analyze_json(model, "--sac-save", "aten.relu")["memory"]["sac"]["presets"]
+    assert [p["policy"] for p in custom][-1] == "custom"
+    out = tmp_path / "sac.png"
+    r = run("analyze", model, *SIZES, "--sac", "matmul", "--plot", str(out))
+    assert r.exit_code == 0, r.output
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"{len(front)} on the Pareto front" in r.output
+    assert "least peak for the re-run FLOPs (Pareto): none" in run("analyze", model, *SIZES, "--sac",
+                                                                   "matmul").output

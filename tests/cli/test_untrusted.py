@@ -97,7 +97,8 @@ def test_helpers_from_hostile_strings_import_with_no_side_effect(tmp_path):
         plan = SimpleNamespace(checkpoints=[text, f"layers.0.{text}"], dims={text: 3, "seq": 8}, saved=size,
                                peak=size, planned_saved=None, planned_peak=None,
                                options=SimpleNamespace(budget=1 << 20),
-                               sac=None if i % 2 else ("torchtitan", None))  # plan --sac: its policy too
+                               sac=None if i % 2 else ("torchtitan", None),  # plan --sac: its policy too
+                               sac_forced_mm_shapes=[(64, 4)])
         folder = tmp_path / f"case{i}"
         folder.mkdir()
         helper = folder / f"helper{i}.py"

@@ -5,8 +5,10 @@ when forward returns (less the output) and its peak above the resident bytes, be
 from the model's dynamo export (cache-less, as the checkpointed module runs) at the same batch and seq.
 The judge asserts the gradients equal the unplanned model's; the ops each policy saves are compared too.
 
-Models: Llama with grouped-query attention (2 K/V heads), GPT-2 and BERT from small configs
-(tests/hf_models.py), transformers' default attention; fp32, and Llama in bf16 and under autocast.
+Models: Llama with grouped-query attention (2 K/V heads), GPT-2, BERT, ViT and Mixtral (4 experts, top-2; its
+TorchScript export, as its dynamo export fails on the experts' data-dependent sizes; ``--routing
+balanced``) from small configs (tests/hf_models.py), transformers' default attention; fp32, and Llama in
+bf16 and under autocast.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import pytest
 from fusecli.core.dims import Poly
 from fusecli.pipeline import Options, analyze
 from fusecli.plan.planner import StepModel
-from fusecli.plan.sac import MATMULS, SDPA, evaluate
+from fusecli.plan.sac import ATEN_NAMES, MATMULS, SDPA, evaluate
 
 BATCH, SEQ = 2, 128
 HELD, PEAK = 0.02, 0.02  # fusecli over PyTorch: held when forward returns, peak above resident
@@ -27,12 +29,30 @@ ALL = ("none", "full", "attention", "matmul", "torchtitan", "megatron")
 # (Qwen2's blocks are Llama's here: benchmarks/bench_sac.py runs it, with seq 1024)
 CASES = [("llama", 2, "fp32", ALL), ("gpt2", None, "fp32", ("full", "torchtitan", "megatron")),
          ("bert", None, "fp32", ("full", "torchtitan", "megatron")),
-         ("llama", 2, "bf16", ("full", "torchtitan")), ("llama", 2, "amp-bf16", ("torchtitan",))]
+         ("llama", 2, "bf16", ("full", "torchtitan")), ("llama", 2, "amp-bf16", ("torchtitan",)),
+         ("mixtral", None, "fp32", ("full", "matmul", "torchtitan", "megatron")),
+         ("vit", None, "fp32", ("none", "full", "attention", "torchtitan"))]
+EXPORTER = {"mixtral": "torchscript"}  # every other model's dynamo export
+ROUTED = {"mixtral"}  # analysed with --routing balanced
+IMAGES = {"vit"}  # 32x32 images: no seq
+# policies that cache topk, which transformers' routers then divide in place: the judge allows the
+# mutation, and the gradients differ from the unplanned model's (plan.sac.topk_warning says so)
+MUTATES_CACHE = {("mixtral", "torchtitan"), ("mixtral", "megatron")}
 # measured misses, each a named band the ratio must stay in (lower, upper) until its cause is modelled
 KNOWN = {
     # megatron's MUST_SAVE keeps every op's output, also those autograd frees: fusecli reads 2-4% low
     # (BERT 18% low: its mask's and LayerNorm's outputs)
     ("megatron", "held"): (0.80, 1.0), ("megatron", "peak"): (0.86, 1.0),
+    # Mixtral's experts accumulate into one buffer in place (index_add_), which the export writes as a
+    # new tensor per expert, each cached under MUST_SAVE: fusecli reads 15% high
+    ("mixtral", "megatron", "held"): (1.0, 1.2), ("mixtral", "megatron", "peak"): (1.0, 1.2),
+    # Mixtral checkpointed without a cache: both peak in the first block's experts' backward after its
+    # re-run, PyTorch 81 kB higher (0.973; 1.001 without the checkpoint); the cause not found
+    ("mixtral", "full", "peak"): (0.96, 1.0),
+    # ViT (32x32 images): PyTorch's resident bytes also hold the pooler the export drops (16,640 B), and
+    # its peak is the patch convolution's oneDNN scratchpad in backward (memory.peak.not_counted): above
+    # resident fusecli reads 3.9% high, the absolute peak 0.967 (tests/memory/test_peak.py's miss)
+    ("vit", "peak"): (1.0, 1.05),
     # a bf16 model's checkpointed step peaks in sdpa's backward, beside the CPU flash kernel's work buffers,
     # which memory.peak.not_counted names (48 KiB per intra-op thread here, more in bf16): ~113 KiB low at
     # pytest's 2 threads, 0.96-0.97 at 1 (benchmarks/RESULTS-sac.md)
@@ -47,14 +67,14 @@ def _cases():
 
 
 @functools.cache
-def _analysis(path: str, precision: str):
-    return analyze(path, Options(batch=BATCH, dims={"seq": SEQ},
+def _analysis(path: str, precision: str, routing: str | None = None, image: bool = False):
+    return analyze(path, Options(batch=BATCH, dims={} if image else {"seq": SEQ}, routing=routing,
                                  precision="amp-bf16" if precision == "amp-bf16" else None))
 
 
 def _band(model: str, precision: str, preset: str, what: str) -> tuple[float, float]:
     tol = HELD if what == "held" else PEAK
-    for key in ((model, precision, preset, what), (model, preset, what), (preset, what)):
+    for key in ((model, precision, preset, what), (model, preset, what), (model, what), (preset, what)):
         if key in KNOWN:
             return KNOWN[key]
     return 1 - tol, 1 + tol
@@ -63,11 +83,12 @@ def _band(model: str, precision: str, preset: str, what: str) -> tuple[float, fl
 @pytest.mark.parametrize(("model", "kv_heads", "precision", "preset"), list(_cases()))
 def test_policy_holds_and_peaks_as_torch(hf_onnx, model, kv_heads, precision, preset):
     torch_sac = pytest.importorskip("tests.plan.torch_sac")
-    path = hf_onnx(model, "dynamo", attn="default", kv_heads=kv_heads, cache=False,
+    path = hf_onnx(model, EXPORTER.get(model, "dynamo"), attn="default", kv_heads=kv_heads, cache=False,
                    precision="bf16" if precision == "bf16" else "fp32")
-    a = _analysis(path, precision)
+    a = _analysis(path, precision, "balanced" if model in ROUTED else None, image=model in IMAGES)
     got = evaluate(a, preset)
-    m = torch_sac.measure(model, preset, batch=BATCH, seq=SEQ, precision=precision, kv_heads=kv_heads)
+    m = torch_sac.measure(model, preset, batch=BATCH, seq=SEQ, precision=precision, kv_heads=kv_heads,
+                          assert_grads=(model, preset) not in MUTATES_CACHE)
     values = dict(a.sizes.items())
     resident = StepModel(a.joint, a.liveness, values, Poly()).resident.evaluate(values)
     held = got.held_at_forward_end / m["held_at_forward_end"]
@@ -79,7 +100,7 @@ def test_policy_holds_and_peaks_as_torch(hf_onnx, model, kv_heads, precision, pr
         lo, hi = _band(model, precision, preset, what)
         assert lo <= ratio <= hi, f"{what} {ratio:.3f} outside [{lo}, {hi}]"
     # the ops the policy names, saved as often as PyTorch's policy saved them (both blocks)
-    named = MATMULS | SDPA
+    named = MATMULS | SDPA | set(ATEN_NAMES.values())
     ours = Counter(c.op for calls in got.calls.values() for c, saved in calls if saved and c.op in named)
     theirs = Counter({op.removesuffix(".default"): n for op, n in m["saved_ops"].items()
                       if op.removesuffix(".default") in named})
@@ -175,3 +196,39 @@ def test_chosen_policy_peak_is_monotone_in_the_budget_and_never_costlier_than_bl
         peaks.append(final.bytes)
     assert len(peaks) >= 5
     assert peaks == sorted(peaks), peaks
+
+
+def test_torchtitan_recomputes_the_router_mm_and_the_helper_says_so(hf_onnx, tmp_path):
+    """Mixtral's router (a weight matmul, softmax, topk) is found in each block, recomputed under
+    torchtitan and left out of its every-second-mm count, as torchtitan's forced-recompute shapes do; the
+    helper --emit-pytorch writes asks the same of PyTorch: an mm by a (64, 4) operand (aten.linear's
+    (4, 64) weight) re-run and uncounted, the other mm calls saved and re-run in turn."""
+    import torch
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    from fusecli.plan.emit import write_pytorch_helper
+    from fusecli.plan.planner import PlanOptions, make_plan
+    from fusecli.plan.sac import forced_mm_shapes, policy_of, sac_candidates, topk_warning
+    from tests.plan.test_planner import _import
+
+    a = _analysis(hf_onnx("mixtral", "torchscript", attn="default", cache=False), "fp32", "balanced")
+    planned = sac_candidates(a, policy_of("torchtitan"))
+    assert len(planned) == 2
+    for _, calls in planned:
+        routers = [(call, saved) for call, saved in calls if call.router]
+        assert [(c.op, c.rhs, saved) for c, saved in routers] == [("aten.mm", (64, 4), False)]
+        mms = [saved for call, saved in calls if call.op == "aten.mm" and not call.router]
+        assert mms == [i % 2 == 0 for i in range(len(mms))] and len(mms) == 12  # 4 attention, 8 experts
+    assert forced_mm_shapes("torchtitan", planned) == [(64, 4)] and forced_mm_shapes("matmul", planned) == []
+    assert "mutated" in topk_warning(planned)
+    plan = make_plan(a, PlanOptions(1 << 50, "none", recompute="blocks"), [c for c, _ in planned])
+    plan.sac, plan.sac_forced_mm_shapes = ("torchtitan", None), forced_mm_shapes("torchtitan", planned)
+    helper = tmp_path / "mixtral_torchtitan.py"
+    write_pytorch_helper(str(helper), plan, "model.onnx")
+    policy_fn = _import(str(helper)).policy()
+    x, mm, linear = torch.zeros(3, 64), torch.ops.aten.mm.default, torch.ops.aten.linear.default
+    asked = [policy_fn(None, mm, x, torch.zeros(64, 8)), policy_fn(None, mm, x, torch.zeros(64, 4)),
+             policy_fn(None, linear, x, torch.zeros(4, 64)), policy_fn(None, mm, x, torch.zeros(64, 8)),
+             policy_fn(None, mm, x, torch.zeros(64, 8))]
+    save, again = CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_RECOMPUTE
+    assert asked == [save, again, again, again, save]
