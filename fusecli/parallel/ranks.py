@@ -25,7 +25,7 @@ from ..core.errors import UsageError
 from ..core.ir import Tensor, dtype_size
 from ..memory.sizes import model_variables
 from ..plan.candidates import saved_after
-from ..plan.planner import OPTIMIZERS, StepModel, largest_fitting
+from ..plan.planner import OPTIMIZERS, StepModel, largest_fitting, solve_values
 from .fsdp import Unit, gather, parameters, reduce_scatter, shard_rows, units
 from .layout import DEVICES, Layout
 from .pipeline import autocast_copies, in_flight, sent_storages, stage_peak, stage_step, stages_of
@@ -357,11 +357,10 @@ def largest(analysis, layout: Layout, budget: int, names: list[str], optimizer: 
     no such dim. Under a pipeline a batch is a whole number of microbatches."""
     if not names:
         return None
-    base = {n: analysis.sizes[n] for n in analysis.sizes}
     unit = layout.chunks if set(names) <= set(model_variables(analysis.graph)[1]) else 1
 
     def fits(v: int) -> bool:
-        dims = {**base, **{n: v * unit for n in names}}
+        dims = solve_values(analysis.sizes, names, v * unit)
         return max(e.peak_bytes for e in rank_memory(analysis, layout, optimizer, dims, chosen)) <= budget
 
     return largest_fitting(fits) * unit

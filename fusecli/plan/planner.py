@@ -235,12 +235,26 @@ def largest_fitting(fits) -> int:
     return lo
 
 
-def _solve(polys: list[Poly], dims: dict[str, int], names: list[str], budget: int) -> int | None:
+def solve_values(sizes, names: list[str], v: int) -> dict[str, int]:
+    """Every dim of the analysis with the dims ``names`` set to ``v``, and each expert's token count
+    (``routed1``, ...: --routing balanced) scaled with them, as the assumption spreads the tokens (rounded
+    up): tokens are proportional to the batch and the sequence."""
+    out = {n: sizes[n] for n in sizes}
+    old = new = 1
+    for n in names:
+        old, new, out[n] = old * out[n], new * v, v
+    for n in out:
+        if n.startswith("routed") and n not in names:
+            out[n] = -(-out[n] * new // old)
+    return out
+
+
+def _solve(polys: list[Poly], sizes, names: list[str], budget: int) -> int | None:
     """The largest value v of the dims ``names`` (set together) with max(polys) <= budget (largest_fitting);
     None when there are no such dims."""
     if not names:
         return None
-    return largest_fitting(lambda v: max(p.evaluate({**dims, **{n: v for n in names}}) or 0
+    return largest_fitting(lambda v: max(p.evaluate(solve_values(sizes, names, v)) or 0
                                          for p in polys) <= budget)
 
 
@@ -335,7 +349,7 @@ def make_plan(analysis, options: PlanOptions, blocks: list[Candidate] | None = N
     plan = Plan(options, dims, solve_dim, lines, floor,
                 Line("step peak", peak0, max_text(polys0), "backward peak + optimizer state"),
                 Line("saved activations", saved0.evaluate(sizes) or 0, str(saved0)),
-                _solve(polys0, dims, names, options.budget), [], 0,
+                _solve(polys0, sizes, names, options.budget), [], 0,
                 framework=analysis.profile.name if analysis.profile is not None else "ops", notes=notes,
                 precision=precision_entry(graph, analysis.precision))
     plan.sequence = recompute_sequence(analysis, model, options.recompute, blocks)
@@ -349,7 +363,7 @@ def make_plan(analysis, options: PlanOptions, blocks: list[Candidate] | None = N
         saved = model.saved(chosen)
         plan.planned_peak = Line("step peak", plan.steps[-1].peak_bytes, max_text(polys))
         plan.planned_saved = Line("saved activations", saved.evaluate(sizes) or 0, str(saved))
-        plan.planned_largest = _solve(polys, dims, names, options.budget)
+        plan.planned_largest = _solve(polys, sizes, names, options.budget)
     return plan
 
 

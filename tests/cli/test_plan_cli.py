@@ -221,3 +221,22 @@ def test_plan_takes_routing_as_analyze_does(hf_onnx):
     a = CliRunner().invoke(main, ["analyze", path, *dims, "--routing", "balanced", "--json"])
     assert saved["bytes"] == json.loads(a.stdout)["memory"]["saved_activation_bytes"] > 0
     assert "routed" in saved["formula"] and "unk__" not in saved["formula"]
+
+
+def test_the_largest_batch_scales_the_experts_tokens(hf_onnx):
+    """Under --routing balanced each expert's token count grows with the batch: the largest batch plan
+    solves for from batch 2 fits when the model is analysed at it and the next does not (before, the
+    counts stayed at batch 2's and the peaks that hold them were left out: 112 where 27 fits)."""
+    path = hf_onnx("mixtral", "torchscript", attn="default", cache=False)
+
+    def plan(batch: int) -> dict:
+        r = CliRunner().invoke(main, ["plan", path, "--batch", str(batch), "--dim", "seq=128", "--budget",
+                                      "64MiB", "--routing", "balanced", "--json"])
+        assert r.exit_code in (0, 1), r.output
+        return json.loads(r.stdout)
+
+    largest = plan(2)["largest"]
+    assert largest > 2
+    at, above = plan(largest), plan(largest + 1)
+    assert at["step_peak"]["bytes"] <= 64 * 2**20 < above["step_peak"]["bytes"]
+    assert at["largest"] == largest
