@@ -26,24 +26,14 @@ from tests.plan import torch_sac  # noqa: E402
 
 BATCH = 2
 KV_HEADS = {"llama": 2, "qwen2": 2}
-EXPORTER = {"mixtral": "torchscript"}  # its dynamo export fails on the experts' data-dependent sizes
-ROUTED = {"mixtral"}  # analysed with --routing balanced
-# policies that cache topk, which transformers' routers divide in place (tests/plan/torch_sac.py)
-MUTATES_CACHE = {("mixtral", "torchtitan"), ("mixtral", "megatron")}
 PRESETS = ("none", "full", "attention", "matmul", "torchtitan", "megatron")
-
-
-def pareto(points: list[tuple[str, int, int]]) -> set[str]:
-    """The presets no other beats on both peak and FLOPs."""
-    return {name for name, peak, flops in points
-            if not any(p <= peak and f <= flops and (p, f) != (peak, flops) for _, p, f in points)}
 
 
 def main() -> None:
     from fusecli.core.dims import Poly
     from fusecli.pipeline import Options, analyze
     from fusecli.plan.planner import StepModel
-    from fusecli.plan.sac import evaluate
+    from fusecli.plan.sac import evaluate, pareto_front
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="llama,gpt2,qwen2,bert")
@@ -63,22 +53,24 @@ def main() -> None:
             kv = KV_HEADS.get(model)
             for precision in args.precisions.split(","):
                 cast = "bf16" if precision == "bf16" else "fp32"  # autocast: the fp32 export
-                path = hf.export(model, f"{tmp}/{model}-{precision}.onnx", EXPORTER.get(model, "dynamo"),
-                                 attn="default", kv_heads=kv, cache=False, precision=cast)
+                exporter = torch_sac.EXPORTER.get(model, "dynamo")
+                path = hf.export(model, f"{tmp}/{model}-{precision}.onnx", exporter, attn="default",
+                                 kv_heads=kv, cache=False, precision=cast)
                 image = not hf.spec(model).seq_axis
                 for seq in (16,) if image else map(int, args.seqs.split(",")):
                     a = analyze(path, Options(batch=BATCH, dims={} if image else {"seq": seq},
-                                              routing="balanced" if model in ROUTED else None,
+                                              routing="balanced" if model in torch_sac.ROUTED else None,
                                               precision="amp-bf16" if precision == "amp-bf16" else None))
                     values = dict(a.sizes.items())
                     resident = StepModel(a.joint, a.liveness, values, Poly()).resident.evaluate(values)
                     found = []
                     for preset in PRESETS:
                         got = evaluate(a, preset)
+                        grads = (model, preset) not in torch_sac.MUTATES_CACHE
                         m = torch_sac.measure(model, preset, batch=BATCH, seq=seq, precision=precision,
-                                              kv_heads=kv, assert_grads=(model, preset) not in MUTATES_CACHE)
+                                              kv_heads=kv, assert_grads=grads)
                         found.append((preset, got, m, got.peak_bytes - resident))
-                    front = pareto([(p, peak, g.recompute_flops or 0) for p, g, _, peak in found])
+                    front = pareto_front([(p, peak, g.recompute_flops or 0) for p, g, _, peak in found])
                     curves[(model, seq, precision)] = [(p, m["peak_above_resident"], g.recompute_flops or 0)
                                                        for p, g, m, _ in found]
                     for preset, got, m, peak in found:

@@ -417,7 +417,8 @@ def analyze(model: str, as_json: bool, batch: int | None, dims: tuple[str, ...],
 
         require_pytorch(result)
         policy, base = evaluate(result, *sac), evaluate(result, "none")
-        points = preset_points(result, policy)
+        points = preset_points(result, policy, base)
+        front = pareto_front(points)
         for w in (order_warning(result), topk_warning(policy.calls.items())):
             if w is not None:
                 result.warnings.append(w)
@@ -439,7 +440,7 @@ def analyze(model: str, as_json: bool, batch: int | None, dims: tuple[str, ...],
             stage("plotting")
             if policy is not None:  # every policy's peak against its re-run FLOPs, this one circled
                 title = f"{name}: selective checkpointing at {_dims_text(result)}"
-                note = plot_sac_presets(points, pareto_front(points), policy.preset, plot_path, title)
+                note = plot_sac_presets(points, front, policy.preset, plot_path, title)
             else:
                 title = f"{name}: live memory at {_dims_text(result)}"
                 note = plot_timeline(result.liveness, plot_path, title)
@@ -450,7 +451,7 @@ def analyze(model: str, as_json: bool, batch: int | None, dims: tuple[str, ...],
         if policy is not None:
             from .plan.sac_report import sac_json
 
-            doc["memory"]["sac"] = sac_json(policy, base, points, pareto_front(points))
+            doc["memory"]["sac"] = sac_json(policy, base, points, front)
             doc["memory"]["saved_activation_bytes"] = policy.saved_activation_bytes
             doc["memory"]["peak_bytes"] = policy.peak_bytes
         if ranks is not None:
@@ -468,7 +469,7 @@ def analyze(model: str, as_json: bool, batch: int | None, dims: tuple[str, ...],
     if policy is not None:
         from .plan.sac_report import sac_lines
 
-        _echo("\n".join(["", *sac_lines(policy, base, points, pareto_front(points))]))
+        _echo("\n".join(["", *sac_lines(policy, base, points, front)]))
     if ranks is not None:
         from .parallel.report import ranks_lines
 

@@ -176,19 +176,19 @@ class StepModel:
             self.add_span(delta, iv, f.evaluate(self.sizes) or 0)
         return np.cumsum(delta)[1:self.steps + 1]
 
-    def held_after(self, chosen: list[Candidate], step: int, names: set[str] | None = None) -> int:
+    def held_after(self, chosen: list[Candidate], step: int, excluding: set[str] = frozenset()) -> int:
         """Bytes (resident state aside) still alive once ``step`` has run, with ``chosen`` applied: what
         that step last reads is freed as it returns (the timeline counts it alive during the step);
-        ``names``: of those tensors only."""
+        the tensors named in ``excluding`` left out."""
         over, stats = self.changes(chosen)
         total = 0
         for n, v in self.value.items():
-            if names is not None and n not in names:
+            if n in excluding:
                 continue
             for born, last in over.get(n, [self.live.lifetimes[n]]):
                 if born <= step < last:
                     total += v
-        for (born, last), f in stats if names is None else ():
+        for (born, last), f in stats:
             if born <= step < last:
                 total += f.evaluate(self.sizes) or 0
         return total

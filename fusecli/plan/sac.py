@@ -103,7 +103,7 @@ def _torchtitan(calls: list[Call]) -> list[bool]:
     recomputed and not counted; of the other mm calls the 1st, 3rd, ... saved, the 2nd, 4th recomputed
     (`to_save = func in _save_list and not (func == mm and meta[mm_count] % 2 == 0)`, the count taken
     before the test, apart in forward and recompute); every other op of its save list saved."""
-    forced = {c.rhs for c in calls if c.router and c.rhs is not None}
+    forced = set(router_shapes(calls))
     out, mm = [], 0
     for call in calls:
         if call.op == "aten.mm" and call.rhs in forced:
@@ -167,11 +167,11 @@ def aten_ops(nodes: list[Node], kernels: dict[str, dict], weighted: set[str], st
     dispatches no bmm or softmax."""
     counts: dict[str, int] = {}
     out, absorbed = [], set()  # absorbed: the bias adds of the addmm calls (one aten op, not two)
-    rhs, router = None, False
     for n in _traced(nodes):
         if n.name in absorbed:
             continue
         op, outputs = None, tuple(o for o in n.outputs if o is not None)
+        rhs, router = None, False  # a weight matmul's (torchtitan's forced recompute)
         inside = bool(outputs) and all(o.name in interiors for o in outputs)
         if n.name in kernels:
             op = SDPA_OPS.get((kernels[n.name].get("kernel"), device))
@@ -197,7 +197,6 @@ def aten_ops(nodes: list[Node], kernels: dict[str, dict], weighted: set[str], st
         counts[op] = counts.get(op, 0) + 1
         bases = tuple(storage.get(o, o) if o in storage else o for o in outputs)
         out.append(Call(op, counts[op], n, tuple(b for b in bases if b is not None), rhs, router))
-        rhs, router = None, False
     return out
 
 
@@ -337,9 +336,7 @@ def evaluate(analysis, preset: str | None, save: list[str] | None = None, dims=N
                  if t.meta.get("grad_of") is None)
     # the model's inputs are the caller's (resident, as the parameters), also where backward reads them
     inputs = {t.name for t in analysis.joint.tensors.values() if t.kind == "input"}
-    end = live.boundary - 1
-    held = int(model.held_after(chosen, end)) - output - int(model.held_after(chosen, end, inputs)) \
-        if live.boundary else 0
+    held = int(model.held_after(chosen, live.boundary - 1, excluding=inputs)) - output if live.boundary else 0
     flops = sum(c.flops for c in chosen) if all(c.flops is not None for c in chosen) else None
     return SacStep(preset or "custom", held, model.saved(chosen).evaluate(values) or 0,
                    model.peak_bytes(chosen), flops, chosen, {c.name: calls for c, calls in planned})
@@ -350,11 +347,12 @@ def _base(live, t: Tensor) -> Tensor:
     return base if base is not None else t
 
 
-def preset_points(analysis, current: SacStep | None = None) -> list[tuple[str, int, int | None]]:
-    """Every preset's step as (name, peak bytes, re-run FLOPs), ``current`` (a custom list's) added."""
-    steps = [evaluate(analysis, name) for name in PRESETS]
-    if current is not None and current.preset not in PRESETS:
-        steps.append(current)
+def preset_points(analysis, *known: SacStep) -> list[tuple[str, int, int | None]]:
+    """Every preset's step as (name, peak bytes, re-run FLOPs), the steps already ``known`` reused (a
+    custom list's added last)."""
+    done = {s.preset: s for s in known}
+    steps = [done.get(name) or evaluate(analysis, name) for name in PRESETS]
+    steps += [s for s in known if s.preset not in PRESETS]
     return [(s.preset, s.peak_bytes, s.recompute_flops) for s in steps]
 
 

@@ -56,13 +56,20 @@ def plot_timeline(live: Liveness, path: str, title: str) -> str:
     ax.set_title(title if not missing else f"{title}\nincomplete: {missing}",
                  color="black" if not missing else "#d62728")
     ax.margins(x=0.01)
+    _save(fig, path)
+    note = f"live memory over {len(timeline)} steps, peak {at_least}{format_bytes(peak)}"
+    return note if not missing else f"{note}; incomplete: {missing}"
+
+
+def _save(fig, path: str) -> None:
+    """Lay the figure out and write it whole to ``path`` in the format its suffix names, then free it."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     fmt = path.rsplit(".", 1)[-1].lower()
     with atomic_write(path) as f:
         fig.savefig(f, format=fmt, dpi=120)
     plt.close(fig)
-    note = f"live memory over {len(timeline)} steps, peak {at_least}{format_bytes(peak)}"
-    return note if not missing else f"{note}; incomplete: {missing}"
 
 
 def missing_note(live: Liveness) -> str:
@@ -92,11 +99,7 @@ def plot_plan_curve(points: list[tuple[int, int]], budget: int, chosen: int, pat
     ax.set_ylabel(f"step peak ({unit})")
     ax.set_ylim(0, max(ys + [budget / size]) * 1.15)
     ax.set_title(title)
-    fig.tight_layout()
-    fmt = path.rsplit(".", 1)[-1].lower()
-    with atomic_write(path) as f:
-        fig.savefig(f, format=fmt, dpi=120)
-    plt.close(fig)
+    _save(fig, path)
     return f"step peak over {len(points)} plan points, {chosen} chosen"
 
 
@@ -126,10 +129,6 @@ def plot_sac_presets(points: list[tuple[str, int, int | None]], front: set[str],
     ax.set_ylim(0, max((p / size for _, p, _ in drawn), default=1) * 1.15)
     left_out = len(points) - len(drawn)
     ax.set_title(title if not left_out else f"{title}\n{left_out} with unknown FLOPs not drawn")
-    fig.tight_layout()
-    fmt = path.rsplit(".", 1)[-1].lower()
-    with atomic_write(path) as f:
-        fig.savefig(f, format=fmt, dpi=120)
-    plt.close(fig)
+    _save(fig, path)
     return (f"{len(drawn)} policies' step peak against re-run FLOPs, {len(front)} on the Pareto front"
             + (f"; {left_out} with unknown FLOPs not drawn" if left_out else ""))

@@ -32,12 +32,7 @@ CASES = [("llama", 2, "fp32", ALL), ("gpt2", None, "fp32", ("full", "torchtitan"
          ("llama", 2, "bf16", ("full", "torchtitan")), ("llama", 2, "amp-bf16", ("torchtitan",)),
          ("mixtral", None, "fp32", ("full", "matmul", "torchtitan", "megatron")),
          ("vit", None, "fp32", ("none", "full", "attention", "torchtitan"))]
-EXPORTER = {"mixtral": "torchscript"}  # every other model's dynamo export
-ROUTED = {"mixtral"}  # analysed with --routing balanced
 IMAGES = {"vit"}  # 32x32 images: no seq
-# policies that cache topk, which transformers' routers then divide in place: the judge allows the
-# mutation, and the gradients differ from the unplanned model's (plan.sac.topk_warning says so)
-MUTATES_CACHE = {("mixtral", "torchtitan"), ("mixtral", "megatron")}
 # measured misses, each a named band the ratio must stay in (lower, upper) until its cause is modelled
 KNOWN = {
     # megatron's MUST_SAVE keeps every op's output, also those autograd frees: fusecli reads 2-4% low
@@ -83,12 +78,12 @@ def _band(model: str, precision: str, preset: str, what: str) -> tuple[float, fl
 @pytest.mark.parametrize(("model", "kv_heads", "precision", "preset"), list(_cases()))
 def test_policy_holds_and_peaks_as_torch(hf_onnx, model, kv_heads, precision, preset):
     torch_sac = pytest.importorskip("tests.plan.torch_sac")
-    path = hf_onnx(model, EXPORTER.get(model, "dynamo"), attn="default", kv_heads=kv_heads, cache=False,
-                   precision="bf16" if precision == "bf16" else "fp32")
-    a = _analysis(path, precision, "balanced" if model in ROUTED else None, image=model in IMAGES)
+    path = hf_onnx(model, torch_sac.EXPORTER.get(model, "dynamo"), attn="default", kv_heads=kv_heads,
+                   cache=False, precision="bf16" if precision == "bf16" else "fp32")
+    a = _analysis(path, precision, "balanced" if model in torch_sac.ROUTED else None, image=model in IMAGES)
     got = evaluate(a, preset)
     m = torch_sac.measure(model, preset, batch=BATCH, seq=SEQ, precision=precision, kv_heads=kv_heads,
-                          assert_grads=(model, preset) not in MUTATES_CACHE)
+                          assert_grads=(model, preset) not in torch_sac.MUTATES_CACHE)
     values = dict(a.sizes.items())
     resident = StepModel(a.joint, a.liveness, values, Poly()).resident.evaluate(values)
     held = got.held_at_forward_end / m["held_at_forward_end"]

@@ -187,6 +187,14 @@ def _torchtitan_save_ops() -> frozenset:
     return frozenset(save_ops)
 
 
+# how the models whose export or policy needs it are judged (tests/plan/test_sac.py, bench_sac.py)
+EXPORTER = {"mixtral": "torchscript"}  # the graph fusecli reads: its dynamo export fails on the experts'
+# data-dependent sizes; every other model's dynamo export
+ROUTED = {"mixtral"}  # analysed with --routing balanced
+# policies that cache topk, which transformers' routers divide in place: apply allows the mutation, and
+# the gradients then differ from the unplanned model's (measure's assert_grads)
+MUTATES_CACHE = {("mixtral", "torchtitan"), ("mixtral", "megatron")}
+
 # torchtitan's per_op_sac_force_recompute_mm_shapes_by_fqns: its default, and the module path of the
 # router in transformers' MoE blocks (Mixtral, Qwen-MoE, OLMoE: ``mlp.gate``), as a user of those writes it
 ROUTER_FQNS = ("moe.router.gate", "mlp.gate")
