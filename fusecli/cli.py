@@ -304,10 +304,12 @@ def _layout_options(f):
                      help="Pipeline schedule: Schedule1F1B (stage s holds min(pp - s, m) microbatches) or "
                           "ScheduleGPipe (every stage holds all m).")(g)
     g = click.option("--microbatches", type=click.IntRange(min=1), default=None, metavar="M",
-                     help="Microbatches per step under --pp (default: pp); --batch is cut into them.")(g)
+                     help="Microbatches per step under --pp (default: pp; 1F1B takes at least pp); --batch "
+                          "is cut into them.")(g)
     g = click.option("--pp", type=click.IntRange(min=1), default=1, show_default=True, metavar="N",
                      help="Pipeline parallel: the blocks split evenly into N stages, one per rank (the "
-                          "embeddings on the first, the final norm and head on the last).")(g)
+                          "embeddings on the first, the final norm and head on the last); with "
+                          "--dp-replicate R, R replicas of the pipeline, DDP over each stage's.")(g)
     g = click.option("--sp", is_flag=True,
                      help="Sequence parallel with --tp: the norms and residuals split along the sequence "
                           "(SequenceParallel; the row-parallel outputs reduce-scattered).")(g)

@@ -4,6 +4,8 @@
 the parameters, gradients and optimizer state among them (FSDP2's ``fully_shard`` on every block and the
 root, ZeRO-3); both together are HSDP (shard within a group of ``dp_shard``, replicate across).
 ``zero=1`` under plain replication shards only the optimizer state (torch's ``ZeroRedundancyOptimizer``).
+Replicas over tensor-parallel ranks are DDP over each tensor-parallel share; replicas of a pipeline are DDP
+over each stage.
 The world is the product of the degrees; ``--batch`` is each rank's own (torchtitan's
 ``local_batch_size``), so the global batch is it times the data-parallel degree.
 """
@@ -54,13 +56,17 @@ class Layout:
     def name(self) -> str:
         """torchtitan's words for it: 'FSDP 4', 'HSDP 2x4', 'DDP 8 + ZeRO-1', 'TP 2', 'single device'."""
         if self.pp > 1:
-            return f"PP {self.pp} ({self.pp_schedule.upper()}, {self.chunks} microbatches)"
+            ddp = f" x DDP {self.dp_replicate}" + (" + ZeRO-1" if self.zero == 1 else "") \
+                if self.dp_replicate > 1 else ""
+            return f"PP {self.pp} ({self.pp_schedule.upper()}, {self.chunks} microbatches){ddp}"
         tp = f"TP {self.tp}" + (" + SP" if self.sp else "") if self.tp > 1 else ""
         if self.sharded:
             kind = f"HSDP {self.dp_replicate}x{self.dp_shard}" if self.dp_replicate > 1 else \
                 f"FSDP {self.dp_shard}"
             kind += f" x {tp}" if tp else ""
             return kind + ("" if self.reshard_after_forward else " (no reshard after forward)")
+        if tp and self.dp_replicate > 1:
+            return f"DDP {self.dp_replicate} x {tp}"
         if tp:
             return tp
         if self.dp_replicate > 1:
@@ -80,20 +86,24 @@ class Layout:
             raise UsageError(f"--world {self.world}: the degrees multiply to {self.size} "
                              f"(--dp-replicate {self.dp_replicate} x --dp-shard {self.dp_shard} x --tp "
                              f"{self.tp} x --pp {self.pp})")
-        if self.pp > 1 and self.size != self.pp:
-            raise UsageError("--pp with --dp-replicate, --dp-shard or --tp: the 2-D layouts are not modelled "
-                             "yet")
+        if self.pp > 1 and (self.sharded or self.tp > 1):
+            raise UsageError("--pp with --dp-shard or --tp: these 2-D layouts are not modelled yet (--pp "
+                             "with --dp-replicate, DDP over each stage, is)")
+        if self.pp > 1 and self.pp_schedule == "1f1b" and self.chunks < self.pp:
+            # torch.distributed.pipelining's Schedule1F1B raises ValueError for fewer microbatches than stages
+            raise UsageError(f"--pp {self.pp} with --microbatches {self.chunks}: Schedule1F1B needs at least "
+                             "one microbatch per stage (more --microbatches, or --pp-schedule gpipe)")
         if self.pp == 1 and (self.microbatches is not None or self.pp_schedule != "1f1b"):
             raise UsageError("--microbatches and --pp-schedule are pipeline settings: give --pp N (N >= 2)")
         if self.sp and self.tp < 2:
             raise UsageError("--sp splits the tensor-parallel ranks' norms and residuals along the "
                              "sequence: give --tp N (N >= 2)")
-        if self.tp > 1 and self.dp_replicate > 1 and not self.sharded:
-            raise UsageError("--tp with --dp-replicate alone (DDP over tensor-parallel ranks) is not "
-                             "modelled yet: shard with --dp-shard N (FSDP2 x TP, torchtitan's 2-D layout)")
         if self.zero == 1 and self.sharded:
             raise UsageError("--zero 1 shards the optimizer state over replicas; with --dp-shard the "
                              "parameters, gradients and state are sharded already (ZeRO-3)")
+        if self.zero == 1 and self.tp > 1:
+            raise UsageError("--zero 1 with --tp (ZeroRedundancyOptimizer over tensor-parallel shares) is "
+                             "not modelled yet: DDP x TP without it is")
         if self.zero == 1 and self.dp_replicate < 2:
             raise UsageError("--zero 1 needs replicas to shard over: give --dp-replicate N (N >= 2)")
         if self.zero in (2, 3):

@@ -130,9 +130,13 @@ def rank_memory(analysis, layout: Layout, optimizer: str = "adamw", dims: dict[s
 def _pipeline_ranks(analysis, layout: Layout, optimizer: str, values: dict[str, int]) -> list[RankMemory]:
     """Each stage's rank under a pipeline (parallel.pipeline): one microbatch's step on the stage at the
     microbatch's size, the microbatches in flight by schedule, the stage's parameters, gradients and
-    AdamW state resident."""
+    AdamW state resident. With ``dp_replicate`` replicas of the pipeline (torchtitan's mesh, pp
+    outermost: rank = stage * replicas + replica) each stage is DDP over its replicas: the reducer's
+    buckets, a flat copy of the stage's gradients, resident (the schedule's backwards run under
+    ``no_sync`` but the last, which reduces); under ZeRO-1 each replica holds the state of the stage's
+    parameters it owns."""
     graph, joint, live = analysis.graph, analysis.joint, analysis.liveness
-    m, p = layout.chunks, layout.pp
+    m, p, r = layout.chunks, layout.pp, layout.dp_replicate
     stages, of_step = stages_of(graph, live, p)
     sent = sent_storages(joint, live, of_step)
     batch_dims = model_variables(graph)[1]
@@ -159,25 +163,42 @@ def _pipeline_ranks(analysis, layout: Layout, optimizer: str, values: dict[str, 
                     if name in step.touched and model.bytes_formula(c) is not None)
         numel = [int(np.prod(q.shape, dtype=object)) if q.shape else 1 for q in mine]
         state_dtype = 4 if precision in ("bf16", "fp16") else dtype_size(mine[0].dtype) if mine else 4
-        state = sum(moments * state_dtype * e + STEP_BYTES for e in numel) if moments else 0
         master = 4 * sum(numel) if precision in ("bf16", "fp16") else 0
         grad_bytes = sum(model.value.get(grads[q.name].name, 0) for q in mine if q.name in grads)
-        buffers = m * step.received  # a receive buffer per microbatch
-        resident = param_bytes + fixed + state + master + buffers
+        buckets = grad_bytes if r > 1 else 0  # DDP's reducer: a flat copy of the stage's gradients
+        buffers = m * step.received + buckets  # a receive buffer per microbatch
         k = in_flight(layout.pp_schedule, p, stage.index, m)
         top, at = stage_peak(step, layout.pp_schedule, k, m, grad_bytes)
-        peak, phase = resident + top, "forward" if at < stage.boundary else "backward"
-        local = [e * state_dtype for e in numel]
-        temporaries = loop_temporaries(local) if device == "cpu" else sum(local)
-        optimizer_peak = resident + grad_bytes + (temporaries if moments else 0)
         where = stage.steps[at] if stage.steps else None
-        if optimizer_peak > peak:
-            peak, phase, where = optimizer_peak, "optimizer", None
         saved = k * step.saved + step.copies
-        entry = RankMemory([stage.index], param_bytes, grad_bytes, state, saved, buffers, peak, phase, where,
-                           in_flight=k)
-        out.append(entry)
+        owner = zero1_owners(numel, r) if layout.zero == 1 else None
+        for replica, ids in _replica_classes(owner, r):
+            owned = [e for i, e in enumerate(numel) if owner is None or owner[i] == replica]
+            state = sum(moments * state_dtype * e + STEP_BYTES for e in owned) if moments else 0
+            resident = param_bytes + fixed + state + master + buffers
+            peak, phase = resident + top, "forward" if at < stage.boundary else "backward"
+            local = [e * state_dtype for e in owned]
+            if layout.zero == 1:  # ZeroRedundancyOptimizer lists a rank's parameters largest first
+                local.sort(reverse=True)
+            temporaries = loop_temporaries(local) if device == "cpu" else sum(local)
+            optimizer_peak = resident + grad_bytes + (temporaries if moments else 0)
+            entry = RankMemory([stage.index * r + j for j in ids], param_bytes, grad_bytes, state, saved,
+                               buffers, peak, phase, where, in_flight=k)
+            if optimizer_peak > peak:
+                entry.peak_bytes, entry.peak_phase, entry.peak_step = optimizer_peak, "optimizer", None
+            out.append(entry)
     return out
+
+
+def _replica_classes(owner: list[int] | None, replicas: int) -> list[tuple[int, list[int]]]:
+    """The replica indices that hold alike (all of them but under ZeRO-1, where each holds the state of
+    the parameters it owns), each as (a representative, every index like it)."""
+    if owner is None:
+        return [(0, list(range(replicas)))]
+    groups: dict[tuple, list[int]] = {}
+    for j in range(replicas):
+        groups.setdefault(tuple(i for i, o in enumerate(owner) if o == j), []).append(j)
+    return [(ids[0], ids) for ids in groups.values()]
 
 
 def _classes(layout: Layout, shapes: list, owner: list[int] | None) -> list[tuple[int, list[int]]]:

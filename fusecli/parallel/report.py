@@ -67,7 +67,7 @@ def ranks_lines(entries: list[RankMemory], layout: Layout, device: str, batch: i
             + f"  {PHASES[e.peak_phase]}{fits}")
     if layout.pp > 1:
         flight = ", ".join(f"{ranks_text(e.ranks)}: {e.in_flight}" for e in entries)
-        out.append(f"microbatches in flight by stage ({layout.pp_schedule.upper()}, {layout.chunks} of "
+        out.append(f"microbatches in flight by rank ({layout.pp_schedule.upper()}, {layout.chunks} of "
                    f"batch {batch // layout.chunks if batch else '?'}): {flight}")
     if largest is not None:
         out.append(f"largest that fits every rank: {largest}")

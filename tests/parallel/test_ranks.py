@@ -59,10 +59,11 @@ def _runs(model: str, kv_heads: int | None = None) -> tuple[str, ...]:
     return RUNS + (f"fsdp:{LONG[model]}", f"ddp:{LONG[model]}") + TENSOR_PARALLEL.get((model, kv_heads), ())
 
 
-# FSDP2 x TP and HSDP on a (2, 2) mesh: 4 ranks (the tensor-parallel pairs, the shard groups innermost),
-# run apart from the rest
+# FSDP2 x TP, DDP x TP and HSDP on a (2, 2) mesh: 4 ranks (the tensor-parallel pairs, the shard groups
+# innermost), run apart from the rest
 MESH = {("llama", 2): ("fsdp_tp:16", "fsdp_tp:128", "fsdp_tp:1024:sp", "fsdp_tp:128:no-reshard",
-                       "fsdp_tp:128:bf16", "hsdp:16", "hsdp:128", "hsdp:128:bf16")}
+                       "fsdp_tp:128:bf16", "hsdp:16", "hsdp:128", "hsdp:128:bf16", "ddp_tp:128",
+                       "ddp_tp:1024:sp", "ddp_tp:128:amp")}
 MESH_WORLD = 4
 
 
@@ -88,6 +89,8 @@ def _layout(mode: str, flags: list[str]) -> Layout:
     if mode == "fsdp_tp":
         return Layout(dp_shard=MESH_WORLD // 2, tp=2, sp="sp" in flags,
                       reshard_after_forward="no-reshard" not in flags)
+    if mode == "ddp_tp":
+        return Layout(dp_replicate=MESH_WORLD // 2, tp=2, sp="sp" in flags)
     if mode == "hsdp":
         return Layout(dp_replicate=MESH_WORLD // 2, dp_shard=2,
                       reshard_after_forward="no-reshard" not in flags)
@@ -123,7 +126,7 @@ def _cases():
 
 @pytest.mark.parametrize(("model", "exporter", "kv_heads", "run"), list(_cases()))
 def test_each_rank_is_torchs(hf_onnx, tmp_path_factory, model, exporter, kv_heads, run):
-    mesh = run.startswith(("fsdp_tp", "hsdp"))
+    mesh = run.startswith(("fsdp_tp", "ddp_tp", "hsdp"))
     folder = tmp_path_factory.getbasetemp() / f"ranks-{model}-{kv_heads}{'-mesh' if mesh else ''}"
     world = MESH_WORLD if mesh else WORLD
     got = measured(model, kv_heads, str(folder), MESH[model, kv_heads] if mesh else None,

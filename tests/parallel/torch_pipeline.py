@@ -4,10 +4,17 @@ schedules under ``torchrun``, each rank writing what it holds to ``OUT/<run>/ran
 ``1f1b-128-4``). The pipeline analogue of torch_ranks.py, whose measuring it shares.
 
     torchrun --standalone --nproc-per-node=2 tests/parallel/torch_pipeline.py --model llama \
-        --runs gpipe:128:4,1f1b:128:4,1f1b:128:2 --batch 4 --out DIR [--kv-heads 2] [--layers 4]
+        --runs gpipe:128:4,1f1b:128:4,1f1b:128:2 --batch 4 --out DIR [--kv-heads 2] [--layers 4] \
+        [--replicas R]
 
-A run is ``SCHEDULE:SEQ:MICROBATCHES[:outputs][:amp]`` (``amp``: the step under CPU autocast to bf16,
-torchtitan's mixed precision without FSDP): ``gpipe`` (torch.distributed.pipelining's
+With ``--replicas R`` the world is a (stages, R) mesh, pp outermost as torchtitan's (rank = stage * R +
+replica): R replicas of the pipeline, each stage's module wrapped in DistributedDataParallel over its
+replicas (``init_sync=False``, as torch_ranks.py's; the schedule runs each backward but the last under
+``no_sync``), every replica reading the same batch (the gradients' check holds as it is).
+
+A run is ``SCHEDULE:SEQ:MICROBATCHES[:outputs][:amp][:zero1]`` (``amp``: the step under CPU autocast to
+bf16, torchtitan's mixed precision without FSDP; ``zero1``: with replicas, torch's ZeroRedundancyOptimizer
+over them): ``gpipe`` (torch.distributed.pipelining's
 ScheduleGPipe: every microbatch's forward, then every backward) or ``1f1b`` (Schedule1F1B: stage s runs
 ``world - s`` forwards before its first backward, then alternates), ``--batch`` the global batch of a step,
 split along dim 0 into MICROBATCHES equal microbatches; ``outputs``: ``step(return_outputs=True)``, the
@@ -68,6 +75,7 @@ import functools
 import gc
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -80,7 +88,7 @@ SCHEDULES = ("gpipe", "1f1b")
 DECODERS = ("llama", "qwen2", "mistral")  # embed_tokens, layers, norm, rotary_emb
 ENCODERS = ("distilbert",)  # embeddings, transformer.layer (post-norm blocks, no final norm)
 MODELS = (*DECODERS, "gpt2", *ENCODERS)
-RUN = "SCHEDULE:SEQ:MICROBATCHES[:outputs][:amp]"  # one step's configuration on the command line: 1f1b:128:4
+RUN = "SCHEDULE:SEQ:MICROBATCHES[:outputs][:amp][:zero1]"  # one step's configuration: 1f1b:128:4
 OUTPUT_TOLERANCE = 1e-5  # max abs difference of the chained stages' output from the whole model's
 GRAD_TOLERANCE = 1e-4  # max abs difference of the pipeline's gradients, relative to the largest
 AMP_GRAD_TOLERANCE = 2e-2  # under bf16 autocast: microbatches round differently from the whole batch
@@ -88,9 +96,9 @@ AMP_GRAD_TOLERANCE = 2e-2  # under bf16 autocast: microbatches round differently
 
 def parse_run(text: str) -> dict:
     schedule, seq, microbatches, *flags = text.split(":")
-    assert schedule in SCHEDULES and set(flags) <= {"outputs", "amp"}, text
+    assert schedule in SCHEDULES and set(flags) <= {"outputs", "amp", "zero1"}, text
     return {"schedule": schedule, "seq": int(seq), "microbatches": int(microbatches),
-            "return_outputs": "outputs" in flags, "amp": "amp" in flags}
+            "return_outputs": "outputs" in flags, "amp": "amp" in flags, "zero1": "zero1" in flags}
 
 
 def run_name(text: str) -> str:
@@ -331,9 +339,18 @@ def _recv_buffers(stage) -> dict[int, int]:
     return _storages(getattr(i, "buffer", None) for info in infos for i in info)
 
 
+def _bucket_bytes(ddp) -> int:
+    """The bytes of DDP's reducer buckets, as its own logging data lists them (0 without DDP)."""
+    if ddp is None:
+        return 0
+    return sum(int(x) for x in re.findall(r"\d+", str(ddp._get_ddp_logging_data()["bucket_sizes"])))
+
+
 def measure(name: str, batch: int, kv_heads: int | None, layers: int, schedule: str, seq: int,
-            microbatches: int, return_outputs: bool, amp: bool = False) -> dict:
-    """One configuration's steps on this rank, and what it holds (the module docstring)."""
+            microbatches: int, return_outputs: bool, amp: bool = False, zero1: bool = False,
+            mesh=None) -> dict:
+    """One configuration's steps on this rank, and what it holds (the module docstring); ``mesh``: the
+    (pp, dp) mesh of --replicas, None for a pipeline alone."""
     import torch
     import torch.distributed as dist
     from torch._C._profiler import _EventType
@@ -343,26 +360,43 @@ def measure(name: str, batch: int, kv_heads: int | None, layers: int, schedule: 
     from tests import hf_models
 
     rank, world = dist.get_rank(), dist.get_world_size()
+    replicas = mesh["dp"].size() if mesh is not None else 1
+    stages, index = world // replicas, rank // replicas
     assert batch % microbatches == 0, f"batch {batch} does not split into {microbatches} microbatches"
-    ref_grads, checks = reference(name, batch, seq, microbatches, kv_heads, layers, world, rank, amp)
+    assert replicas > 1 or not zero1, "zero1 shards the optimizer over replicas: give --replicas"
+    ref_grads, checks = reference(name, batch, seq, microbatches, kv_heads, layers, stages, index, amp)
     gc.collect()
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         module = hf_models.build(name, attn="default", kv_heads=kv_heads, layers=layers, cache=False)
         names = {id(p): n for n, p in module.inner.named_parameters()}
         n_blocks = len(_blocks(module.inner))
-        part = make_stage(name, module.inner, rank, world)
+        part = make_stage(name, module.inner, index, stages)
         del module  # the modules of other stages free with it
         gc.collect()
         params = list(part.parameters())
         param_names = [names[id(p)] for p in params]
         del names
-        stage = PipelineStage(part, rank, world, device=torch.device("cpu"))
+        wrapped = None
+        if mesh is None:
+            stage = PipelineStage(part, index, stages, device=torch.device("cpu"))
+        else:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            wrapped = DDP(part, process_group=mesh["dp"].get_group(), init_sync=False)
+            stage = PipelineStage(wrapped, index, stages, device=torch.device("cpu"),
+                                  group=mesh["pp"].get_group())
         tracker = _SavedTracker(set(_storages(params)) | set(_storages(part.buffers())))
         _instrument(stage, part, tracker)
         # every rank passes the loss: a schedule without one runs no backward on any stage
         cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[schedule]
         pipe = cls(stage, microbatches, loss_fn=lambda out, target: out.float().sum(), scale_grads=False)
-        opt = torch.optim.AdamW(params, lr=1e-3)
+        if zero1:
+            from torch.distributed.optim import ZeroRedundancyOptimizer
+
+            opt = ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW,
+                                          process_group=mesh["dp"].get_group(), lr=1e-3)
+        else:
+            opt = torch.optim.AdamW(params, lr=1e-3)
         ids = hf_models.example_inputs(name, batch, seq, seed=0)[0]  # the global batch, read by stage 0
         args = (ids,) if stage.is_first else ()
         target = torch.zeros(batch) if stage.is_last else None  # the schedule splits a target per microbatch
@@ -390,17 +424,20 @@ def measure(name: str, batch: int, kv_heads: int | None, layers: int, schedule: 
                 with record_function("## optimizer ##"):
                     opt.step()
                     opt.zero_grad(set_to_none=True)
-        state = [v for s in opt.state.values() for v in s.values()]
+        inner_opt = opt.optim if zero1 else opt  # ZeroRedundancyOptimizer's own: this rank's partition
+        state = [v for s in inner_opt.state.values() for v in s.values()]
         by_mb = {mb: sum(s.values()) for mb, s in sorted(tracker.by_microbatch.items())}
         top = max(tracker.timeline, key=lambda e: e["saved_bytes"])
         result = {"rank": rank, "world": world, "model": name, "schedule": schedule, "seq": seq,
                   "microbatches": microbatches, "batch": batch, "microbatch_size": batch // microbatches,
-                  "return_outputs": return_outputs, "autocast": amp, "stage": rank, "blocks": n_blocks,
+                  "return_outputs": return_outputs, "autocast": amp, "stage": index, "replicas": replicas,
+                  "zero1": zero1, "blocks": n_blocks,
                   "stage_layers": part.indices, "first": stage.is_first, "last": stage.is_last,
                   "parameter_bytes": sum(_storages(params).values()),
                   "gradient_bytes": sum(grads.values()),
                   "optimizer_bytes": sum(_storages(state).values()),
                   "recv_buffer_bytes": sum(_recv_buffers(stage).values()),
+                  "ddp_bucket_bytes": _bucket_bytes(wrapped),
                   "input_bytes_per_microbatch": tracker.input_bytes,
                   "output_bytes_per_microbatch": tracker.output_bytes,
                   "saved_bytes": top["saved_bytes"],
@@ -420,6 +457,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=4, help="the global batch of a step")
     ap.add_argument("--kv-heads", type=int, default=None, help="hf_models.build's kv_heads")
     ap.add_argument("--layers", type=int, default=2, help="hf_models.build's layers (blocks)")
+    ap.add_argument("--replicas", type=int, default=1, help="replicas of the pipeline, DDP over each stage's")
     ap.add_argument("--timeout", type=int, default=300, help="seconds: a P2P wait's, and a run's")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
@@ -430,9 +468,15 @@ def main() -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout))
     _settle_collectives()
+    mesh = None
+    if args.replicas > 1:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh("cpu", (dist.get_world_size() // args.replicas, args.replicas),
+                                mesh_dim_names=("pp", "dp"))
     for text in args.runs.split(","):
         faulthandler.dump_traceback_later(args.timeout, exit=True)  # a hang exits 1 with the stacks
-        result = measure(args.model, args.batch, args.kv_heads, args.layers, **parse_run(text))
+        result = measure(args.model, args.batch, args.kv_heads, args.layers, **parse_run(text), mesh=mesh)
         out = Path(args.out) / run_name(text)
         out.mkdir(parents=True, exist_ok=True)
         (out / f"rank_{result['rank']}.json").write_text(json.dumps(result, indent=1))

@@ -20,10 +20,12 @@ precision where FSDP's is not in use),
 the blocks' ``reshard_after_forward=False``; ``bf16``: ``MixedPrecisionPolicy(param_dtype=bf16,
 reduce_dtype=fp32)``), ``fsdp_tp`` (torchtitan's 2-D layout on a (world / 2, 2) mesh: ``tp``'s plan on
 the inner dim, then ``fsdp``'s on the outer; each tensor-parallel pair reads one batch; the flags of both
-apply), ``hsdp`` (FSDP2 on a (world / 2, 2) mesh: replicated across the outer dim, sharded within the
-inner). Optimizer AdamW (its CPU default, the for-loop form). Each rank reads its own
-batch (seed = rank), loss ``sum(output)``, the output kept through backward as a training loop's name
-keeps it.
+apply), ``ddp_tp`` (Megatron's data x tensor parallel on a (world / 2, 2) mesh: ``tp``'s plan on the inner
+dim, then torch's ``_pre_dp_module_transform`` (the DTensor parameters as local tensors, DDP's way with
+tensor parallelism) and DistributedDataParallel over the outer; each tensor-parallel pair reads one batch),
+``hsdp`` (FSDP2 on a (world / 2, 2) mesh: replicated across the outer dim, sharded within the inner).
+Optimizer AdamW (its CPU default, the for-loop form). Each rank reads its own batch (seed = rank), loss
+``sum(output)``, the output kept through backward as a training loop's name keeps it.
 
 Per rank, the step measured is the second (the first makes the optimizer state, as any step after the
 first finds it): ``parameter_bytes``, ``gradient_bytes`` and ``optimizer_bytes`` (distinct storages of the
@@ -44,8 +46,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-MODES = ("single", "ddp", "zero1", "fsdp", "tp", "fsdp_tp", "hsdp")
-MESH_TP = 2  # fsdp_tp: a (world / 2, 2) mesh, the tensor-parallel pairs innermost
+MODES = ("single", "ddp", "zero1", "fsdp", "tp", "fsdp_tp", "ddp_tp", "hsdp")
+MESH_TP = 2  # fsdp_tp, ddp_tp: a (world / 2, 2) mesh, the tensor-parallel pairs innermost
 # tensor parallel: the linears by their module names, Megatron's pairs (column-parallel, then row-parallel)
 COLWISE = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "q_lin", "k_lin", "v_lin", "lin1")
 ROWWISE = ("o_proj", "down_proj", "out_lin", "lin2")
@@ -126,6 +128,16 @@ def _wrap(model, mode: str, reshard: bool, param_dtype: str | None, sequence: bo
         mesh = init_device_mesh("cpu", (dist.get_world_size() // MESH_TP, MESH_TP),
                                 mesh_dim_names=("dp", "tp"))
         return _shard(_tensor_parallel(model, mesh["tp"], sequence), mesh["dp"], reshard, param_dtype)
+    if mode == "ddp_tp":  # tensor parallel on the inner dim, DDP over the outer (the local shards' gradients)
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor.parallel.ddp import _pre_dp_module_transform
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        mesh = init_device_mesh("cpu", (dist.get_world_size() // MESH_TP, MESH_TP),
+                                mesh_dim_names=("dp", "tp"))
+        model = _tensor_parallel(model, mesh["tp"], sequence)
+        _pre_dp_module_transform(model)
+        return DDP(model, process_group=mesh["dp"].get_group(), init_sync=False)
     if mode == "hsdp":  # a (world / 2, 2) mesh: replicated across the outer dim, sharded within the inner
         from torch.distributed.device_mesh import init_device_mesh
 
@@ -271,7 +283,7 @@ RUN = "MODE:SEQ[:no-reshard][:bf16][:ckpt][:sp][:amp]"  # a step on the command 
 def parse_run(text: str) -> dict:
     mode, seq, *flags = text.split(":")
     assert mode in MODES and set(flags) <= {"no-reshard", "bf16", "ckpt", "sp", "amp"}, text
-    assert "sp" not in flags or mode in ("tp", "fsdp_tp"), text
+    assert "sp" not in flags or mode in ("tp", "fsdp_tp", "ddp_tp"), text
     return {"mode": mode, "seq": int(seq), "reshard": "no-reshard" not in flags,
             "param_dtype": "bf16" if "bf16" in flags else None, "checkpointed": "ckpt" in flags,
             "sequence": "sp" in flags, "amp": "amp" in flags}
@@ -357,13 +369,17 @@ def measure(name: str, batch: int, kv_heads: int | None, mode: str, seq: int, re
         else:
             opt = torch.optim.AdamW(params, lr=1e-3)
         # tensor-parallel ranks read one batch (under fsdp_tp, each pair its own); data-parallel ones theirs
-        seed = 0 if mode == "tp" else rank // MESH_TP if mode == "fsdp_tp" else rank
+        seed = 0 if mode == "tp" else rank // MESH_TP if mode in ("fsdp_tp", "ddp_tp") else rank
         inputs = hf_models.example_inputs(name, batch, seq, seed=seed)
+
+        # the local parameters' storages: under ddp_tp the module's forward holds them as DTensors set as
+        # plain attributes (_pre_dp_module_transform), which module.parameters() does not list then
+        local = _storages(params)
 
         def pack(t):
             from torch.distributed.tensor import DTensor
 
-            current = _storages(module.parameters()) | _storages(module.buffers()) | _storages(inputs)
+            current = _storages(module.parameters()) | _storages(module.buffers()) | _storages(inputs) | local
             s = (t._local_tensor if isinstance(t, DTensor) else t).untyped_storage()
             if s.data_ptr() not in current and s.nbytes() > 0:
                 held[s.data_ptr()] = s.nbytes()
