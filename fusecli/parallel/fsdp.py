@@ -78,6 +78,43 @@ def units(graph: Graph, joint: Graph, live) -> list[Unit]:
     return out
 
 
+def stage_units(all_units: list[Unit], blocks: list[str], touched: set[str], steps: list[int],
+                boundary: int) -> list[Unit]:
+    """A pipeline stage's FSDP units (fully_shard on each of its blocks, then on the stage's module: its
+    root holds the stage's parameters no block holds) with their steps as the stage's local indices; a
+    block's backward reaches the stage's last step, as the pipeline leaves every backward's parameters
+    gathered to the step's end, and its backward gather is prefetched when the stage's block after it
+    begins its backward; the stage's last block's when the stage's backward begins if the stage computes
+    past it (the final norm, the head: the root's backward runs first and prefetches it), else at its
+    own. ``boundary``: the stage's first backward step (local)."""
+    pos = {i: k for k, i in enumerate(steps)}
+    end = len(steps) - 1
+    out = []
+    for u in all_units:
+        if u.name == ROOT:
+            mine = [p for p in u.params if p.name in touched]
+            out.append(Unit(ROOT, mine, (0, end), (0, end), 0))
+        elif u.name in blocks:
+            back = (pos[u.backward[0]], end) if u.backward is not None and u.backward[0] in pos else None
+            out.append(Unit(u.name, u.params, (pos[u.forward[0]], pos[u.forward[1]]), back))
+    blocks_only = sorted((u for u in out if u.name != ROOT), key=lambda u: u.forward[0])
+    rooted = any(u.name == ROOT and u.params for u in out)
+    for u, after in zip(blocks_only, [*blocks_only[1:], None], strict=True):
+        if u.backward is None:
+            continue
+        if after is not None and after.backward:
+            u.prefetch = min(u.backward[0], after.backward[0])
+        elif after is None and rooted and u.forward[1] < boundary - 1:
+            u.prefetch = min(u.backward[0], boundary)
+        else:
+            u.prefetch = u.backward[0]
+    root = [u for u in out if u.name == ROOT]
+    if root and root[0].params:
+        root[0].backward = (min((u.backward[0] for u in blocks_only if u.backward), default=0), end)
+        root[0].prefetch = root[0].backward[0]
+    return blocks_only + [u for u in root if u.params]
+
+
 def owner_of(p: Tensor, owner: dict[str, str]) -> str:
     """The block whose nodes read ``p`` (through nodes that read only weights), else the root."""
     seen, stack, blocks = set(), [p], set()
@@ -107,13 +144,15 @@ def shard_rows(shape: tuple[int, ...], n: int, rank: int) -> tuple[int, int, int
 
 
 def gather(line: Timeline, fsdp_units: list[Unit], reshard: bool, steps: int, boundary: int,
-            device: str) -> None:
+            device: str, gathered: bool = False) -> None:
     """The units' gathered parameters over the schedule (module docstring). Each gather fills one flat
     output (on gloo (cpu) the all-gather fills a buffer of its own beside it while it runs), copied out
     into one tensor per parameter in the hook before the unit's first op. In forward the flat output
     stays until the next unit's copy-out is done (the last one until forward ends); in backward it goes
     as soon as it is copied out, a prefetch's flat output living from the gather (before the next unit's
-    backward) to the unit's own copy-out."""
+    backward) to the unit's own copy-out. ``gathered``: the forward finds every unit's parameters
+    gathered already (a pipeline's forward after a backward that left them so): no all-gather in
+    forward, each unit's freed after its forward by ``reshard``."""
     temp = device == "cpu"
     forward = sorted(fsdp_units, key=lambda u: -1 if u.name == ROOT else u.forward[0])
     for k, u in enumerate(forward):
@@ -121,21 +160,29 @@ def gather(line: Timeline, fsdp_units: list[Unit], reshard: bool, steps: int, bo
         if u.name == ROOT:
             line.hooked(0, steps - 1, u.padded)
         elif u.backward is None or reshard:
-            line.hooked(first, u.forward[1], u.padded)
+            line.hooked(0 if gathered else first, u.forward[1], u.padded)
         else:
-            line.hooked(first, u.backward[1], u.padded)
+            line.hooked(0 if gathered else first, u.backward[1], u.padded)
+        if gathered:
+            _backward_gather(line, u, reshard, temp)
+            continue
         nxt = forward[k + 1] if k + 1 < len(forward) else None
         line.hooked(first, (nxt.forward[0] - 1) if nxt is not None else boundary - 1, u.padded)  # flat
         before = forward[k - 1].padded if k else 0  # the last flat output, alive through this copy-out
         extra = before + (u.padded if temp and not k else 0)
         if extra:
             line.moments.append((first - 1, extra, extra))
-        if reshard and u.name != ROOT and u.backward is not None:
-            line.hooked(u.backward[0], u.backward[1], u.padded)
-            line.hooked(u.prefetch, u.backward[0] - 1, u.padded)  # the prefetch's flat output
-            line.moments.append((u.backward[0] - 1, u.padded, u.padded))  # both at the copy-out
-            if temp:
-                line.moments.append((u.prefetch - 1, u.padded, u.padded))
+        _backward_gather(line, u, reshard, temp)
+
+
+def _backward_gather(line: Timeline, u: Unit, reshard: bool, temp: bool) -> None:
+    """A unit's gather for its backward, after a forward that freed its parameters (``reshard``)."""
+    if reshard and u.name != ROOT and u.backward is not None:
+        line.hooked(u.backward[0], u.backward[1], u.padded)
+        line.hooked(u.prefetch, u.backward[0] - 1, u.padded)  # the prefetch's flat output
+        line.moments.append((u.backward[0] - 1, u.padded, u.padded))  # both at the copy-out
+        if temp:
+            line.moments.append((u.prefetch - 1, u.padded, u.padded))
 
 
 def reduce_scatter(line: Timeline, live, model: StepModel, fsdp_units: list[Unit], grads, steps: int,

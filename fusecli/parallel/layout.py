@@ -56,9 +56,11 @@ class Layout:
     def name(self) -> str:
         """torchtitan's words for it: 'FSDP 4', 'HSDP 2x4', 'DDP 8 + ZeRO-1', 'TP 2', 'single device'."""
         if self.pp > 1:
-            ddp = f" x DDP {self.dp_replicate}" + (" + ZeRO-1" if self.zero == 1 else "") \
+            data = f" x DDP {self.dp_replicate}" + (" + ZeRO-1" if self.zero == 1 else "") \
                 if self.dp_replicate > 1 else ""
-            return f"PP {self.pp} ({self.pp_schedule.upper()}, {self.chunks} microbatches){ddp}"
+            data += (f" x FSDP {self.dp_shard}" + ("" if self.reshard_after_forward else
+                                                   " (no reshard after forward)")) if self.sharded else ""
+            return f"PP {self.pp} ({self.pp_schedule.upper()}, {self.chunks} microbatches){data}"
         tp = f"TP {self.tp}" + (" + SP" if self.sp else "") if self.tp > 1 else ""
         if self.sharded:
             kind = f"HSDP {self.dp_replicate}x{self.dp_shard}" if self.dp_replicate > 1 else \
@@ -86,9 +88,12 @@ class Layout:
             raise UsageError(f"--world {self.world}: the degrees multiply to {self.size} "
                              f"(--dp-replicate {self.dp_replicate} x --dp-shard {self.dp_shard} x --tp "
                              f"{self.tp} x --pp {self.pp})")
-        if self.pp > 1 and (self.sharded or self.tp > 1):
-            raise UsageError("--pp with --dp-shard or --tp: these 2-D layouts are not modelled yet (--pp "
-                             "with --dp-replicate, DDP over each stage, is)")
+        if self.pp > 1 and (self.tp > 1 or (self.sharded and self.dp_replicate > 1)):
+            raise UsageError("--pp with --tp, or with HSDP, is not modelled yet (--pp with --dp-replicate, "
+                             "DDP over each stage, or with --dp-shard, FSDP2 over each stage, is)")
+        if self.pp > 1 and self.zero == 1 and self.sharded:
+            raise UsageError("--zero 1 shards the optimizer state over replicas; with --dp-shard the "
+                             "parameters, gradients and state are sharded already (ZeRO-3)")
         if self.pp > 1 and self.pp_schedule == "1f1b" and self.chunks < self.pp:
             # torch.distributed.pipelining's Schedule1F1B raises ValueError for fewer microbatches than stages
             raise UsageError(f"--pp {self.pp} with --microbatches {self.chunks}: Schedule1F1B needs at least "

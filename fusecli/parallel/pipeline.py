@@ -138,6 +138,8 @@ class StageStep:
 
     live: np.ndarray  # bytes alive at each local step
     gradients: np.ndarray  # of them, parameter gradients made at an earlier step
+    between: np.ndarray  # bytes alive between steps: index b + 1 after local step b (b = -1 before the first)
+    gradients_between: np.ndarray  # of them, parameter gradients
     held: int  # bytes alive across the stage's forward/backward boundary
     saved: int  # of them, what autograd saved (not the stage's output, held for its backward)
     received: int  # bytes the stage receives: its input, and its output's gradient
@@ -177,6 +179,8 @@ def stage_step(stage: Stage, of_step: list[frozenset[int]], model, live, gradien
             span[0], span[1] = min(span[0], k), max(span[1], k)
     delta = np.zeros(len(stage.steps) + 2, dtype=model.base.dtype)
     grads = np.zeros_like(delta)
+    gap = np.zeros_like(delta)  # between steps: alive after step b when first <= b < last (index b + 1)
+    gap_grads = np.zeros_like(delta)
     held = saved = received = sent_gradient = copies = 0
     backward = stage.boundary <= end
     for name, (first, last) in spans.items():
@@ -196,9 +200,14 @@ def stage_step(stage: Stage, of_step: list[frozenset[int]], model, live, gradien
             # taken on the last stage, and the output freed)
         delta[first + 1] += value
         delta[last + 2] -= value
+        if last > first:
+            gap[first + 1] += value
+            gap[last + 1] -= value
         if name in gradient_names and last > first:  # once it exists, a later microbatch's is a
             grads[first + 2] += value  # transient at its birth, added into it (AccumulateGrad)
             grads[last + 2] -= value
+            gap_grads[first + 1] += value
+            gap_grads[last + 1] -= value
         elif name in cached:
             copies += value if first < stage.boundary <= spans[name][1] else 0  # saved, once for all
         elif first < stage.boundary <= last:
@@ -211,34 +220,93 @@ def stage_step(stage: Stage, of_step: list[frozenset[int]], model, live, gradien
             delta[k + 1] += v
             delta[k + 2] -= v
     n = len(stage.steps)
-    return StageStep(np.cumsum(delta)[1:n + 1], np.cumsum(grads)[1:n + 1], held, saved, received,
-                     sent_gradient, copies, touched)
+    return StageStep(np.cumsum(delta)[1:n + 1], np.cumsum(grads)[1:n + 1], np.cumsum(gap)[:n + 1],
+                     np.cumsum(gap_grads)[:n + 1], held, saved, received, sent_gradient, copies, touched)
 
 
-def stage_peak(step: StageStep, schedule: str, k: int, microbatches: int,
-               all_gradients: int) -> tuple[int, int]:
+@dataclass
+class Profile:
+    """Gathered parameter bytes along one microbatch's local steps: at each step, between steps (index
+    b + 1 after step b), and (point b, bytes above between[b + 1]) while a hook runs there."""
+
+    at: np.ndarray
+    between: np.ndarray
+    moments: list[tuple[int, int]]
+
+
+@dataclass
+class Gathered:
+    """FSDP2's gathered parameters on a stage's microbatch (parallel.fsdp.stage_units; none without FSDP):
+    ``first`` as the warm-up's forwards and the first backward gather them, ``steady`` as a forward after
+    a backward finds them (gathered, freed after the forward by ``reshard``) and the backward after it
+    gathers them again, and ``whole``, every unit's, as a backward after a backward (or any step when
+    nothing reshards) finds them: the pipeline's backwards leave them gathered to the step's end."""
+
+    first: Profile
+    steady: Profile
+    whole: int
+    reshard: bool  # reshard_after_forward
+
+    @staticmethod
+    def none(steps: int) -> Gathered:
+        empty = Profile(np.zeros(steps, dtype=np.int64), np.zeros(steps + 1, dtype=np.int64), [])
+        return Gathered(empty, empty, 0, False)
+
+
+def _top(at: np.ndarray, between: np.ndarray, gathered: Profile | int) -> tuple[int, int]:
+    """(the largest live bytes of one situation, its local step): activations ``at`` the steps and
+    ``between`` them, with the parameters gathered as ``gathered`` says (a Profile, or bytes throughout);
+    a hook between steps b and b + 1 counts at step b + 1, the op it runs before."""
+    if isinstance(gathered, int):
+        gathered = Profile(np.full(len(at), gathered), np.full(len(between), gathered), [])
+    total_at, total_between = at + gathered.at, between + gathered.between
+    best = (int(total_at.max()), int(total_at.argmax()))
+    last = len(at) - 1
+    b = int(total_between.argmax())
+    if int(total_between[b]) > best[0]:
+        best = (int(total_between[b]), min(b, last))
+    for point, extra in gathered.moments:
+        value = int(total_between[point + 1]) + extra
+        if value > best[0]:
+            best = (value, min(point + 1, last))
+    return best
+
+
+def stage_peak(step: StageStep, schedule: str, k: int, microbatches: int, all_gradients: int,
+               gathered: Gathered | None = None) -> tuple[int, int]:
     """(the activations' peak above the resident state, its local step): the first backward with ``k``
     microbatches in flight and no gradient yet, or a later one, every parameter gradient made, with the
     microbatches then in flight and what the schedule's variables still hold. Under Schedule1F1B's steady
     state k are in flight, the last sent gradient is held (the loop's variable keeps its send op until the
     next backward's) and, after two or more warm-up forwards, the first one's output too (its send's work,
     kept until the steady state ends); under ScheduleGPipe backward j (j >= 1) has m - j in flight and
-    all j sent gradients held (their sends are waited on after the last backward)."""
+    all j sent gradients held (their sends are waited on after the last backward). ``gathered``: FSDP2's
+    parameters (Gathered): a backward right after a forward finds them as that forward left them, one
+    after a backward (GPipe's, the cool-down's) finds every unit's gathered."""
     if not len(step.live):
         return 0, 0
-    first = (k - 1) * step.held + step.live
-    best = (int(first.max()), int(first.argmax()))
-    later = []  # (microbatches in flight, sent gradients held, outputs held)
+    gathered = gathered or Gathered.none(len(step.live))
+    # the k-th forward and the first backward: every unit gathered already unless the stage runs one
+    # microbatch before it (k = 1) or a forward reshards
+    fresh = k == 1 or gathered.reshard
+    best = _top((k - 1) * step.held + step.live, (k - 1) * step.held + step.between,
+                gathered.first if fresh else gathered.whole)
+    later = []  # (microbatches in flight, sent gradients held, outputs held, after a backward)
     if schedule == "1f1b" and microbatches > k:
-        later.append((k, 1, int(k >= 2)))
+        later.append((k, 1, int(k >= 2), False))
+        if k >= 2 and gathered.reshard:  # the cool-down: backwards in a row, every unit gathered
+            later.append((k - 1, 1, 0, True))
     elif microbatches > 1:  # no steady state: the second backward, one fewer in flight
-        later.append((k - 1, 1, 0))
+        later.append((k - 1, 1, 0, True))
         if schedule == "gpipe":
-            later.append((1, microbatches - 1, 0))  # the last backward
+            later.append((1, microbatches - 1, 0, True))  # the last backward
     rest = step.live - step.gradients + all_gradients
+    rest_between = step.between - step.gradients_between + all_gradients
     output = step.held - step.saved
-    for flight, sends, outputs in later:
-        after = rest + (flight - 1) * step.held + sends * step.sent_gradient + outputs * output
-        if int(after.max()) > best[0]:
-            best = (int(after.max()), int(after.argmax()))
+    for flight, sends, outputs, whole in later:
+        extra = (flight - 1) * step.held + sends * step.sent_gradient + outputs * output
+        top = _top(rest + extra, rest_between + extra,
+                   gathered.whole if whole or not gathered.reshard else gathered.steady)
+        if top[0] > best[0]:
+            best = top
     return best

@@ -26,9 +26,18 @@ from ..core.ir import Tensor, dtype_size
 from ..memory.sizes import model_variables
 from ..plan.candidates import saved_after
 from ..plan.planner import OPTIMIZERS, StepModel, largest_fitting, solve_values
-from .fsdp import Unit, gather, parameters, reduce_scatter, shard_rows, units
+from .fsdp import Unit, gather, parameters, reduce_scatter, shard_rows, stage_units, units
 from .layout import DEVICES, Layout
-from .pipeline import autocast_copies, in_flight, sent_storages, stage_peak, stage_step, stages_of
+from .pipeline import (
+    Gathered,
+    Profile,
+    autocast_copies,
+    in_flight,
+    sent_storages,
+    stage_peak,
+    stage_step,
+    stages_of,
+)
 from .tensor import Split, find_split
 from .timeline import Timeline
 
@@ -153,6 +162,10 @@ def _pipeline_ranks(analysis, layout: Layout, optimizer: str, values: dict[str, 
     moments = OPTIMIZERS[optimizer][0]
     device = analysis.profile.device if analysis.profile is not None else "cpu"
     constants = {t.name: t for t in joint.tensors.values() if t.kind == "constant" and t.producer is None}
+    if layout.sharded and precision in ("bf16", "fp16"):
+        raise UsageError("--pp with --dp-shard under a 16-bit model (FSDP2's MixedPrecisionPolicy in a "
+                         "pipeline) is not modelled yet: fp32, or --precision amp-bf16 (autocast), is")
+    fsdp_units = units(graph, joint, live) if layout.sharded else []
     out: list[RankMemory] = []
     for stage in stages:
         step = stage_step(stage, of_step, model, live, gradient_names, sent, {q.name for q in params}, cached)
@@ -168,9 +181,13 @@ def _pipeline_ranks(analysis, layout: Layout, optimizer: str, values: dict[str, 
         buckets = grad_bytes if r > 1 else 0  # DDP's reducer: a flat copy of the stage's gradients
         buffers = m * step.received + buckets  # a receive buffer per microbatch
         k = in_flight(layout.pp_schedule, p, stage.index, m)
+        saved = k * step.saved + step.copies
+        if layout.sharded:
+            out += _sharded_stage(stage, step, mine, model, fixed, grad_bytes, buffers, k, saved, layout,
+                                  fsdp_units, moments, device)
+            continue
         top, at = stage_peak(step, layout.pp_schedule, k, m, grad_bytes)
         where = stage.steps[at] if stage.steps else None
-        saved = k * step.saved + step.copies
         owner = zero1_owners(numel, r) if layout.zero == 1 else None
         for replica, ids in _replica_classes(owner, r):
             owned = [e for i, e in enumerate(numel) if owner is None or owner[i] == replica]
@@ -188,6 +205,68 @@ def _pipeline_ranks(analysis, layout: Layout, optimizer: str, values: dict[str, 
                 entry.peak_bytes, entry.peak_phase, entry.peak_step = optimizer_peak, "optimizer", None
             out.append(entry)
     return out
+
+
+def _sharded_stage(stage, step, mine: list[Tensor], model: StepModel, fixed: int, whole_grads: int,
+                   received: int, k: int, saved: int, layout: Layout, fsdp_units: list[Unit], moments: int,
+                   device: str) -> list[RankMemory]:
+    """A stage's ranks under FSDP2 in a pipeline (fsdp.stage_units; rank = stage * shards + shard index):
+    each holds its padded shards of the stage's parameters and their state; the schedule gathers each
+    unit's parameters (gather) and leaves every backward's gathered, and the unsharded gradients
+    accumulating, to the last microbatch's backward, whose end reshards and reduce-scatters each unit's
+    (its input beside the whole gradients; on gloo its copy too), leaving sharded gradients for the
+    optimizer step."""
+    n = layout.dp_shard
+    local = stage_units(fsdp_units, stage.blocks, step.touched, stage.steps, stage.boundary)
+    steps = len(stage.steps)
+    size = {q.name: dtype_size(q.dtype) for q in mine}
+    shapes = {q.name: q.shape or () for q in mine}
+    for u in local:  # every rank's padded shard, gathered (and reduce-scattered) in the parameters' dtype
+        u.padded = u.reduce = sum(_padded(shapes[q.name], n) * size[q.name] for q in u.params
+                                  if q.name in size)
+    profiles = []
+    for found in (False, True):  # the warm-up's forwards gather; a forward after a backward finds them
+        line = Timeline(steps, model.base.dtype)
+        gather(line, local, layout.reshard_after_forward, steps, stage.boundary, device, gathered=found)
+        profiles.append(Profile(np.cumsum(line.at)[1:steps + 1], np.cumsum(line.between)[:steps + 1],
+                                [(point, extra) for point, extra, _ in line.moments]))
+    whole = sum(u.padded for u in local)
+    gathered = Gathered(*profiles, whole, layout.reshard_after_forward)
+    top, at = stage_peak(step, layout.pp_schedule, k, layout.chunks, whole_grads, gathered)
+    where = stage.steps[at] if stage.steps else None
+    clone = device == "cpu"
+    end = whole + whole_grads + max((u.reduce * (1 + clone) for u in local), default=0)
+    out: list[RankMemory] = []
+    for shard in range(n):
+        param_bytes = state = 0
+        shards = []
+        for q in mine:
+            c, rows, rest = shard_rows(shapes[q.name], n, shard)
+            param_bytes += c * rest * size[q.name]
+            state += (moments * rows * rest * size[q.name] + STEP_BYTES) if moments else 0
+            shards.append(rows * rest * size[q.name])
+        resident = param_bytes + fixed + state + received
+        peak, phase, step_at = resident + top, "forward" if at < stage.boundary else "backward", where
+        if resident + end > peak:  # the last backward's reduce-scatters
+            peak, phase, step_at = resident + end, "backward", stage.steps[-1] if stage.steps else None
+        temporaries = loop_temporaries(shards) if device == "cpu" else sum(shards)
+        optimizer_peak = resident + param_bytes + (temporaries if moments else 0)
+        if optimizer_peak > peak:
+            peak, phase, step_at = optimizer_peak, "optimizer", None
+        entry = RankMemory([stage.index * n + shard], param_bytes, param_bytes, state, saved,
+                           received + whole, peak, phase, step_at, in_flight=k)
+        same = next((e for e in out if e.key() == entry.key()), None)
+        if same is not None:
+            same.ranks += entry.ranks
+        else:
+            out.append(entry)
+    return out
+
+
+def _padded(shape: tuple[int, ...], n: int) -> int:
+    """The elements FSDP2 gathers for a parameter: every rank's dim-0 shard, padded to ceil(d0 / n) rows."""
+    c, _, rest = shard_rows(shape, n, 0)
+    return c * n * rest
 
 
 def _replica_classes(owner: list[int] | None, replicas: int) -> list[tuple[int, list[int]]]:

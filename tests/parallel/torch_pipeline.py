@@ -10,7 +10,12 @@ schedules under ``torchrun``, each rank writing what it holds to ``OUT/<run>/ran
 With ``--replicas R`` the world is a (stages, R) mesh, pp outermost as torchtitan's (rank = stage * R +
 replica): R replicas of the pipeline, each stage's module wrapped in DistributedDataParallel over its
 replicas (``init_sync=False``, as torch_ranks.py's; the schedule runs each backward but the last under
-``no_sync``), every replica reading the same batch (the gradients' check holds as it is).
+``no_sync``), every replica reading the same batch (the gradients' check holds as it is). With
+``--fsdp`` too the R ranks shard each stage instead, as torchtitan applies FSDP2 under a pipeline:
+``fully_shard`` on each of the stage's blocks (``reshard_after_forward`` False, torchtitan's default under
+a pipeline, or True with the run's ``reshard`` flag), then on the stage's module (False); the schedule
+keeps the gathered parameters and the unsharded gradients from each backward to the last one's end
+(``set_reshard_after_backward(False)``, ``set_requires_gradient_sync(False)``), then reduce-scatters.
 
 A run is ``SCHEDULE:SEQ:MICROBATCHES[:outputs][:amp][:zero1]`` (``amp``: the step under CPU autocast to
 bf16, torchtitan's mixed precision without FSDP; ``zero1``: with replicas, torch's ZeroRedundancyOptimizer
@@ -88,7 +93,7 @@ SCHEDULES = ("gpipe", "1f1b")
 DECODERS = ("llama", "qwen2", "mistral")  # embed_tokens, layers, norm, rotary_emb
 ENCODERS = ("distilbert",)  # embeddings, transformer.layer (post-norm blocks, no final norm)
 MODELS = (*DECODERS, "gpt2", *ENCODERS)
-RUN = "SCHEDULE:SEQ:MICROBATCHES[:outputs][:amp][:zero1]"  # one step's configuration: 1f1b:128:4
+RUN = "SCHEDULE:SEQ:MICROBATCHES[:outputs][:amp][:zero1][:reshard]"  # one step's configuration: 1f1b:128:4
 OUTPUT_TOLERANCE = 1e-5  # max abs difference of the chained stages' output from the whole model's
 GRAD_TOLERANCE = 1e-4  # max abs difference of the pipeline's gradients, relative to the largest
 AMP_GRAD_TOLERANCE = 2e-2  # under bf16 autocast: microbatches round differently from the whole batch
@@ -96,9 +101,10 @@ AMP_GRAD_TOLERANCE = 2e-2  # under bf16 autocast: microbatches round differently
 
 def parse_run(text: str) -> dict:
     schedule, seq, microbatches, *flags = text.split(":")
-    assert schedule in SCHEDULES and set(flags) <= {"outputs", "amp", "zero1"}, text
+    assert schedule in SCHEDULES and set(flags) <= {"outputs", "amp", "zero1", "reshard"}, text
     return {"schedule": schedule, "seq": int(seq), "microbatches": int(microbatches),
-            "return_outputs": "outputs" in flags, "amp": "amp" in flags, "zero1": "zero1" in flags}
+            "return_outputs": "outputs" in flags, "amp": "amp" in flags, "zero1": "zero1" in flags,
+            "reshard": "reshard" in flags}
 
 
 def run_name(text: str) -> str:
@@ -259,8 +265,9 @@ class _SavedTracker:
     parameters and buffers) and ``inputs`` (the storages of the stage's input in that forward), and keeps a
     StorageWeakRef to it; ``sample`` sums the bytes of the recorded storages still alive."""
 
-    def __init__(self, skip: set[int]):
+    def __init__(self, skip: set[int], module=None):
         self.skip = skip
+        self.module = module  # under FSDP: its parameters while a block runs (the gathered ones) skipped too
         self.inputs: set[int] = set()
         self.current: int | None = None
         self.active = False
@@ -276,7 +283,8 @@ class _SavedTracker:
         if self.active and self.current is not None:
             s = t.untyped_storage()
             ptr, size = s.data_ptr(), s.nbytes()
-            if size > 0 and ptr not in self.skip and ptr not in self.inputs:
+            held = _storages(self.module.parameters()) if self.module is not None else {}
+            if size > 0 and ptr not in self.skip and ptr not in self.inputs and ptr not in held:
                 seen = self.by_microbatch.setdefault(self.current, {})
                 if ptr not in seen:
                     seen[ptr] = size
@@ -339,6 +347,13 @@ def _recv_buffers(stage) -> dict[int, int]:
     return _storages(getattr(i, "buffer", None) for info in infos for i in info)
 
 
+def _whole(t):
+    """A gradient whole: an FSDP2 shard's full tensor (an all-gather over its shard group), else itself."""
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
 def _bucket_bytes(ddp) -> int:
     """The bytes of DDP's reducer buckets, as its own logging data lists them (0 without DDP)."""
     if ddp is None:
@@ -348,7 +363,7 @@ def _bucket_bytes(ddp) -> int:
 
 def measure(name: str, batch: int, kv_heads: int | None, layers: int, schedule: str, seq: int,
             microbatches: int, return_outputs: bool, amp: bool = False, zero1: bool = False,
-            mesh=None) -> dict:
+            reshard: bool = False, mesh=None, fsdp: bool = False) -> dict:
     """One configuration's steps on this rank, and what it holds (the module docstring); ``mesh``: the
     (pp, dp) mesh of --replicas, None for a pipeline alone."""
     import torch
@@ -379,13 +394,23 @@ def measure(name: str, batch: int, kv_heads: int | None, layers: int, schedule: 
         wrapped = None
         if mesh is None:
             stage = PipelineStage(part, index, stages, device=torch.device("cpu"))
+        elif fsdp:
+            from torch.distributed.fsdp import fully_shard
+
+            for block in part.blocks:
+                fully_shard(block, mesh=mesh["dp"], reshard_after_forward=reshard)
+            fully_shard(part, mesh=mesh["dp"], reshard_after_forward=False)
+            params = list(part.parameters())
+            stage = PipelineStage(part, index, stages, device=torch.device("cpu"),
+                                  group=mesh["pp"].get_group())
         else:
             from torch.nn.parallel import DistributedDataParallel as DDP
 
             wrapped = DDP(part, process_group=mesh["dp"].get_group(), init_sync=False)
             stage = PipelineStage(wrapped, index, stages, device=torch.device("cpu"),
                                   group=mesh["pp"].get_group())
-        tracker = _SavedTracker(set(_storages(params)) | set(_storages(part.buffers())))
+        tracker = _SavedTracker(set(_storages(params)) | set(_storages(part.buffers())),
+                                part if fsdp else None)
         _instrument(stage, part, tracker)
         # every rank passes the loss: a schedule without one runs no backward on any stage
         cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[schedule]
@@ -415,7 +440,7 @@ def measure(name: str, batch: int, kv_heads: int | None, layers: int, schedule: 
                 grads = _storages(p.grad for p in params if p.grad is not None)
                 if step == 0:
                     with torch.no_grad():
-                        worst = max((p.grad - ref_grads[n]).abs().max().item()
+                        worst = max((_whole(p.grad) - ref_grads[n]).abs().max().item()
                                     for p, n in zip(params, param_names, strict=True))
                         scale = max(g.abs().max().item() for g in ref_grads.values())
                     checks |= {"check_grad_max_abs_diff": worst, "check_grad_max_abs": scale}
@@ -458,6 +483,7 @@ def main() -> None:
     ap.add_argument("--kv-heads", type=int, default=None, help="hf_models.build's kv_heads")
     ap.add_argument("--layers", type=int, default=2, help="hf_models.build's layers (blocks)")
     ap.add_argument("--replicas", type=int, default=1, help="replicas of the pipeline, DDP over each stage's")
+    ap.add_argument("--fsdp", action="store_true", help="the replicas shard each stage (FSDP2) instead")
     ap.add_argument("--timeout", type=int, default=300, help="seconds: a P2P wait's, and a run's")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
@@ -476,7 +502,8 @@ def main() -> None:
                                 mesh_dim_names=("pp", "dp"))
     for text in args.runs.split(","):
         faulthandler.dump_traceback_later(args.timeout, exit=True)  # a hang exits 1 with the stacks
-        result = measure(args.model, args.batch, args.kv_heads, args.layers, **parse_run(text), mesh=mesh)
+        result = measure(args.model, args.batch, args.kv_heads, args.layers, **parse_run(text), mesh=mesh,
+                         fsdp=args.fsdp)
         out = Path(args.out) / run_name(text)
         out.mkdir(parents=True, exist_ok=True)
         (out / f"rank_{result['rank']}.json").write_text(json.dumps(result, indent=1))
