@@ -60,6 +60,7 @@ class Layout:
                 if self.dp_replicate > 1 else ""
             data += (f" x FSDP {self.dp_shard}" + ("" if self.reshard_after_forward else
                                                    " (no reshard after forward)")) if self.sharded else ""
+            data += f" x TP {self.tp}" if self.tp > 1 else ""
             return f"PP {self.pp} ({self.pp_schedule.upper()}, {self.chunks} microbatches){data}"
         tp = f"TP {self.tp}" + (" + SP" if self.sp else "") if self.tp > 1 else ""
         if self.sharded:
@@ -88,9 +89,12 @@ class Layout:
             raise UsageError(f"--world {self.world}: the degrees multiply to {self.size} "
                              f"(--dp-replicate {self.dp_replicate} x --dp-shard {self.dp_shard} x --tp "
                              f"{self.tp} x --pp {self.pp})")
-        if self.pp > 1 and (self.tp > 1 or (self.sharded and self.dp_replicate > 1)):
-            raise UsageError("--pp with --tp, or with HSDP, is not modelled yet (--pp with --dp-replicate, "
-                             "DDP over each stage, or with --dp-shard, FSDP2 over each stage, is)")
+        if self.pp > 1 and sum((self.tp > 1, self.dp_replicate > 1, self.sharded)) > 1:
+            raise UsageError("--pp with two of --dp-replicate, --dp-shard and --tp is not modelled yet (--pp "
+                             "with one of them is)")
+        if self.pp > 1 and self.sp:
+            raise UsageError("--sp with --pp (the stages' boundary split along the sequence) is not "
+                             "modelled yet: --pp with --tp is")
         if self.pp > 1 and self.zero == 1 and self.sharded:
             raise UsageError("--zero 1 shards the optimizer state over replicas; with --dp-shard the "
                              "parameters, gradients and state are sharded already (ZeRO-3)")

@@ -149,13 +149,16 @@ class StageStep:
 
 
 def stage_step(stage: Stage, of_step: list[frozenset[int]], model, live, gradient_names: set[str],
-               sent: set[str], weights: set[str], cached: set[str] = frozenset()) -> StageStep:
+               sent: set[str], weights: set[str], cached: set[str] = frozenset(),
+               share=lambda name, value: value, extra: tuple = ()) -> StageStep:
     """One microbatch's lifetimes on ``stage`` (module docstring), at the StepModel's dims. What the
     stage receives lands in receive buffers of its own, one per microbatch, allocated once and kept
     (torch.distributed.pipelining's), so it is counted apart (``received``), not along the steps; a
     partial gradient of a weight that stages share (``weights``: tied embeddings) is no such thing:
     each stage keeps its own copy's gradient, summed across stages after the step. ``cached``
-    (autocast_copies) is made by the first microbatch and kept to the end, once for all of them."""
+    (autocast_copies) is made by the first microbatch and kept to the end, once for all of them.
+    ``share``: a tensor's bytes on this rank (its tensor-parallel share); ``extra``: (schedule step,
+    bytes) made and freed there (an all-reduce's output beside its input)."""
     schedule = live.schedule
     pos = {i: k for k, i in enumerate(stage.steps)}
     end = len(stage.steps) - 1
@@ -185,7 +188,7 @@ def stage_step(stage: Stage, of_step: list[frozenset[int]], model, live, gradien
     backward = stage.boundary <= end
     for name, (first, last) in spans.items():
         born, gone = live.lifetimes[name]
-        value = model.value[name]
+        value = share(name, model.value[name])
         if born >= 0 and stage.index not in of_step[born]:  # made on another stage: received
             if tensors[name].meta.get("like") not in weights:
                 received += value
@@ -213,10 +216,11 @@ def stage_step(stage: Stage, of_step: list[frozenset[int]], model, live, gradien
         elif first < stage.boundary <= last:
             held += value
             saved += 0 if output else value
-    for step, f in model.transients:
+    moments = [(step, share(x.name, f.evaluate(model.sizes) or 0)) for x, step in live.transients
+               if (f := model.bytes_formula(x)) is not None]
+    for step, v in [*moments, *extra]:
         if step in pos:
             k = pos[step]
-            v = f.evaluate(model.sizes) or 0
             delta[k + 1] += v
             delta[k + 2] -= v
     n = len(stage.steps)

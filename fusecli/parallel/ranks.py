@@ -166,18 +166,32 @@ def _pipeline_ranks(analysis, layout: Layout, optimizer: str, values: dict[str, 
         raise UsageError("--pp with --dp-shard under a 16-bit model (FSDP2's MixedPrecisionPolicy in a "
                          "pipeline) is not modelled yet: fp32, or --precision amp-bf16 (autocast), is")
     fsdp_units = units(graph, joint, live) if layout.sharded else []
+    t = layout.tp  # the tensor-parallel ranks of each stage: rank = stage * t + tp index
+    split = find_split(graph, joint, t, False, _storage_names(live)) if t > 1 else None
+    split_names, split_params = (split.tensors, split.parameters) if split else (set(), set())
+
+    def share(name: str, value: int) -> int:
+        return value // t if name in split_names else value
+
+    # an all-reduce's output beside its input, whole, where it is made
+    reduced = [(live.lifetimes[name][0], model.value[name]) for name in (split.reduced if split else ())
+               if name in model.value]
     out: list[RankMemory] = []
     for stage in stages:
-        step = stage_step(stage, of_step, model, live, gradient_names, sent, {q.name for q in params}, cached)
+        step = stage_step(stage, of_step, model, live, gradient_names, sent, {q.name for q in params}, cached,
+                          share, tuple(reduced))
         mine = [q for q in params if q.name in step.touched]
-        weights = [model.bytes_formula(q).evaluate(model.sizes) or 0 for q in mine]
+        weights = [local_param(q.name, model.bytes_formula(q).evaluate(model.sizes) or 0, split_params, t)
+                   for q in mine]
         param_bytes = sum(weights)
         fixed = sum(model.bytes_formula(c).evaluate(model.sizes) or 0 for name, c in constants.items()
                     if name in step.touched and model.bytes_formula(c) is not None)
-        numel = [int(np.prod(q.shape, dtype=object)) if q.shape else 1 for q in mine]
+        numel = [local_param(q.name, int(np.prod(q.shape, dtype=object)) if q.shape else 1, split_params, t)
+                 for q in mine]
         state_dtype = 4 if precision in ("bf16", "fp16") else dtype_size(mine[0].dtype) if mine else 4
         master = 4 * sum(numel) if precision in ("bf16", "fp16") else 0
-        grad_bytes = sum(model.value.get(grads[q.name].name, 0) for q in mine if q.name in grads)
+        grad_bytes = sum(share(grads[q.name].name, model.value.get(grads[q.name].name, 0)) for q in mine
+                         if q.name in grads)
         buckets = grad_bytes if r > 1 else 0  # DDP's reducer: a flat copy of the stage's gradients
         buffers = m * step.received + buckets  # a receive buffer per microbatch
         k = in_flight(layout.pp_schedule, p, stage.index, m)
@@ -199,8 +213,8 @@ def _pipeline_ranks(analysis, layout: Layout, optimizer: str, values: dict[str, 
                 local.sort(reverse=True)
             temporaries = loop_temporaries(local) if device == "cpu" else sum(local)
             optimizer_peak = resident + grad_bytes + (temporaries if moments else 0)
-            entry = RankMemory([stage.index * r + j for j in ids], param_bytes, grad_bytes, state, saved,
-                               buffers, peak, phase, where, in_flight=k)
+            entry = RankMemory([(stage.index * r + j) * t + i for j in ids for i in range(t)], param_bytes,
+                               grad_bytes, state, saved, buffers, peak, phase, where, in_flight=k)
             if optimizer_peak > peak:
                 entry.peak_bytes, entry.peak_phase, entry.peak_step = optimizer_peak, "optimizer", None
             out.append(entry)

@@ -8,10 +8,11 @@ makes once and keeps for every microbatch. With data parallel over 2 (a (2, 2) m
 outermost) each stage is DDP over its replicas (``--dp-replicate 2``; ``zero1`` with
 ZeroRedundancyOptimizer) or FSDP2 over its shards (``--dp-shard 2``, fully_shard on the stage's blocks
 and module as torchtitan applies it in a pipeline; ``reshard``: the blocks' reshard_after_forward, False
-by default as torchtitan's under a pipeline); every rank of every stage is checked. DDP is measured
-under Schedule1F1B with more microbatches than stages: under ScheduleGPipe, or 1F1B with as many
-microbatches as stages, torch 2.13's reducer fails its own assert (``rebuilt parameter indices size is
-not same as original model parameters size``) at the second step's first forward.
+by default as torchtitan's under a pipeline), or tensor parallel over 2 (``--tp 2``, the stages' blocks
+as test_ranks.py's ``tp`` makes them, on models with 2 K/V heads); every rank of every stage is checked.
+DDP is measured under Schedule1F1B with more microbatches than stages: under ScheduleGPipe, or 1F1B
+with as many microbatches as stages, torch 2.13's reducer fails its own assert (``rebuilt parameter
+indices size is not same as original model parameters size``) at the second step's first forward.
 
 Per stage: saved activations within 2% (the most autograd holds at once, every microbatch in flight
 counted; the stage's input, a receive buffer, and the token ids excepted, as the judge sees them),
@@ -40,8 +41,8 @@ pytest.importorskip("transformers")
 BATCH = {2: 4, 4: 8}  # stages -> the global batch of a step
 SAVED_TOLERANCE = 0.02
 PEAK_TOLERANCE = 0.02
-REPLICAS = 2  # the data-parallel degree of the "ddp" and "fsdp" cases
-# (model, exporter, kv_heads, layers, stages, data parallel: "", "ddp" or "fsdp") -> runs
+REPLICAS = 2  # the degree of the "ddp", "fsdp" and "tp" cases
+# (model, exporter, kv_heads, layers, stages, the second degree: "", "ddp", "fsdp" or "tp") -> runs
 # (SCHEDULE:SEQ:MICROBATCHES[:amp][:zero1][:reshard])
 MODELS = {
     ("llama", "torchscript", 2, 2, 2, ""): ("gpipe:128:4", "1f1b:128:4", "1f1b:128:2", "gpipe:128:4:amp",
@@ -55,6 +56,8 @@ MODELS = {
     ("llama", "dynamo", None, 4, 2, "fsdp"): ("1f1b:128:4", "1f1b:128:4:reshard", "gpipe:128:4:reshard",
                                               "1f1b:1024:2:reshard", "1f1b:128:4:amp:reshard"),
     ("gpt2", "dynamo", None, 2, 2, "fsdp"): ("1f1b:128:4:reshard", "gpipe:128:4"),
+    ("llama", "dynamo", 2, 4, 2, "tp"): ("1f1b:128:4", "gpipe:128:4", "1f1b:1024:2", "1f1b:128:4:amp"),
+    ("qwen2", "dynamo", 2, 2, 2, "tp"): ("1f1b:128:4",),
 }
 
 
@@ -75,7 +78,9 @@ def measured(model: str, kv_heads: int | None, layers: int, stages: int, data: s
     """run -> rank -> what torch_pipeline.py measured there."""
     replicas = REPLICAS if data else 1
     args = ["--model", model, "--runs", ",".join(runs), "--batch", str(BATCH[stages]),
-            "--layers", str(layers), "--replicas", str(replicas)] + (["--fsdp"] if data == "fsdp" else [])
+            "--layers", str(layers)]
+    args += ["--tp", str(replicas)] if data == "tp" else ["--replicas", str(replicas)]
+    args += ["--fsdp"] if data == "fsdp" else []
     args += ["--kv-heads", str(kv_heads)] if kv_heads is not None else []
     return run_judge("torch_pipeline.py", args, out, stages * replicas)
 
@@ -108,7 +113,8 @@ def test_each_stage_is_torchs(hf_onnx, tmp_path_factory, model, exporter, kv_hea
                    cache=exporter == "torchscript")
     a = _analysis(path, BATCH[stages], int(seq), "amp-bf16" if "amp" in flags else None)
     layout = Layout(pp=stages, dp_replicate=replicas if data == "ddp" else 1,
-                    dp_shard=replicas if data == "fsdp" else 1, zero=1 if "zero1" in flags else None,
+                    dp_shard=replicas if data == "fsdp" else 1, tp=replicas if data == "tp" else 1,
+                    zero=1 if "zero1" in flags else None,
                     reshard_after_forward="reshard" in flags or data != "fsdp",
                     microbatches=int(microbatches), pp_schedule=schedule)
     predicted = {r: e for e in rank_memory(a, layout) for r in e.ranks}

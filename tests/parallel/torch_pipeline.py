@@ -16,6 +16,10 @@ replicas (``init_sync=False``, as torch_ranks.py's; the schedule runs each backw
 a pipeline, or True with the run's ``reshard`` flag), then on the stage's module (False); the schedule
 keeps the gathered parameters and the unsharded gradients from each backward to the last one's end
 (``set_reshard_after_backward(False)``, ``set_requires_gradient_sync(False)``), then reduce-scatters.
+With ``--tp T`` instead the world is a (stages, T) mesh, the tensor-parallel ranks innermost (rank =
+stage * T + tp index): each stage's blocks tensor-parallel as torch_ranks.py's ``tp`` mode makes them
+(``ColwiseParallel`` on q/k/v and gate/up, ``RowwiseParallel`` on o and down, by name), the stages
+sending whole (replicated) hidden states.
 
 A run is ``SCHEDULE:SEQ:MICROBATCHES[:outputs][:amp][:zero1]`` (``amp``: the step under CPU autocast to
 bf16, torchtitan's mixed precision without FSDP; ``zero1``: with replicas, torch's ZeroRedundancyOptimizer
@@ -278,10 +282,11 @@ class _SavedTracker:
         self.input_bytes = self.output_bytes = 0
 
     def pack(self, t):
+        from torch.distributed.tensor import DTensor
         from torch.multiprocessing.reductions import StorageWeakRef
 
         if self.active and self.current is not None:
-            s = t.untyped_storage()
+            s = (t._local_tensor if isinstance(t, DTensor) else t).untyped_storage()
             ptr, size = s.data_ptr(), s.nbytes()
             held = _storages(self.module.parameters()) if self.module is not None else {}
             if size > 0 and ptr not in self.skip and ptr not in self.inputs and ptr not in held:
@@ -363,7 +368,7 @@ def _bucket_bytes(ddp) -> int:
 
 def measure(name: str, batch: int, kv_heads: int | None, layers: int, schedule: str, seq: int,
             microbatches: int, return_outputs: bool, amp: bool = False, zero1: bool = False,
-            reshard: bool = False, mesh=None, fsdp: bool = False) -> dict:
+            reshard: bool = False, mesh=None, fsdp: bool = False, tp: bool = False) -> dict:
     """One configuration's steps on this rank, and what it holds (the module docstring); ``mesh``: the
     (pp, dp) mesh of --replicas, None for a pipeline alone."""
     import torch
@@ -375,7 +380,7 @@ def measure(name: str, batch: int, kv_heads: int | None, layers: int, schedule: 
     from tests import hf_models
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    replicas = mesh["dp"].size() if mesh is not None else 1
+    replicas = mesh["tp" if tp else "dp"].size() if mesh is not None else 1
     stages, index = world // replicas, rank // replicas
     assert batch % microbatches == 0, f"batch {batch} does not split into {microbatches} microbatches"
     assert replicas > 1 or not zero1, "zero1 shards the optimizer over replicas: give --replicas"
@@ -394,6 +399,13 @@ def measure(name: str, batch: int, kv_heads: int | None, layers: int, schedule: 
         wrapped = None
         if mesh is None:
             stage = PipelineStage(part, index, stages, device=torch.device("cpu"))
+        elif tp:
+            from tests.parallel.torch_ranks import _tensor_parallel
+
+            _tensor_parallel(part, mesh["tp"], False)
+            params = list(part.parameters())
+            stage = PipelineStage(part, index, stages, device=torch.device("cpu"),
+                                  group=mesh["pp"].get_group())
         elif fsdp:
             from torch.distributed.fsdp import fully_shard
 
@@ -484,6 +496,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=2, help="hf_models.build's layers (blocks)")
     ap.add_argument("--replicas", type=int, default=1, help="replicas of the pipeline, DDP over each stage's")
     ap.add_argument("--fsdp", action="store_true", help="the replicas shard each stage (FSDP2) instead")
+    ap.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks per stage (not with --replicas)")
     ap.add_argument("--timeout", type=int, default=300, help="seconds: a P2P wait's, and a run's")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
@@ -495,15 +508,17 @@ def main() -> None:
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout))
     _settle_collectives()
     mesh = None
-    if args.replicas > 1:
+    assert args.replicas == 1 or args.tp == 1, "--replicas or --tp, not both"
+    if args.replicas > 1 or args.tp > 1:
         from torch.distributed.device_mesh import init_device_mesh
 
-        mesh = init_device_mesh("cpu", (dist.get_world_size() // args.replicas, args.replicas),
-                                mesh_dim_names=("pp", "dp"))
+        inner = max(args.replicas, args.tp)
+        mesh = init_device_mesh("cpu", (dist.get_world_size() // inner, inner),
+                                mesh_dim_names=("pp", "tp" if args.tp > 1 else "dp"))
     for text in args.runs.split(","):
         faulthandler.dump_traceback_later(args.timeout, exit=True)  # a hang exits 1 with the stacks
         result = measure(args.model, args.batch, args.kv_heads, args.layers, **parse_run(text), mesh=mesh,
-                         fsdp=args.fsdp)
+                         fsdp=args.fsdp, tp=args.tp > 1)
         out = Path(args.out) / run_name(text)
         out.mkdir(parents=True, exist_ok=True)
         (out / f"rank_{result['rank']}.json").write_text(json.dumps(result, indent=1))
