@@ -89,9 +89,9 @@ class Layout:
             raise UsageError(f"--world {self.world}: the degrees multiply to {self.size} "
                              f"(--dp-replicate {self.dp_replicate} x --dp-shard {self.dp_shard} x --tp "
                              f"{self.tp} x --pp {self.pp})")
-        if self.pp > 1 and sum((self.tp > 1, self.dp_replicate > 1, self.sharded)) > 1:
-            raise UsageError("--pp with two of --dp-replicate, --dp-shard and --tp is not modelled yet (--pp "
-                             "with one of them is)")
+        if self.pp > 1 and self.dp_replicate > 1 and (self.tp > 1 or self.sharded):
+            raise UsageError("--pp with --dp-replicate and --dp-shard or --tp is not modelled yet (--pp "
+                             "with --dp-shard and --tp, torchtitan's 3-D layout, is)")
         if self.pp > 1 and self.sp:
             raise UsageError("--sp with --pp (the stages' boundary split along the sequence) is not "
                              "modelled yet: --pp with --tp is")

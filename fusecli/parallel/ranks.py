@@ -162,9 +162,6 @@ def _pipeline_ranks(analysis, layout: Layout, optimizer: str, values: dict[str, 
     moments = OPTIMIZERS[optimizer][0]
     device = analysis.profile.device if analysis.profile is not None else "cpu"
     constants = {t.name: t for t in joint.tensors.values() if t.kind == "constant" and t.producer is None}
-    if layout.sharded and precision in ("bf16", "fp16"):
-        raise UsageError("--pp with --dp-shard under a 16-bit model (FSDP2's MixedPrecisionPolicy in a "
-                         "pipeline) is not modelled yet: fp32, or --precision amp-bf16 (autocast), is")
     fsdp_units = units(graph, joint, live) if layout.sharded else []
     t = layout.tp  # the tensor-parallel ranks of each stage: rank = stage * t + tp index
     split = find_split(graph, joint, t, False, _storage_names(live)) if t > 1 else None
@@ -198,7 +195,7 @@ def _pipeline_ranks(analysis, layout: Layout, optimizer: str, values: dict[str, 
         saved = k * step.saved + step.copies
         if layout.sharded:
             out += _sharded_stage(stage, step, mine, model, fixed, grad_bytes, buffers, k, saved, layout,
-                                  fsdp_units, moments, device)
+                                  fsdp_units, moments, device, split_params, precision in ("bf16", "fp16"))
             continue
         top, at = stage_peak(step, layout.pp_schedule, k, m, grad_bytes)
         where = stage.steps[at] if stage.steps else None
@@ -223,9 +220,13 @@ def _pipeline_ranks(analysis, layout: Layout, optimizer: str, values: dict[str, 
 
 def _sharded_stage(stage, step, mine: list[Tensor], model: StepModel, fixed: int, whole_grads: int,
                    received: int, k: int, saved: int, layout: Layout, fsdp_units: list[Unit], moments: int,
-                   device: str) -> list[RankMemory]:
-    """A stage's ranks under FSDP2 in a pipeline (fsdp.stage_units; rank = stage * shards + shard index):
-    each holds its padded shards of the stage's parameters and their state; the schedule gathers each
+                   device: str, split: set[str], mixed: bool) -> list[RankMemory]:
+    """A stage's ranks under FSDP2 in a pipeline (fsdp.stage_units; the mesh (pp, shard, tp): rank =
+    (stage * shards + shard index) * tp + tp index): each holds its padded shards of the stage's
+    parameters (of their tensor-parallel shares, ``split`` naming the split ones; the step's activations
+    are the share's already) and their state (``mixed``: MixedPrecisionPolicy(param_dtype=<the model's
+    16-bit dtype>, reduce_dtype=float32): float32 shards and state, 16-bit gathers, and each backward's
+    16-bit gradients accumulated into float32 ones); the schedule gathers each
     unit's parameters (gather) and leaves every backward's gathered, and the unsharded gradients
     accumulating, to the last microbatch's backward, whose end reshards and reduce-scatters each unit's
     (its input beside the whole gradients; on gloo its copy too), leaving sharded gradients for the
@@ -233,11 +234,15 @@ def _sharded_stage(stage, step, mine: list[Tensor], model: StepModel, fixed: int
     n = layout.dp_shard
     local = stage_units(fsdp_units, stage.blocks, step.touched, stage.steps, stage.boundary)
     steps = len(stage.steps)
-    size = {q.name: dtype_size(q.dtype) for q in mine}
-    shapes = {q.name: q.shape or () for q in mine}
-    for u in local:  # every rank's padded shard, gathered (and reduce-scattered) in the parameters' dtype
-        u.padded = u.reduce = sum(_padded(shapes[q.name], n) * size[q.name] for q in u.params
-                                  if q.name in size)
+    size = {q.name: dtype_size(q.dtype) for q in mine}  # the gathered (compute) dtype
+    orig = {q.name: 4 if mixed else size[q.name] for q in mine}  # the shards', their state's, the reduce's
+    if mixed and mine:  # the accumulated unsharded gradients are float32 (the model cast to one dtype)
+        whole_grads = whole_grads * 4 // size[mine[0].name]
+    t = layout.tp
+    shapes = {q.name: tp_local(q.shape or (), q.name in split, t) for q in mine}
+    for u in local:  # every rank's padded shard, gathered in the compute dtype, reduce-scattered in orig
+        u.padded = sum(_padded(shapes[q.name], n) * size[q.name] for q in u.params if q.name in size)
+        u.reduce = sum(_padded(shapes[q.name], n) * orig[q.name] for q in u.params if q.name in size)
     profiles = []
     for found in (False, True):  # the warm-up's forwards gather; a forward after a backward finds them
         line = Timeline(steps, model.base.dtype)
@@ -256,9 +261,9 @@ def _sharded_stage(stage, step, mine: list[Tensor], model: StepModel, fixed: int
         shards = []
         for q in mine:
             c, rows, rest = shard_rows(shapes[q.name], n, shard)
-            param_bytes += c * rest * size[q.name]
-            state += (moments * rows * rest * size[q.name] + STEP_BYTES) if moments else 0
-            shards.append(rows * rest * size[q.name])
+            param_bytes += c * rest * orig[q.name]
+            state += (moments * rows * rest * orig[q.name] + STEP_BYTES) if moments else 0
+            shards.append(rows * rest * orig[q.name])
         resident = param_bytes + fixed + state + received
         peak, phase, step_at = resident + top, "forward" if at < stage.boundary else "backward", where
         if resident + end > peak:  # the last backward's reduce-scatters
@@ -267,8 +272,8 @@ def _sharded_stage(stage, step, mine: list[Tensor], model: StepModel, fixed: int
         optimizer_peak = resident + param_bytes + (temporaries if moments else 0)
         if optimizer_peak > peak:
             peak, phase, step_at = optimizer_peak, "optimizer", None
-        entry = RankMemory([stage.index * n + shard], param_bytes, param_bytes, state, saved,
-                           received + whole, peak, phase, step_at, in_flight=k)
+        entry = RankMemory([(stage.index * n + shard) * t + j for j in range(t)], param_bytes, param_bytes,
+                           state, saved, received + whole, peak, phase, step_at, in_flight=k)
         same = next((e for e in out if e.key() == entry.key()), None)
         if same is not None:
             same.ranks += entry.ranks

@@ -35,7 +35,7 @@ def _plan(*args: str):
     (["--pp", "3"], "has 2 blocks, fewer than the stages"),
     (["--pp", "2", "--microbatches", "3"], "the batch, 2, is not a multiple of it"),
     (["--pp", "2", "--tp", "2", "--sp"], "not modelled yet"),
-    (["--pp", "2", "--tp", "2", "--dp-shard", "2"], "not modelled yet"),
+    (["--pp", "2", "--tp", "2", "--dp-replicate", "2"], "not modelled yet"),
     (["--pp", "2", "--dp-shard", "2", "--dp-replicate", "2"], "not modelled yet"),
     (["--pp", "2", "--microbatches", "1"], "Schedule1F1B needs at least one microbatch per stage"),
     (["--microbatches", "2"], "give --pp N"),

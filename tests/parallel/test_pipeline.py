@@ -8,11 +8,14 @@ makes once and keeps for every microbatch. With data parallel over 2 (a (2, 2) m
 outermost) each stage is DDP over its replicas (``--dp-replicate 2``; ``zero1`` with
 ZeroRedundancyOptimizer) or FSDP2 over its shards (``--dp-shard 2``, fully_shard on the stage's blocks
 and module as torchtitan applies it in a pipeline; ``reshard``: the blocks' reshard_after_forward, False
-by default as torchtitan's under a pipeline), or tensor parallel over 2 (``--tp 2``, the stages' blocks
-as test_ranks.py's ``tp`` makes them, on models with 2 K/V heads); every rank of every stage is checked.
-DDP is measured under Schedule1F1B with more microbatches than stages: under ScheduleGPipe, or 1F1B
-with as many microbatches as stages, torch 2.13's reducer fails its own assert (``rebuilt parameter
-indices size is not same as original model parameters size``) at the second step's first forward.
+by default as torchtitan's under a pipeline; ``bf16``: MixedPrecisionPolicy(param_dtype=bf16,
+reduce_dtype=fp32), fusecli's --precision bf16 on the fp32 export), or tensor parallel over 2
+(``--tp 2``, the stages' blocks as test_ranks.py's ``tp`` makes them, on models with 2 K/V heads), and
+torchtitan's 3-D layout (FSDP2 over tensor parallel in a pipeline: 8 ranks); every rank of every stage
+is checked. DDP is measured under Schedule1F1B with more microbatches than stages: under
+ScheduleGPipe, or 1F1B with as many microbatches as stages, torch 2.13's reducer fails its own assert
+(``rebuilt parameter indices size is not same as original model parameters size``) at the second
+step's first forward.
 
 Per stage: saved activations within 2% (the most autograd holds at once, every microbatch in flight
 counted; the stage's input, a receive buffer, and the token ids excepted, as the judge sees them),
@@ -41,8 +44,10 @@ pytest.importorskip("transformers")
 BATCH = {2: 4, 4: 8}  # stages -> the global batch of a step
 SAVED_TOLERANCE = 0.02
 PEAK_TOLERANCE = 0.02
-REPLICAS = 2  # the degree of the "ddp", "fsdp" and "tp" cases
-# (model, exporter, kv_heads, layers, stages, the second degree: "", "ddp", "fsdp" or "tp") -> runs
+# the degrees besides the stages': "ddp" (DDP 2), "fsdp" (FSDP2 2), "tp" (TP 2), "fsdp_tp" (torchtitan's
+# 3-D: FSDP2 2 over TP 2, 8 ranks) -> (dp_replicate, dp_shard, tp)
+DEGREES = {"": (1, 1, 1), "ddp": (2, 1, 1), "fsdp": (1, 2, 1), "tp": (1, 1, 2), "fsdp_tp": (1, 2, 2)}
+# (model, exporter, kv_heads, layers, stages, the other degrees: a DEGREES key) -> runs
 # (SCHEDULE:SEQ:MICROBATCHES[:amp][:zero1][:reshard])
 MODELS = {
     ("llama", "torchscript", 2, 2, 2, ""): ("gpipe:128:4", "1f1b:128:4", "1f1b:128:2", "gpipe:128:4:amp",
@@ -54,10 +59,12 @@ MODELS = {
     ("llama", "dynamo", None, 2, 2, "ddp"): ("1f1b:128:4", "1f1b:128:4:zero1", "1f1b:128:4:amp"),
     ("gpt2", "dynamo", None, 2, 2, "ddp"): ("1f1b:128:4:zero1",),
     ("llama", "dynamo", None, 4, 2, "fsdp"): ("1f1b:128:4", "1f1b:128:4:reshard", "gpipe:128:4:reshard",
-                                              "1f1b:1024:2:reshard", "1f1b:128:4:amp:reshard"),
+                                              "1f1b:1024:2:reshard", "1f1b:128:4:amp:reshard",
+                                              "1f1b:128:4:reshard:bf16", "gpipe:128:4:bf16"),
     ("gpt2", "dynamo", None, 2, 2, "fsdp"): ("1f1b:128:4:reshard", "gpipe:128:4"),
     ("llama", "dynamo", 2, 4, 2, "tp"): ("1f1b:128:4", "gpipe:128:4", "1f1b:1024:2", "1f1b:128:4:amp"),
     ("qwen2", "dynamo", 2, 2, 2, "tp"): ("1f1b:128:4",),
+    ("llama", "dynamo", 2, 4, 2, "fsdp_tp"): ("1f1b:128:4:reshard", "gpipe:128:4"),
 }
 
 
@@ -76,13 +83,12 @@ WIDER = {
 def measured(model: str, kv_heads: int | None, layers: int, stages: int, data: str,
              runs: tuple[str, ...], out: str) -> dict:
     """run -> rank -> what torch_pipeline.py measured there."""
-    replicas = REPLICAS if data else 1
+    replicate, shard, tp = DEGREES[data]
     args = ["--model", model, "--runs", ",".join(runs), "--batch", str(BATCH[stages]),
-            "--layers", str(layers)]
-    args += ["--tp", str(replicas)] if data == "tp" else ["--replicas", str(replicas)]
-    args += ["--fsdp"] if data == "fsdp" else []
+            "--layers", str(layers), "--replicas", str(replicate * shard), "--tp", str(tp)]
+    args += ["--fsdp"] if shard > 1 else []
     args += ["--kv-heads", str(kv_heads)] if kv_heads is not None else []
-    return run_judge("torch_pipeline.py", args, out, stages * replicas)
+    return run_judge("torch_pipeline.py", args, out, stages * replicate * shard * tp)
 
 
 @functools.cache
@@ -105,17 +111,17 @@ def test_each_stage_is_torchs(hf_onnx, tmp_path_factory, model, exporter, kv_hea
     runs = MODELS[model, exporter, kv_heads, layers, stages, data]
     folder = tmp_path_factory.getbasetemp() / f"pipeline-{model}-{exporter}-{layers}-{stages}-{data}"
     got = measured(model, kv_heads, layers, stages, data, runs, str(folder))[run.replace(":", "-")]
-    replicas = REPLICAS if data else 1
-    world = stages * replicas
+    replicate, shard, tp = DEGREES[data]
+    world = stages * replicate * shard * tp
     assert sorted(got) == list(range(world))
     schedule, seq, microbatches, *flags = run.split(":")
     path = hf_onnx(model, exporter, attn="default", kv_heads=kv_heads, layers=layers,
                    cache=exporter == "torchscript")
-    a = _analysis(path, BATCH[stages], int(seq), "amp-bf16" if "amp" in flags else None)
-    layout = Layout(pp=stages, dp_replicate=replicas if data == "ddp" else 1,
-                    dp_shard=replicas if data == "fsdp" else 1, tp=replicas if data == "tp" else 1,
+    a = _analysis(path, BATCH[stages], int(seq),
+                  "amp-bf16" if "amp" in flags else "bf16" if "bf16" in flags else None)
+    layout = Layout(pp=stages, dp_replicate=replicate, dp_shard=shard, tp=tp,
                     zero=1 if "zero1" in flags else None,
-                    reshard_after_forward="reshard" in flags or data != "fsdp",
+                    reshard_after_forward="reshard" in flags or shard == 1,
                     microbatches=int(microbatches), pp_schedule=schedule)
     predicted = {r: e for e in rank_memory(a, layout) for r in e.ranks}
     assert sorted(predicted) == list(range(world))
@@ -129,7 +135,7 @@ def test_each_stage_is_torchs(hf_onnx, tmp_path_factory, model, exporter, kv_hea
         assert p.saved_activation_bytes == pytest.approx(m["saved_bytes"], rel=SAVED_TOLERANCE)
         bound = WIDER.get((model, run), (PEAK_TOLERANCE, ""))[0]
         assert p.peak_bytes == pytest.approx(m["peak_bytes"], rel=bound)
-        if data != "fsdp":  # FSDP's buffers (its gathered parameters) are judged by the peak
+        if shard == 1:  # FSDP's buffers (its gathered parameters) are judged by the peak
             assert p.buffer_bytes == m["recv_buffer_bytes"] + m.get("ddp_bucket_bytes", 0)
         # the rotary inverse frequencies, a buffer torch keeps and the export writes as an initializer,
         # are the few bytes allowed

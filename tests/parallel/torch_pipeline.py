@@ -19,13 +19,16 @@ keeps the gathered parameters and the unsharded gradients from each backward to 
 With ``--tp T`` instead the world is a (stages, T) mesh, the tensor-parallel ranks innermost (rank =
 stage * T + tp index): each stage's blocks tensor-parallel as torch_ranks.py's ``tp`` mode makes them
 (``ColwiseParallel`` on q/k/v and gate/up, ``RowwiseParallel`` on o and down, by name), the stages
-sending whole (replicated) hidden states.
+sending whole (replicated) hidden states; with ``--replicas R --fsdp`` too, torchtitan's 3-D mesh
+(stages, R, T): tensor parallel on the inner dim, then FSDP2 over the middle one.
 
 A run is ``SCHEDULE:SEQ:MICROBATCHES[:outputs][:amp][:zero1]`` (``amp``: the step under CPU autocast to
 bf16, torchtitan's mixed precision without FSDP; ``zero1``: with replicas, torch's ZeroRedundancyOptimizer
-over them): ``gpipe`` (torch.distributed.pipelining's
-ScheduleGPipe: every microbatch's forward, then every backward) or ``1f1b`` (Schedule1F1B: stage s runs
-``world - s`` forwards before its first backward, then alternates), ``--batch`` the global batch of a step,
+over them; ``reshard``: under --fsdp, the blocks' reshard_after_forward; ``bf16``: under --fsdp,
+``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``, torchtitan's default): ``gpipe``
+(torch.distributed.pipelining's ScheduleGPipe: every microbatch's forward, then every backward) or
+``1f1b`` (Schedule1F1B: stage s runs ``world - s`` forwards before its first backward, then alternates),
+``--batch`` the global batch of a step,
 split along dim 0 into MICROBATCHES equal microbatches; ``outputs``: ``step(return_outputs=True)``, the
 last stage keeping every microbatch's output for the merged one, until the next step clears them (so in
 ``resident_bytes`` too); by default False, a training step that reads only the losses. Models:
@@ -97,7 +100,7 @@ SCHEDULES = ("gpipe", "1f1b")
 DECODERS = ("llama", "qwen2", "mistral")  # embed_tokens, layers, norm, rotary_emb
 ENCODERS = ("distilbert",)  # embeddings, transformer.layer (post-norm blocks, no final norm)
 MODELS = (*DECODERS, "gpt2", *ENCODERS)
-RUN = "SCHEDULE:SEQ:MICROBATCHES[:outputs][:amp][:zero1][:reshard]"  # one step's configuration: 1f1b:128:4
+RUN = "SCHEDULE:SEQ:MICROBATCHES[:outputs][:amp][:zero1][:reshard][:bf16]"  # a step: 1f1b:128:4
 OUTPUT_TOLERANCE = 1e-5  # max abs difference of the chained stages' output from the whole model's
 GRAD_TOLERANCE = 1e-4  # max abs difference of the pipeline's gradients, relative to the largest
 AMP_GRAD_TOLERANCE = 2e-2  # under bf16 autocast: microbatches round differently from the whole batch
@@ -105,10 +108,10 @@ AMP_GRAD_TOLERANCE = 2e-2  # under bf16 autocast: microbatches round differently
 
 def parse_run(text: str) -> dict:
     schedule, seq, microbatches, *flags = text.split(":")
-    assert schedule in SCHEDULES and set(flags) <= {"outputs", "amp", "zero1", "reshard"}, text
+    assert schedule in SCHEDULES and set(flags) <= {"outputs", "amp", "zero1", "reshard", "bf16"}, text
     return {"schedule": schedule, "seq": int(seq), "microbatches": int(microbatches),
             "return_outputs": "outputs" in flags, "amp": "amp" in flags, "zero1": "zero1" in flags,
-            "reshard": "reshard" in flags}
+            "reshard": "reshard" in flags, "bf16": "bf16" in flags}
 
 
 def run_name(text: str) -> str:
@@ -368,7 +371,8 @@ def _bucket_bytes(ddp) -> int:
 
 def measure(name: str, batch: int, kv_heads: int | None, layers: int, schedule: str, seq: int,
             microbatches: int, return_outputs: bool, amp: bool = False, zero1: bool = False,
-            reshard: bool = False, mesh=None, fsdp: bool = False, tp: bool = False) -> dict:
+            reshard: bool = False, bf16: bool = False, mesh=None, fsdp: bool = False,
+            tp: bool = False) -> dict:
     """One configuration's steps on this rank, and what it holds (the module docstring); ``mesh``: the
     (pp, dp) mesh of --replicas, None for a pipeline alone."""
     import torch
@@ -380,8 +384,9 @@ def measure(name: str, batch: int, kv_heads: int | None, layers: int, schedule: 
     from tests import hf_models
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    replicas = mesh["tp" if tp else "dp"].size() if mesh is not None else 1
-    stages, index = world // replicas, rank // replicas
+    stages = mesh["pp"].size() if mesh is not None else world
+    replicas = world // stages  # the ranks of each stage (its data-parallel and tensor-parallel ones)
+    index = rank // replicas
     assert batch % microbatches == 0, f"batch {batch} does not split into {microbatches} microbatches"
     assert replicas > 1 or not zero1, "zero1 shards the optimizer over replicas: give --replicas"
     ref_grads, checks = reference(name, batch, seq, microbatches, kv_heads, layers, stages, index, amp)
@@ -397,21 +402,24 @@ def measure(name: str, batch: int, kv_heads: int | None, layers: int, schedule: 
         param_names = [names[id(p)] for p in params]
         del names
         wrapped = None
-        if mesh is None:
-            stage = PipelineStage(part, index, stages, device=torch.device("cpu"))
-        elif tp:
+        if tp:  # tensor parallel first, then FSDP2 over it (torchtitan's order)
             from tests.parallel.torch_ranks import _tensor_parallel
 
             _tensor_parallel(part, mesh["tp"], False)
             params = list(part.parameters())
+        if mesh is None:
+            stage = PipelineStage(part, index, stages, device=torch.device("cpu"))
+        elif tp and not fsdp:
             stage = PipelineStage(part, index, stages, device=torch.device("cpu"),
                                   group=mesh["pp"].get_group())
         elif fsdp:
-            from torch.distributed.fsdp import fully_shard
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+            mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else \
+                MixedPrecisionPolicy()
             for block in part.blocks:
-                fully_shard(block, mesh=mesh["dp"], reshard_after_forward=reshard)
-            fully_shard(part, mesh=mesh["dp"], reshard_after_forward=False)
+                fully_shard(block, mesh=mesh["dp"], reshard_after_forward=reshard, mp_policy=mp)
+            fully_shard(part, mesh=mesh["dp"], reshard_after_forward=False, mp_policy=mp)
             params = list(part.parameters())
             stage = PipelineStage(part, index, stages, device=torch.device("cpu"),
                                   group=mesh["pp"].get_group())
@@ -456,7 +464,8 @@ def measure(name: str, batch: int, kv_heads: int | None, layers: int, schedule: 
                                     for p, n in zip(params, param_names, strict=True))
                         scale = max(g.abs().max().item() for g in ref_grads.values())
                     checks |= {"check_grad_max_abs_diff": worst, "check_grad_max_abs": scale}
-                    assert worst <= (AMP_GRAD_TOLERANCE if amp else GRAD_TOLERANCE) * scale, (worst, scale)
+                    assert worst <= (AMP_GRAD_TOLERANCE if amp or bf16 else GRAD_TOLERANCE) * scale, \
+                        (worst, scale)
                     del ref_grads
                 with record_function("## optimizer ##"):
                     opt.step()
@@ -496,7 +505,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=2, help="hf_models.build's layers (blocks)")
     ap.add_argument("--replicas", type=int, default=1, help="replicas of the pipeline, DDP over each stage's")
     ap.add_argument("--fsdp", action="store_true", help="the replicas shard each stage (FSDP2) instead")
-    ap.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks per stage (not with --replicas)")
+    ap.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks per stage (innermost)")
     ap.add_argument("--timeout", type=int, default=300, help="seconds: a P2P wait's, and a run's")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
@@ -508,13 +517,14 @@ def main() -> None:
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout))
     _settle_collectives()
     mesh = None
-    assert args.replicas == 1 or args.tp == 1, "--replicas or --tp, not both"
+    assert args.tp == 1 or args.replicas == 1 or args.fsdp, "--tp with --replicas: with --fsdp only"
     if args.replicas > 1 or args.tp > 1:
         from torch.distributed.device_mesh import init_device_mesh
 
-        inner = max(args.replicas, args.tp)
-        mesh = init_device_mesh("cpu", (dist.get_world_size() // inner, inner),
-                                mesh_dim_names=("pp", "tp" if args.tp > 1 else "dp"))
+        inner = args.replicas * args.tp
+        dims = (("dp", args.replicas),) * (args.replicas > 1) + (("tp", args.tp),) * (args.tp > 1)
+        mesh = init_device_mesh("cpu", (dist.get_world_size() // inner, *(d for _, d in dims)),
+                                mesh_dim_names=("pp", *(n for n, _ in dims)))
     for text in args.runs.split(","):
         faulthandler.dump_traceback_later(args.timeout, exit=True)  # a hang exits 1 with the stacks
         result = measure(args.model, args.batch, args.kv_heads, args.layers, **parse_run(text), mesh=mesh,
