@@ -14,6 +14,7 @@ what it receives (its input, its output's gradient) in one receive buffer per mi
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 import numpy as np
@@ -150,7 +151,8 @@ class StageStep:
 
 def stage_step(stage: Stage, of_step: list[frozenset[int]], model, live, gradient_names: set[str],
                sent: set[str], weights: set[str], cached: set[str] = frozenset(),
-               share=lambda name, value: value, extra: tuple = ()) -> StageStep:
+               share=lambda name, value: value, extra: tuple = (), changed: dict | None = None,
+               stats: tuple = ()) -> StageStep:
     """One microbatch's lifetimes on ``stage`` (module docstring), at the StepModel's dims. What the
     stage receives lands in receive buffers of its own, one per microbatch, allocated once and kept
     (torch.distributed.pipelining's), so it is counted apart (``received``), not along the steps; a
@@ -158,7 +160,9 @@ def stage_step(stage: Stage, of_step: list[frozenset[int]], model, live, gradien
     each stage keeps its own copy's gradient, summed across stages after the step. ``cached``
     (autocast_copies) is made by the first microbatch and kept to the end, once for all of them.
     ``share``: a tensor's bytes on this rank (its tensor-parallel share); ``extra``: (schedule step,
-    bytes) made and freed there (an all-reduce's output beside its input)."""
+    bytes) made and freed there (an all-reduce's output beside its input); ``changed`` and ``stats``
+    (StepModel.changes): the lifetimes a recompute plan gives (a checkpointed block's activations freed
+    after its forward and made again in its backward), on the schedule's steps."""
     schedule = live.schedule
     pos = {i: k for k, i in enumerate(stage.steps)}
     end = len(stage.steps) - 1
@@ -186,6 +190,20 @@ def stage_step(stage: Stage, of_step: list[frozenset[int]], model, live, gradien
     gap_grads = np.zeros_like(delta)
     held = saved = received = sent_gradient = copies = 0
     backward = stage.boundary <= end
+    changed = changed or {}
+
+    def local(span: tuple[int, int]) -> tuple[int, int] | None:
+        """A span of schedule steps on the stage's local steps (None when it runs on none of them)."""
+        lo, hi = bisect.bisect_left(stage.steps, span[0]), bisect.bisect_right(stage.steps, span[1]) - 1
+        return (lo, hi) if lo <= hi else None
+
+    def add(first: int, last: int, value: int) -> None:
+        delta[first + 1] += value
+        delta[last + 2] -= value
+        if last > first:
+            gap[first + 1] += value
+            gap[last + 1] -= value
+
     for name, (first, last) in spans.items():
         born, gone = live.lifetimes[name]
         value = share(name, model.value[name])
@@ -194,6 +212,13 @@ def stage_step(stage: Stage, of_step: list[frozenset[int]], model, live, gradien
                 received += value
             continue
         output = name in sent and born < live.boundary and backward
+        if name in changed and not output:  # recomputed: each of its lifetimes (the stage's output, the
+            for span in filter(None, map(local, changed[name])):  # root of its backward, is held still)
+                add(*span, value)
+                if span[0] < stage.boundary <= span[1]:
+                    held += value
+                    saved += value
+            continue
         if name in sent and born >= live.boundary:
             sent_gradient += value
         if output:
@@ -201,11 +226,7 @@ def stage_step(stage: Stage, of_step: list[frozenset[int]], model, live, gradien
         if name in gradient_names or name in cached:
             last = end  # alive to the step's end (the model's output is not: each microbatch's loss is
             # taken on the last stage, and the output freed)
-        delta[first + 1] += value
-        delta[last + 2] -= value
-        if last > first:
-            gap[first + 1] += value
-            gap[last + 1] -= value
+        add(first, last, value)
         if name in gradient_names and last > first:  # once it exists, a later microbatch's is a
             grads[first + 2] += value  # transient at its birth, added into it (AccumulateGrad)
             grads[last + 2] -= value
@@ -223,6 +244,12 @@ def stage_step(stage: Stage, of_step: list[frozenset[int]], model, live, gradien
             k = pos[step]
             delta[k + 1] += v
             delta[k + 2] -= v
+    for span, f in stats:  # kept statistics, a re-run block's outputs made again
+        if span[0] in pos and (mapped := local(span)) is not None:
+            add(*mapped, f.evaluate(model.sizes) or 0)
+            if mapped[0] < stage.boundary <= mapped[1]:
+                held += f.evaluate(model.sizes) or 0
+                saved += f.evaluate(model.sizes) or 0
     n = len(stage.steps)
     return StageStep(np.cumsum(delta)[1:n + 1], np.cumsum(grads)[1:n + 1], np.cumsum(gap)[:n + 1],
                      np.cumsum(gap_grads)[:n + 1], held, saved, received, sent_gradient, copies, touched)
@@ -277,16 +304,18 @@ def _top(at: np.ndarray, between: np.ndarray, gathered: Profile | int) -> tuple[
 
 
 def stage_peak(step: StageStep, schedule: str, k: int, microbatches: int, all_gradients: int,
-               gathered: Gathered | None = None) -> tuple[int, int]:
+               gathered: Gathered | None = None, last: bool = False) -> tuple[int, int]:
     """(the activations' peak above the resident state, its local step): the first backward with ``k``
     microbatches in flight and no gradient yet, or a later one, every parameter gradient made, with the
     microbatches then in flight and what the schedule's variables still hold. Under Schedule1F1B's steady
     state k are in flight, the last sent gradient is held (the loop's variable keeps its send op until the
     next backward's) and, after two or more warm-up forwards, the first one's output too (its send's work,
     kept until the steady state ends); under ScheduleGPipe backward j (j >= 1) has m - j in flight and
-    all j sent gradients held (their sends are waited on after the last backward). ``gathered``: FSDP2's
-    parameters (Gathered): a backward right after a forward finds them as that forward left them, one
-    after a backward (GPipe's, the cool-down's) finds every unit's gathered."""
+    all j sent gradients held (their sends are waited on after the last backward), and the j outputs
+    whose backward is done (their sends' works are kept in a list until the step returns; ``last``: the
+    last stage sends none). ``gathered``: FSDP2's parameters (Gathered): a backward right after a forward
+    finds them as that forward left them, one after a backward (GPipe's, the cool-down's) finds every
+    unit's gathered."""
     if not len(step.live):
         return 0, 0
     gathered = gathered or Gathered.none(len(step.live))
@@ -300,10 +329,12 @@ def stage_peak(step: StageStep, schedule: str, k: int, microbatches: int, all_gr
         later.append((k, 1, int(k >= 2), False))
         if k >= 2 and gathered.reshard:  # the cool-down: backwards in a row, every unit gathered
             later.append((k - 1, 1, 0, True))
-    elif microbatches > 1:  # no steady state: the second backward, one fewer in flight
-        later.append((k - 1, 1, 0, True))
+    elif microbatches > 1:  # no steady state: the second backward, one fewer in flight; GPipe's list of
+        # forward sends keeps every microbatch's output (each send's work) until the step returns
+        kept = 0 if last or schedule != "gpipe" else 1  # the last stage sends no output
+        later.append((k - 1, 1, kept, True))
         if schedule == "gpipe":
-            later.append((1, microbatches - 1, 0, True))  # the last backward
+            later.append((1, microbatches - 1, kept * (microbatches - 1), True))  # the last backward
     rest = step.live - step.gradients + all_gradients
     rest_between = step.between - step.gradients_between + all_gradients
     output = step.held - step.saved

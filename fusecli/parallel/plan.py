@@ -28,9 +28,9 @@ class RankPlan:
     @property
     def note(self) -> str | None:
         """What the per-rank plan leaves out."""
-        if self.layout.pp > 1 and not self.fits:
-            return ("a recompute plan per pipeline stage is not modelled yet: checkpoint the stages' blocks "
-                    "and see the one-device plan")
+        if self.layout.pp > 1 and self.planned is not None:
+            return ("the recomputations are the one-device plan's, in its order, until every stage fits; "
+                    "a stage that fits already may be given some (no plan of each stage's own yet)")
         return None
 
     @property
@@ -45,7 +45,7 @@ def plan_ranks(analysis, plan: Plan, layout: Layout, optimizer: str) -> RankPlan
     most = largest(analysis, layout, budget, names, optimizer)
     device = analysis.profile.device if analysis.profile is not None else "cpu"
     out = RankPlan(layout, device, analysis.sizes.batch, budget, ranks, most, 0, [], None, None)
-    if all(e.peak_bytes <= budget for e in ranks) or layout.pp > 1:  # no per-stage plan yet (the note)
+    if all(e.peak_bytes <= budget for e in ranks):
         return out
     sequence = [s.candidate for s in plan.sequence]
     for k in range(1, len(sequence) + 1):

@@ -100,9 +100,7 @@ def rank_memory(analysis, layout: Layout, optimizer: str = "adamw", dims: dict[s
     graph, joint, live, sizes = analysis.graph, analysis.joint, analysis.liveness, analysis.sizes
     values = {**{n: sizes[n] for n in sizes}, **(dims or {})}
     if layout.pp > 1:
-        if chosen:
-            raise UsageError("--pp: a per-stage recompute plan is not modelled yet")
-        return _pipeline_ranks(analysis, layout, optimizer, values)
+        return _pipeline_ranks(analysis, layout, optimizer, values, chosen or [])
     model = StepModel(joint, live, values, Poly())
     own = not chosen and all(sizes.get(k) == v for k, v in (dims or {}).items())  # the analysis' step
     params = parameters(graph)
@@ -136,14 +134,16 @@ def rank_memory(analysis, layout: Layout, optimizer: str = "adamw", dims: dict[s
     return out
 
 
-def _pipeline_ranks(analysis, layout: Layout, optimizer: str, values: dict[str, int]) -> list[RankMemory]:
+def _pipeline_ranks(analysis, layout: Layout, optimizer: str, values: dict[str, int],
+                    chosen: list) -> list[RankMemory]:
     """Each stage's rank under a pipeline (parallel.pipeline): one microbatch's step on the stage at the
     microbatch's size, the microbatches in flight by schedule, the stage's parameters, gradients and
     AdamW state resident. With ``dp_replicate`` replicas of the pipeline (torchtitan's mesh, pp
     outermost: rank = stage * replicas + replica) each stage is DDP over its replicas: the reducer's
     buckets, a flat copy of the stage's gradients, resident (the schedule's backwards run under
     ``no_sync`` but the last, which reduces); under ZeRO-1 each replica holds the state of the stage's
-    parameters it owns."""
+    parameters it owns. ``chosen``: recomputations applied (checkpointed blocks: each stage's step with
+    them)."""
     graph, joint, live = analysis.graph, analysis.joint, analysis.liveness
     m, p, r = layout.chunks, layout.pp, layout.dp_replicate
     stages, of_step = stages_of(graph, live, p)
@@ -173,10 +173,11 @@ def _pipeline_ranks(analysis, layout: Layout, optimizer: str, values: dict[str, 
     # an all-reduce's output beside its input, whole, where it is made
     reduced = [(live.lifetimes[name][0], model.value[name]) for name in (split.reduced if split else ())
                if name in model.value]
+    changed, stats = model.changes(chosen) if chosen else ({}, [])
     out: list[RankMemory] = []
     for stage in stages:
         step = stage_step(stage, of_step, model, live, gradient_names, sent, {q.name for q in params}, cached,
-                          share, tuple(reduced))
+                          share, tuple(reduced), changed, tuple(stats))
         mine = [q for q in params if q.name in step.touched]
         weights = [local_param(q.name, model.bytes_formula(q).evaluate(model.sizes) or 0, split_params, t)
                    for q in mine]
@@ -197,7 +198,7 @@ def _pipeline_ranks(analysis, layout: Layout, optimizer: str, values: dict[str, 
             out += _sharded_stage(stage, step, mine, model, fixed, grad_bytes, buffers, k, saved, layout,
                                   fsdp_units, moments, device, split_params, precision in ("bf16", "fp16"))
             continue
-        top, at = stage_peak(step, layout.pp_schedule, k, m, grad_bytes)
+        top, at = stage_peak(step, layout.pp_schedule, k, m, grad_bytes, last=stage.index == p - 1)
         where = stage.steps[at] if stage.steps else None
         owner = zero1_owners(numel, r) if layout.zero == 1 else None
         for replica, ids in _replica_classes(owner, r):
@@ -251,7 +252,8 @@ def _sharded_stage(stage, step, mine: list[Tensor], model: StepModel, fixed: int
                                 [(point, extra) for point, extra, _ in line.moments]))
     whole = sum(u.padded for u in local)
     gathered = Gathered(*profiles, whole, layout.reshard_after_forward)
-    top, at = stage_peak(step, layout.pp_schedule, k, layout.chunks, whole_grads, gathered)
+    top, at = stage_peak(step, layout.pp_schedule, k, layout.chunks, whole_grads, gathered,
+                         last=stage.index == layout.pp - 1)
     where = stage.steps[at] if stage.steps else None
     clone = device == "cpu"
     end = whole + whole_grads + max((u.reduce * (1 + clone) for u in local), default=0)

@@ -49,13 +49,14 @@ def ranks_json(entries: list[RankMemory], budget: int | None) -> list[dict]:
 
 
 def ranks_lines(entries: list[RankMemory], layout: Layout, device: str, batch: int | None,
-                budget: int | None = None, largest: str | None = None) -> list[str]:
-    """The table: one row per distinct rank."""
+                budget: int | None = None, largest: str | None = None, title: bool = True) -> list[str]:
+    """The table: one row per distinct rank (``title``: under the layout's line)."""
     where = "through the pipeline" if layout.pp > 1 else "per rank"
     per = f"batch {batch} {where}, global {batch * layout.data_parallel}" if batch is not None else \
         "no batch dim"
-    out = [*textwrap.wrap(f"per rank: {layout.name} on {layout.size} ranks ({DEVICES.get(device, device)}), "
-                          f"{per}", 80, subsequent_indent="  "),
+    head = textwrap.wrap(f"per rank: {layout.name} on {layout.size} ranks ({DEVICES.get(device, device)}), "
+                         f"{per}", 80, subsequent_indent="  ")
+    out = [*(head if title else []),
            f"  {'ranks':<7}" + "".join(f"{h:>10}" for h in ("params", "grads", "optimizer", "saved",
                                                              "buffers", "peak"))
            + "  at" + ("  fits" if budget is not None else "")]
@@ -99,7 +100,8 @@ def rank_plan_lines(rp: RankPlan, dim: str | None) -> list[str]:
     if rp.planned is None:
         return out
     head = "every rank fits recomputing" if rp.fits else "not every rank fits even recomputing"
-    out += ["", f"{head} the first {rp.chosen} of the plan's steps: {', '.join(rp.names)}",
+    out += ["", *textwrap.wrap(f"{head} the first {rp.chosen} of the plan's steps: {', '.join(rp.names)}",
+                               80, subsequent_indent="  "),
             *ranks_lines(rp.planned, rp.layout, rp.device, rp.batch, rp.budget,
-                         _solved(dim, rp.planned_largest))[1:-2]]
+                         _solved(dim, rp.planned_largest), title=False)[:-2]]
     return out

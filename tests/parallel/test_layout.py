@@ -219,3 +219,24 @@ def test_a_pipeline_tells_its_stages_apart_by_what_they_hold_in_flight():
     assert doc["layout"]["pp"] == 2 and doc["layout"]["microbatches"] == 4
     assert [e["ranks"] for e in doc["ranks"]] == [[0], [1]]
     assert doc["ranks_largest"] % 4 == 0
+
+
+def test_a_pipeline_that_does_not_fit_gets_the_one_device_plans_recomputations():
+    """--pp with a budget the first stage misses: the one-device plan's recomputations, in order, until
+    every stage fits, each stage priced with them (their bytes judged in test_pipeline's ckpt cases);
+    the text says how the plan was made and stays within 80 columns."""
+    args = ["plan", DECODER, "--batch", "8", "--dim", "seq=512", "--budget", "9MiB", "--pp", "2",
+            "--microbatches", "4"]
+    done = CliRunner().invoke(main, [*args, "--json"])
+    assert done.exit_code == 0, done.output
+    doc = json.loads(done.output)
+    before = {e["ranks"][0]: e for e in doc["ranks"]}
+    assert not before[0]["fits"] and before[1]["fits"]
+    planned = doc["ranks_plan"]
+    assert doc["ranks_fit"] and planned["recompute"] and all(e["fits"] for e in planned["ranks"])
+    after = {e["ranks"][0]: e for e in planned["ranks"]}
+    assert after[0]["saved_activation_bytes"] < before[0]["saved_activation_bytes"]
+    assert "one-device plan's" in doc["ranks_note"]
+    text = CliRunner().invoke(main, args).output
+    table = text[text.index("per rank:"):].splitlines()
+    assert max(len(line) for line in table) <= 80 and "pipeline, global" not in "".join(table[3:])

@@ -11,11 +11,11 @@ and module as torchtitan applies it in a pipeline; ``reshard``: the blocks' resh
 by default as torchtitan's under a pipeline; ``bf16``: MixedPrecisionPolicy(param_dtype=bf16,
 reduce_dtype=fp32), fusecli's --precision bf16 on the fp32 export), or tensor parallel over 2
 (``--tp 2``, the stages' blocks as test_ranks.py's ``tp`` makes them, on models with 2 K/V heads), and
-torchtitan's 3-D layout (FSDP2 over tensor parallel in a pipeline: 8 ranks); every rank of every stage
-is checked. DDP is measured under Schedule1F1B with more microbatches than stages: under
-ScheduleGPipe, or 1F1B with as many microbatches as stages, torch 2.13's reducer fails its own assert
-(``rebuilt parameter indices size is not same as original model parameters size``) at the second
-step's first forward.
+torchtitan's 3-D layout (FSDP2 over tensor parallel in a pipeline: 8 ranks); ``ckpt``: every block
+checkpointed (fusecli's block candidates, all chosen); every rank of every stage is checked. DDP is
+measured under Schedule1F1B with more microbatches than stages: under ScheduleGPipe, or 1F1B with as
+many microbatches as stages, torch 2.13's reducer fails its own assert (``rebuilt parameter indices
+size is not same as original model parameters size``) at the second step's first forward.
 
 Per stage: saved activations within 2% (the most autograd holds at once, every microbatch in flight
 counted; the stage's input, a receive buffer, and the token ids excepted, as the judge sees them),
@@ -36,6 +36,7 @@ import pytest
 from fusecli.parallel.layout import Layout
 from fusecli.parallel.ranks import rank_memory
 from fusecli.pipeline import Options, analyze
+from fusecli.plan.candidates import block_candidates, rng_state_bytes
 from tests.parallel.judges import run_judge
 
 pytest.importorskip("torch")
@@ -52,7 +53,8 @@ DEGREES = {"": (1, 1, 1), "ddp": (2, 1, 1), "fsdp": (1, 2, 1), "tp": (1, 1, 2), 
 MODELS = {
     ("llama", "torchscript", 2, 2, 2, ""): ("gpipe:128:4", "1f1b:128:4", "1f1b:128:2", "gpipe:128:4:amp",
                                             "1f1b:128:4:amp"),
-    ("llama", "dynamo", None, 4, 2, ""): ("gpipe:128:4", "1f1b:128:4", "1f1b:1024:2"),
+    ("llama", "dynamo", None, 4, 2, ""): ("gpipe:128:4", "1f1b:128:4", "1f1b:1024:2", "1f1b:128:4:ckpt",
+                                          "gpipe:128:4:ckpt", "1f1b:1024:2:ckpt"),
     ("gpt2", "dynamo", None, 2, 2, ""): ("gpipe:128:4", "1f1b:128:4", "1f1b:256:2", "1f1b:256:4:amp"),
     ("qwen2", "dynamo", None, 2, 2, ""): ("1f1b:128:4",),
     ("llama", "dynamo", None, 4, 4, ""): ("1f1b:128:8", "1f1b:128:4", "gpipe:128:2"),
@@ -60,9 +62,11 @@ MODELS = {
     ("gpt2", "dynamo", None, 2, 2, "ddp"): ("1f1b:128:4:zero1",),
     ("llama", "dynamo", None, 4, 2, "fsdp"): ("1f1b:128:4", "1f1b:128:4:reshard", "gpipe:128:4:reshard",
                                               "1f1b:1024:2:reshard", "1f1b:128:4:amp:reshard",
-                                              "1f1b:128:4:reshard:bf16", "gpipe:128:4:bf16"),
+                                              "1f1b:128:4:reshard:bf16", "gpipe:128:4:bf16",
+                                              "1f1b:128:4:reshard:ckpt"),
     ("gpt2", "dynamo", None, 2, 2, "fsdp"): ("1f1b:128:4:reshard", "gpipe:128:4"),
-    ("llama", "dynamo", 2, 4, 2, "tp"): ("1f1b:128:4", "gpipe:128:4", "1f1b:1024:2", "1f1b:128:4:amp"),
+    ("llama", "dynamo", 2, 4, 2, "tp"): ("1f1b:128:4", "gpipe:128:4", "1f1b:1024:2", "1f1b:128:4:amp",
+                                         "1f1b:128:4:ckpt"),
     ("qwen2", "dynamo", 2, 2, 2, "tp"): ("1f1b:128:4",),
     ("llama", "dynamo", 2, 4, 2, "fsdp_tp"): ("1f1b:128:4:reshard", "gpipe:128:4"),
 }
@@ -123,7 +127,9 @@ def test_each_stage_is_torchs(hf_onnx, tmp_path_factory, model, exporter, kv_hea
                     zero=1 if "zero1" in flags else None,
                     reshard_after_forward="reshard" in flags or shard == 1,
                     microbatches=int(microbatches), pp_schedule=schedule)
-    predicted = {r: e for e in rank_memory(a, layout) for r in e.ranks}
+    chosen = block_candidates(a.graph, a.joint, a.liveness, a.sizes, rng_state_bytes(a)) if "ckpt" in flags \
+        else None
+    predicted = {r: e for e in rank_memory(a, layout, chosen=chosen) for r in e.ranks}
     assert sorted(predicted) == list(range(world))
     for rank, m in got.items():
         p = predicted[rank]

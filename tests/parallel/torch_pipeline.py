@@ -25,7 +25,8 @@ sending whole (replicated) hidden states; with ``--replicas R --fsdp`` too, torc
 A run is ``SCHEDULE:SEQ:MICROBATCHES[:outputs][:amp][:zero1]`` (``amp``: the step under CPU autocast to
 bf16, torchtitan's mixed precision without FSDP; ``zero1``: with replicas, torch's ZeroRedundancyOptimizer
 over them; ``reshard``: under --fsdp, the blocks' reshard_after_forward; ``bf16``: under --fsdp,
-``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``, torchtitan's default): ``gpipe``
+``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``, torchtitan's default; ``ckpt``: each of the
+stage's blocks under non-reentrant torch.utils.checkpoint, its inputs counted saved): ``gpipe``
 (torch.distributed.pipelining's ScheduleGPipe: every microbatch's forward, then every backward) or
 ``1f1b`` (Schedule1F1B: stage s runs ``world - s`` forwards before its first backward, then alternates),
 ``--batch`` the global batch of a step,
@@ -100,7 +101,7 @@ SCHEDULES = ("gpipe", "1f1b")
 DECODERS = ("llama", "qwen2", "mistral")  # embed_tokens, layers, norm, rotary_emb
 ENCODERS = ("distilbert",)  # embeddings, transformer.layer (post-norm blocks, no final norm)
 MODELS = (*DECODERS, "gpt2", *ENCODERS)
-RUN = "SCHEDULE:SEQ:MICROBATCHES[:outputs][:amp][:zero1][:reshard][:bf16]"  # a step: 1f1b:128:4
+RUN = "SCHEDULE:SEQ:MICROBATCHES[:outputs][:amp][:zero1][:reshard][:bf16][:ckpt]"  # a step: 1f1b:128:4
 OUTPUT_TOLERANCE = 1e-5  # max abs difference of the chained stages' output from the whole model's
 GRAD_TOLERANCE = 1e-4  # max abs difference of the pipeline's gradients, relative to the largest
 AMP_GRAD_TOLERANCE = 2e-2  # under bf16 autocast: microbatches round differently from the whole batch
@@ -108,10 +109,11 @@ AMP_GRAD_TOLERANCE = 2e-2  # under bf16 autocast: microbatches round differently
 
 def parse_run(text: str) -> dict:
     schedule, seq, microbatches, *flags = text.split(":")
-    assert schedule in SCHEDULES and set(flags) <= {"outputs", "amp", "zero1", "reshard", "bf16"}, text
+    assert schedule in SCHEDULES and set(flags) <= {"outputs", "amp", "zero1", "reshard", "bf16", "ckpt"}, \
+        text
     return {"schedule": schedule, "seq": int(seq), "microbatches": int(microbatches),
             "return_outputs": "outputs" in flags, "amp": "amp" in flags, "zero1": "zero1" in flags,
-            "reshard": "reshard" in flags, "bf16": "bf16" in flags}
+            "reshard": "reshard" in flags, "bf16": "bf16" in flags, "checkpointed": "ckpt" in flags}
 
 
 def run_name(text: str) -> str:
@@ -355,6 +357,22 @@ def _recv_buffers(stage) -> dict[int, int]:
     return _storages(getattr(i, "buffer", None) for info in infos for i in info)
 
 
+def _tensors(tree) -> list:
+    """The tensors in nested tuples, lists and dicts."""
+    import torch
+
+    out, stack = [], [tree]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, torch.Tensor):
+            out.append(x)
+        elif isinstance(x, (tuple, list)):
+            stack.extend(x)
+        elif isinstance(x, dict):
+            stack.extend(x.values())
+    return out
+
+
 def _whole(t):
     """A gradient whole: an FSDP2 shard's full tensor (an all-gather over its shard group), else itself."""
     from torch.distributed.tensor import DTensor
@@ -371,8 +389,8 @@ def _bucket_bytes(ddp) -> int:
 
 def measure(name: str, batch: int, kv_heads: int | None, layers: int, schedule: str, seq: int,
             microbatches: int, return_outputs: bool, amp: bool = False, zero1: bool = False,
-            reshard: bool = False, bf16: bool = False, mesh=None, fsdp: bool = False,
-            tp: bool = False) -> dict:
+            reshard: bool = False, bf16: bool = False, checkpointed: bool = False, mesh=None,
+            fsdp: bool = False, tp: bool = False) -> dict:
     """One configuration's steps on this rank, and what it holds (the module docstring); ``mesh``: the
     (pp, dp) mesh of --replicas, None for a pipeline alone."""
     import torch
@@ -398,6 +416,10 @@ def measure(name: str, batch: int, kv_heads: int | None, layers: int, schedule: 
         part = make_stage(name, module.inner, index, stages)
         del module  # the modules of other stages free with it
         gc.collect()
+        if checkpointed:  # before any wrapping, as torchtitan applies it
+            from tests.parallel.torch_ranks import _checkpoint
+
+            _checkpoint(part.blocks, {}, [])
         params = list(part.parameters())
         param_names = [names[id(p)] for p in params]
         del names
@@ -432,6 +454,21 @@ def measure(name: str, batch: int, kv_heads: int | None, layers: int, schedule: 
         tracker = _SavedTracker(set(_storages(params)) | set(_storages(part.buffers())),
                                 part if fsdp else None)
         _instrument(stage, part, tracker)
+        if checkpointed:  # what each checkpoint keeps for its re-run: its block's inputs and the CPU
+            def kept(module, args, kwargs):  # generator's state (its own hooks hide the block's saved
+                for t in _tensors((args, kwargs)):  # tensors from the tracker's)
+                    tracker.pack(t)
+
+            for block in part.blocks:
+                block.register_forward_pre_hook(kept, with_kwargs=True)
+            rng_state = torch.get_rng_state
+
+            def kept_rng_state():  # torch.utils.checkpoint's preserve_rng_state, called per checkpoint
+                state = rng_state()
+                tracker.pack(state)
+                return state
+
+            torch.get_rng_state = kept_rng_state
         # every rank passes the loss: a schedule without one runs no backward on any stage
         cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[schedule]
         pipe = cls(stage, microbatches, loss_fn=lambda out, target: out.float().sum(), scale_grads=False)
