@@ -287,7 +287,7 @@ def _sac_ops(text: str) -> list[str]:
 
 
 LAYOUT_FLAGS = ("dp_replicate", "dp_shard", "zero", "reshard", "world", "tp", "sp", "pp", "microbatches",
-                "pp_schedule")
+                "pp_schedule", "virtual")
 
 
 def _layout_options(f):
@@ -300,9 +300,15 @@ def _layout_options(f):
 
     g = click.option("--world", type=click.IntRange(min=1), default=None, metavar="N",
                      help="Ranks in all, checked against the degrees' product.")(with_layout)
-    g = click.option("--pp-schedule", type=click.Choice(["1f1b", "gpipe"]), default="1f1b", show_default=True,
-                     help="Pipeline schedule: Schedule1F1B (stage s holds min(pp - s, m) microbatches) or "
-                          "ScheduleGPipe (every stage holds all m).")(g)
+    g = click.option("--virtual-stages", "virtual", type=click.IntRange(min=1), default=2,
+                     show_default=True, metavar="V",
+                     help="Under --pp-schedule interleaved-1f1b: the stages each rank holds (the "
+                          "blocks split into pp x V, stage g on rank g mod pp).")(g)
+    g = click.option("--pp-schedule", type=click.Choice(["1f1b", "gpipe", "interleaved-1f1b"]),
+                     default="1f1b", show_default=True,
+                     help="Pipeline schedule: Schedule1F1B (stage s holds min(pp - s, m) microbatches), "
+                          "ScheduleGPipe (every stage holds all m) or ScheduleInterleaved1F1B "
+                          "(torchtitan's default; --virtual-stages per rank).")(g)
     g = click.option("--microbatches", type=click.IntRange(min=1), default=None, metavar="M",
                      help="Microbatches per step under --pp (default: pp; 1F1B takes at least pp); --batch "
                           "is cut into them.")(g)
@@ -332,11 +338,12 @@ def _layout_options(f):
 
 
 def _layout(dp_replicate: int, dp_shard: int, zero: int | None, reshard: bool, world: int | None,
-            tp: int, sp: bool, pp: int, microbatches: int | None, pp_schedule: str):
+            tp: int, sp: bool, pp: int, microbatches: int | None, pp_schedule: str, virtual: int):
     """The layout the flags say, checked; None for one device with no parallel flag."""
     from .parallel.layout import Layout
 
-    layout = Layout(dp_replicate, dp_shard, zero, reshard, world, tp, sp, pp, microbatches, pp_schedule)
+    layout = Layout(dp_replicate, dp_shard, zero, reshard, world, tp, sp, pp, microbatches, pp_schedule,
+                    virtual)
     if layout == Layout():
         return None
     layout.check()

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from ..core.errors import UsageError
 
 DEVICES = {"cpu": "gloo", "cuda": "NCCL"}  # the backend each device's collectives run on
-SCHEDULES = ("1f1b", "gpipe")  # torch.distributed.pipelining's Schedule1F1B and ScheduleGPipe
+INTERLEAVED = "interleaved-1f1b"  # ScheduleInterleaved1F1B: --virtual-stages stages per rank
+SCHEDULES = ("1f1b", "gpipe", INTERLEAVED)  # torch.distributed.pipelining's Schedule1F1B, ScheduleGPipe
 MAX_WORLD = 1 << 17  # 131,072 ranks: beyond the largest clusters trained on; the JSON lists every rank id
 
 
@@ -32,7 +33,8 @@ class Layout:
     sp: bool = False  # sequence parallel with the tensor parallel: norms and residuals split by sequence
     pp: int = 1  # pipeline stages, one per rank (parallel.pipeline)
     microbatches: int | None = None  # the batch's microbatches under --pp (default: pp)
-    pp_schedule: str = "1f1b"  # Schedule1F1B, or gpipe (ScheduleGPipe)
+    pp_schedule: str = "1f1b"  # Schedule1F1B, gpipe (ScheduleGPipe) or interleaved-1f1b
+    virtual: int = 2  # interleaved-1f1b: the stages each rank holds (the blocks split into pp x virtual)
 
     @property
     def size(self) -> int:
@@ -55,6 +57,9 @@ class Layout:
     @property
     def name(self) -> str:
         """torchtitan's words for it: 'FSDP 4', 'HSDP 2x4', 'DDP 8 + ZeRO-1', 'TP 2', 'single device'."""
+        if self.pp > 1 and self.pp_schedule == INTERLEAVED:
+            return (f"PP {self.pp} (interleaved 1F1B, {self.virtual} stages per rank, {self.chunks} "
+                    "microbatches)")
         if self.pp > 1:
             data = f" x DDP {self.dp_replicate}" + (" + ZeRO-1" if self.zero == 1 else "") \
                 if self.dp_replicate > 1 else ""
@@ -98,6 +103,12 @@ class Layout:
         if self.pp > 1 and self.zero == 1 and self.sharded:
             raise UsageError("--zero 1 shards the optimizer state over replicas; with --dp-shard the "
                              "parameters, gradients and state are sharded already (ZeRO-3)")
+        if self.pp_schedule == INTERLEAVED and (self.size != self.pp or self.virtual < 2):
+            raise UsageError("--pp-schedule interleaved-1f1b: modelled for a pipeline alone (no other "
+                             "degree) with --virtual-stages 2 or more")
+        if self.pp_schedule != INTERLEAVED and self.virtual != 2:
+            raise UsageError("--virtual-stages is an interleaved-1f1b setting: give --pp-schedule "
+                             "interleaved-1f1b")
         if self.pp > 1 and self.pp_schedule == "1f1b" and self.chunks < self.pp:
             # torch.distributed.pipelining's Schedule1F1B raises ValueError for fewer microbatches than stages
             raise UsageError(f"--pp {self.pp} with --microbatches {self.chunks}: Schedule1F1B needs at least "

@@ -59,7 +59,7 @@ def stages_of(graph, live, p: int) -> tuple[list[Stage], list[frozenset[int]]]:
     if not names:
         raise UsageError(f"--pp {p}: the model has no repeated blocks to split into stages")
     if len(names) < p:
-        raise UsageError(f"--pp {p}: the model has {len(names)} blocks, fewer than the stages")
+        raise UsageError(f"{p} pipeline stages: the model has {len(names)} blocks, fewer than the stages")
     runs = even_split(names, p)
     stage_of_block = {b: s for s, run in enumerate(runs) for b in run}
     node_stage: dict[str, frozenset[int]] = {}
@@ -132,6 +132,12 @@ def autocast_copies(live) -> set[str]:
     return out
 
 
+def _read_elsewhere(tensors: list, stage: Stage, step_of: dict[str, int], of_step) -> bool:
+    """Whether a stage other than ``stage`` reads one of ``tensors``."""
+    return any(stage.index not in of_step[step_of[c.name]] for x in tensors for c in x.consumers
+               if c.name in step_of)
+
+
 @dataclass
 class StageStep:
     """One microbatch's step on a stage: live bytes along its steps, the parameter gradients among them,
@@ -170,6 +176,11 @@ def stage_step(stage: Stage, of_step: list[frozenset[int]], model, live, gradien
     tensors = {}
     touched: set[str] = set()
     storage = live.storage
+    # a storage another stage made that this stage's ops write into (the residual stream's gradient,
+    # which one device accumulates in place through every block): the stage receives it into its
+    # buffer, which autograd does not accumulate into, so the stage's writes are a tensor of its own
+    writes: dict[str, int] = {}  # storage name -> the first local step writing it
+    written: dict[str, list] = {}  # storage name -> the tensors the stage writes into it
     for i in stage.steps:
         n = schedule[i]
         for x in [*(() if n.kind in SHAPE_READS else n.inputs), *n.outputs]:
@@ -184,6 +195,9 @@ def stage_step(stage: Stage, of_step: list[frozenset[int]], model, live, gradien
             tensors[base.name] = base
             span = spans.setdefault(base.name, [k, k])
             span[0], span[1] = min(span[0], k), max(span[1], k)
+            if x is not base and x.producer is n:
+                writes.setdefault(base.name, k)
+                written.setdefault(base.name, []).append(x)
     delta = np.zeros(len(stage.steps) + 2, dtype=model.base.dtype)
     grads = np.zeros_like(delta)
     gap = np.zeros_like(delta)  # between steps: alive after step b when first <= b < last (index b + 1)
@@ -191,6 +205,13 @@ def stage_step(stage: Stage, of_step: list[frozenset[int]], model, live, gradien
     held = saved = received = sent_gradient = copies = 0
     backward = stage.boundary <= end
     changed = changed or {}
+    index: dict[str, int] = {}
+
+    def step_of() -> dict[str, int]:
+        """Node name -> its schedule step (made on first use)."""
+        if not index:
+            index.update((m.name, i) for i, m in enumerate(schedule))
+        return index
 
     def local(span: tuple[int, int]) -> tuple[int, int] | None:
         """A span of schedule steps on the stage's local steps (None when it runs on none of them)."""
@@ -210,6 +231,10 @@ def stage_step(stage: Stage, of_step: list[frozenset[int]], model, live, gradien
         if born >= 0 and stage.index not in of_step[born]:  # made on another stage: received
             if tensors[name].meta.get("like") not in weights:
                 received += value
+            if name in writes and born >= live.boundary:  # the stage's own copy (``writes``)
+                add(writes[name], last, value)
+                if _read_elsewhere(written[name], stage, step_of(), of_step):
+                    sent_gradient += value  # the stage's input gradient, sent back
             continue
         output = name in sent and born < live.boundary and backward
         if name in changed and not output:  # recomputed: each of its lifetimes (the stage's output, the

@@ -27,7 +27,8 @@ from ..memory.sizes import model_variables
 from ..plan.candidates import saved_after
 from ..plan.planner import OPTIMIZERS, StepModel, largest_fitting, solve_values
 from .fsdp import Unit, gather, parameters, reduce_scatter, shard_rows, stage_units, units
-from .layout import DEVICES, Layout
+from .interleaved import Chunk, rank_actions, rank_peak
+from .layout import DEVICES, INTERLEAVED, Layout
 from .pipeline import (
     Gathered,
     Profile,
@@ -146,7 +147,8 @@ def _pipeline_ranks(analysis, layout: Layout, optimizer: str, values: dict[str, 
     them)."""
     graph, joint, live = analysis.graph, analysis.joint, analysis.liveness
     m, p, r = layout.chunks, layout.pp, layout.dp_replicate
-    stages, of_step = stages_of(graph, live, p)
+    interleaved = layout.pp_schedule == INTERLEAVED
+    stages, of_step = stages_of(graph, live, p * (layout.virtual if interleaved else 1))
     sent = sent_storages(joint, live, of_step)
     batch_dims = model_variables(graph)[1]
     for b in batch_dims:
@@ -175,10 +177,14 @@ def _pipeline_ranks(analysis, layout: Layout, optimizer: str, values: dict[str, 
                if name in model.value]
     changed, stats = model.changes(chosen) if chosen else ({}, [])
     out: list[RankMemory] = []
+    chunks: dict[int, tuple] = {}  # interleaved: virtual stage -> (its step, its parameters, constants)
     for stage in stages:
         step = stage_step(stage, of_step, model, live, gradient_names, sent, {q.name for q in params}, cached,
                           share, tuple(reduced), changed, tuple(stats))
         mine = [q for q in params if q.name in step.touched]
+        if interleaved:
+            chunks[stage.index] = (stage, step, mine)
+            continue
         weights = [local_param(q.name, model.bytes_formula(q).evaluate(model.sizes) or 0, split_params, t)
                    for q in mine]
         param_bytes = sum(weights)
@@ -216,7 +222,48 @@ def _pipeline_ranks(analysis, layout: Layout, optimizer: str, values: dict[str, 
             if optimizer_peak > peak:
                 entry.peak_bytes, entry.peak_phase, entry.peak_step = optimizer_peak, "optimizer", None
             out.append(entry)
+    if interleaved:
+        out = [_interleaved_rank(rank, chunks, layout, model, grads, constants, moments, precision, device)
+               for rank in range(p)]
     return out
+
+
+def _interleaved_rank(rank: int, chunks: dict[int, tuple], layout: Layout, model: StepModel, grads: dict,
+                      constants: dict, moments: int, precision: str | None, device: str) -> RankMemory:
+    """A rank's step under Interleaved1F1B (parallel.interleaved): its virtual stages' parameters,
+    gradients, state and receive buffers resident, and its actions' peak."""
+    p, v, m = layout.pp, layout.virtual, layout.chunks
+    mine_chunks = [g for g in sorted(chunks) if g % p == rank]
+    touched = set().union(*(chunks[g][1].touched for g in mine_chunks))
+    mine = list({q.name: q for g in mine_chunks for q in chunks[g][2]}.values())
+    param_bytes = sum(model.bytes_formula(q).evaluate(model.sizes) or 0 for q in mine)
+    fixed = sum(model.bytes_formula(c).evaluate(model.sizes) or 0 for name, c in constants.items()
+                if name in touched and model.bytes_formula(c) is not None)
+    numel = [int(np.prod(q.shape, dtype=object)) if q.shape else 1 for q in mine]
+    state_dtype = 4 if precision in ("bf16", "fp16") else dtype_size(mine[0].dtype) if mine else 4
+    master = 4 * sum(numel) if precision in ("bf16", "fp16") else 0
+    state = sum(moments * state_dtype * e + STEP_BYTES for e in numel) if moments else 0
+
+    def gradient_bytes(qs) -> int:
+        return sum(model.value.get(grads[q.name].name, 0) for q in qs if q.name in grads)
+
+    grad_bytes = gradient_bytes(mine)
+    buffers = m * sum(chunks[g][1].received for g in mine_chunks)  # each stage's, one per microbatch
+    last = p * v - 1
+    info = {g: Chunk(chunks[g][1], chunks[g][0].boundary, gradient_bytes(chunks[g][2]), g == last)
+            for g in mine_chunks}
+    top, chunk, at, saved, flight = rank_peak(rank_actions(rank, p, v, m), info)
+    resident = param_bytes + fixed + state + master + buffers
+    stage = chunks[chunk][0]
+    peak, phase = resident + top, "forward" if at < stage.boundary else "backward"
+    local = [e * state_dtype for e in numel]
+    temporaries = loop_temporaries(local) if device == "cpu" else sum(local)
+    entry = RankMemory([rank], param_bytes, grad_bytes, state, saved, buffers, peak, phase,
+                       stage.steps[at] if stage.steps else None, in_flight=flight)
+    optimizer_peak = resident + grad_bytes + (temporaries if moments else 0)
+    if optimizer_peak > peak:
+        entry.peak_bytes, entry.peak_phase, entry.peak_step = optimizer_peak, "optimizer", None
+    return entry
 
 
 def _sharded_stage(stage, step, mine: list[Tensor], model: StepModel, fixed: int, whole_grads: int,

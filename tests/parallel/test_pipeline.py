@@ -12,7 +12,8 @@ by default as torchtitan's under a pipeline; ``bf16``: MixedPrecisionPolicy(para
 reduce_dtype=fp32), fusecli's --precision bf16 on the fp32 export), or tensor parallel over 2
 (``--tp 2``, the stages' blocks as test_ranks.py's ``tp`` makes them, on models with 2 K/V heads), and
 torchtitan's 3-D layout (FSDP2 over tensor parallel in a pipeline: 8 ranks); ``ckpt``: every block
-checkpointed (fusecli's block candidates, all chosen); every rank of every stage is checked. DDP is
+checkpointed (fusecli's block candidates, all chosen); and ScheduleInterleaved1F1B with 2 stages per
+rank (its actions checked against torch's own order); every rank of every stage is checked. DDP is
 measured under Schedule1F1B with more microbatches than stages: under ScheduleGPipe, or 1F1B with as
 many microbatches as stages, torch 2.13's reducer fails its own assert (``rebuilt parameter indices
 size is not same as original model parameters size``) at the second step's first forward.
@@ -33,6 +34,7 @@ import functools
 
 import pytest
 
+from fusecli.parallel.interleaved import rank_actions
 from fusecli.parallel.layout import Layout
 from fusecli.parallel.ranks import rank_memory
 from fusecli.pipeline import Options, analyze
@@ -46,8 +48,11 @@ BATCH = {2: 4, 4: 8}  # stages -> the global batch of a step
 SAVED_TOLERANCE = 0.02
 PEAK_TOLERANCE = 0.02
 # the degrees besides the stages': "ddp" (DDP 2), "fsdp" (FSDP2 2), "tp" (TP 2), "fsdp_tp" (torchtitan's
-# 3-D: FSDP2 2 over TP 2, 8 ranks) -> (dp_replicate, dp_shard, tp)
-DEGREES = {"": (1, 1, 1), "ddp": (2, 1, 1), "fsdp": (1, 2, 1), "tp": (1, 1, 2), "fsdp_tp": (1, 2, 2)}
+# 3-D: FSDP2 2 over TP 2, 8 ranks), "v2" (none: interleaved 1F1B's 2 stages per rank) -> (dp_replicate,
+# dp_shard, tp)
+DEGREES = {"": (1, 1, 1), "ddp": (2, 1, 1), "fsdp": (1, 2, 1), "tp": (1, 1, 2), "fsdp_tp": (1, 2, 2),
+           "v2": (1, 1, 1)}
+VIRTUAL = 2  # the "v2" cases' stages per rank
 # (model, exporter, kv_heads, layers, stages, the other degrees: a DEGREES key) -> runs
 # (SCHEDULE:SEQ:MICROBATCHES[:amp][:zero1][:reshard])
 MODELS = {
@@ -69,6 +74,9 @@ MODELS = {
                                          "1f1b:128:4:ckpt"),
     ("qwen2", "dynamo", 2, 2, 2, "tp"): ("1f1b:128:4",),
     ("llama", "dynamo", 2, 4, 2, "fsdp_tp"): ("1f1b:128:4:reshard", "gpipe:128:4"),
+    ("llama", "dynamo", None, 4, 2, "v2"): ("interleaved-1f1b:128:4", "interleaved-1f1b:128:2",
+                                            "interleaved-1f1b:1024:2", "interleaved-1f1b:128:4:ckpt"),
+    ("gpt2", "dynamo", None, 4, 2, "v2"): ("interleaved-1f1b:128:4",),
 }
 
 
@@ -91,6 +99,7 @@ def measured(model: str, kv_heads: int | None, layers: int, stages: int, data: s
     args = ["--model", model, "--runs", ",".join(runs), "--batch", str(BATCH[stages]),
             "--layers", str(layers), "--replicas", str(replicate * shard), "--tp", str(tp)]
     args += ["--fsdp"] if shard > 1 else []
+    args += ["--stages-per-rank", str(VIRTUAL)] if data == "v2" else []
     args += ["--kv-heads", str(kv_heads)] if kv_heads is not None else []
     return run_judge("torch_pipeline.py", args, out, stages * replicate * shard * tp)
 
@@ -127,17 +136,24 @@ def test_each_stage_is_torchs(hf_onnx, tmp_path_factory, model, exporter, kv_hea
                     zero=1 if "zero1" in flags else None,
                     reshard_after_forward="reshard" in flags or shard == 1,
                     microbatches=int(microbatches), pp_schedule=schedule)
+    if data == "v2":
+        layout = Layout(pp=stages, microbatches=int(microbatches), pp_schedule=schedule, virtual=VIRTUAL)
     chosen = block_candidates(a.graph, a.joint, a.liveness, a.sizes, rng_state_bytes(a)) if "ckpt" in flags \
         else None
     predicted = {r: e for e in rank_memory(a, layout, chosen=chosen) for r in e.ranks}
     assert sorted(predicted) == list(range(world))
     for rank, m in got.items():
         p = predicted[rank]
-        print(f"{model} {exporter} {run} rank {rank}: peak {p.peak_bytes} / {m['peak_bytes']} = "
+        print(f"{model} {exporter} {layers} blocks, {layout.name}, {run} rank {rank}: peak {p.peak_bytes} / {m['peak_bytes']} = "
               f"{p.peak_bytes / m['peak_bytes']:.4f} ({p.peak_phase}; torch {m['peak_op']}), saved "
               f"{p.saved_activation_bytes / m['saved_bytes']:.4f}")
-        assert m["microbatches_in_flight_max"] == (int(microbatches) if schedule == "gpipe" else
-                                                   min(stages - m["stage"], int(microbatches)))
+        if data == "v2":  # torch's own order of actions, and the (stage, microbatch) pairs in flight
+            assert m["actions"] == [f"{x.chunk}{'F' if x.forward else 'B'}{x.microbatch}"
+                                    for x in rank_actions(rank, stages, VIRTUAL, int(microbatches))]
+            assert m["microbatches_in_flight_max"] == p.in_flight
+        else:
+            assert m["microbatches_in_flight_max"] == (int(microbatches) if schedule == "gpipe" else
+                                                       min(stages - m["stage"], int(microbatches)))
         assert p.saved_activation_bytes == pytest.approx(m["saved_bytes"], rel=SAVED_TOLERANCE)
         bound = WIDER.get((model, run), (PEAK_TOLERANCE, ""))[0]
         assert p.peak_bytes == pytest.approx(m["peak_bytes"], rel=bound)

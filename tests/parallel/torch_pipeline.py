@@ -19,7 +19,10 @@ keeps the gathered parameters and the unsharded gradients from each backward to 
 With ``--tp T`` instead the world is a (stages, T) mesh, the tensor-parallel ranks innermost (rank =
 stage * T + tp index): each stage's blocks tensor-parallel as torch_ranks.py's ``tp`` mode makes them
 (``ColwiseParallel`` on q/k/v and gate/up, ``RowwiseParallel`` on o and down, by name), the stages
-sending whole (replicated) hidden states; with ``--replicas R --fsdp`` too, torchtitan's 3-D mesh
+sending whole (replicated) hidden states. With ``--stages-per-rank V`` (a pipeline alone, schedule
+``interleaved-1f1b``: ScheduleInterleaved1F1B) each rank holds V stages of the blocks split into
+ranks x V, stage g on rank g mod ranks; the rank writes its compute actions in torch's order
+(``actions``); with ``--replicas R --fsdp`` too, torchtitan's 3-D mesh
 (stages, R, T): tensor parallel on the inner dim, then FSDP2 over the middle one.
 
 A run is ``SCHEDULE:SEQ:MICROBATCHES[:outputs][:amp][:zero1]`` (``amp``: the step under CPU autocast to
@@ -97,7 +100,7 @@ sys.path.insert(0, str(ROOT))
 
 from tests.parallel.torch_ranks import STEPS, _blocks, _peak, _settle_collectives, _storages  # noqa: E402
 
-SCHEDULES = ("gpipe", "1f1b")
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 DECODERS = ("llama", "qwen2", "mistral")  # embed_tokens, layers, norm, rotary_emb
 ENCODERS = ("distilbert",)  # embeddings, transformer.layer (post-norm blocks, no final norm)
 MODELS = (*DECODERS, "gpt2", *ENCODERS)
@@ -220,10 +223,11 @@ def _stage_class():
 
 
 def reference(name: str, batch: int, seq: int, microbatches: int, kv_heads: int | None, layers: int,
-              world: int, rank: int, amp: bool = False) -> tuple[dict, dict]:
+              world: int, mine: list[int], amp: bool = False) -> tuple[dict, dict]:
     """The checks' reference, in this process, before anything is profiled: the whole model and every
     stage of it, their outputs compared on the global batch and microbatch by microbatch (asserted), and
-    the whole model's full-batch gradients of ``sum(output)`` for this rank's stage, by parameter name."""
+    the whole model's full-batch gradients of ``sum(output)`` for this rank's stages (``mine``, of
+    ``world``), by parameter name."""
     import torch
 
     from tests import hf_models
@@ -248,7 +252,7 @@ def reference(name: str, batch: int, seq: int, microbatches: int, kv_heads: int 
         out = module(*inputs)
     out.float().sum().backward()
     names = {id(p): n for n, p in module.inner.named_parameters()}
-    grads = {names[id(p)]: p.grad for p in stages[rank].parameters()}
+    grads = {names[id(p)]: p.grad for s in mine for p in stages[s].parameters()}
     checks = {"check_output_max_abs_diff": whole_diff, "check_microbatched_output_max_abs_diff": split_diff,
               "check_output_max_abs": whole.abs().max().item()}
     del module, stages
@@ -329,7 +333,7 @@ def _instrument(stage, module, tracker: _SavedTracker) -> None:
     forward, backward = stage.forward_one_chunk, stage.backward_one_chunk
 
     def forward_one_chunk(chunk, *args, **kwargs):
-        tracker.current = chunk
+        tracker.current = (stage.stage_index, chunk)  # a microbatch on this stage (of several per rank)
         with record_function(f"pp forward {chunk}"):
             out = forward(chunk, *args, **kwargs)
         tracker.current = None
@@ -390,13 +394,18 @@ def _bucket_bytes(ddp) -> int:
 def measure(name: str, batch: int, kv_heads: int | None, layers: int, schedule: str, seq: int,
             microbatches: int, return_outputs: bool, amp: bool = False, zero1: bool = False,
             reshard: bool = False, bf16: bool = False, checkpointed: bool = False, mesh=None,
-            fsdp: bool = False, tp: bool = False) -> dict:
+            fsdp: bool = False, tp: bool = False, virtual: int = 1) -> dict:
     """One configuration's steps on this rank, and what it holds (the module docstring); ``mesh``: the
     (pp, dp) mesh of --replicas, None for a pipeline alone."""
     import torch
     import torch.distributed as dist
     from torch._C._profiler import _EventType
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+    from torch.distributed.pipelining import (
+        PipelineStage,
+        Schedule1F1B,
+        ScheduleGPipe,
+        ScheduleInterleaved1F1B,
+    )
     from torch.profiler import ProfilerActivity, profile, record_function
 
     from tests import hf_models
@@ -407,20 +416,25 @@ def measure(name: str, batch: int, kv_heads: int | None, layers: int, schedule: 
     index = rank // replicas
     assert batch % microbatches == 0, f"batch {batch} does not split into {microbatches} microbatches"
     assert replicas > 1 or not zero1, "zero1 shards the optimizer over replicas: give --replicas"
-    ref_grads, checks = reference(name, batch, seq, microbatches, kv_heads, layers, stages, index, amp)
+    assert virtual == 1 or (mesh is None and schedule == "interleaved-1f1b"), "virtual stages: interleaved"
+    total = stages * virtual  # the pipeline's stages, chunk g on rank g mod stages
+    chunk_ids = [index + k * stages for k in range(virtual)]
+    ref_grads, checks = reference(name, batch, seq, microbatches, kv_heads, layers, total, chunk_ids, amp)
     gc.collect()
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         module = hf_models.build(name, attn="default", kv_heads=kv_heads, layers=layers, cache=False)
         names = {id(p): n for n, p in module.inner.named_parameters()}
         n_blocks = len(_blocks(module.inner))
-        part = make_stage(name, module.inner, index, stages)
+        parts = [make_stage(name, module.inner, g, total) for g in chunk_ids]
+        part = parts[0]
         del module  # the modules of other stages free with it
         gc.collect()
         if checkpointed:  # before any wrapping, as torchtitan applies it
             from tests.parallel.torch_ranks import _checkpoint
 
-            _checkpoint(part.blocks, {}, [])
-        params = list(part.parameters())
+            for pt in parts:
+                _checkpoint(pt.blocks, {}, [])
+        params = [p for pt in parts for p in pt.parameters()]
         param_names = [names[id(p)] for p in params]
         del names
         wrapped = None
@@ -429,7 +443,12 @@ def measure(name: str, batch: int, kv_heads: int | None, layers: int, schedule: 
 
             _tensor_parallel(part, mesh["tp"], False)
             params = list(part.parameters())
-        if mesh is None:
+        pipe_stages = None
+        if virtual > 1:
+            pipe_stages = [PipelineStage(pt, g, total, device=torch.device("cpu"))
+                           for pt, g in zip(parts, chunk_ids, strict=True)]
+            stage = pipe_stages[0]
+        elif mesh is None:
             stage = PipelineStage(part, index, stages, device=torch.device("cpu"))
         elif tp and not fsdp:
             stage = PipelineStage(part, index, stages, device=torch.device("cpu"),
@@ -451,15 +470,16 @@ def measure(name: str, batch: int, kv_heads: int | None, layers: int, schedule: 
             wrapped = DDP(part, process_group=mesh["dp"].get_group(), init_sync=False)
             stage = PipelineStage(wrapped, index, stages, device=torch.device("cpu"),
                                   group=mesh["pp"].get_group())
-        tracker = _SavedTracker(set(_storages(params)) | set(_storages(part.buffers())),
-                                part if fsdp else None)
-        _instrument(stage, part, tracker)
+        buffers = (b for pt in parts for b in pt.buffers())
+        tracker = _SavedTracker(set(_storages(params)) | set(_storages(buffers)), part if fsdp else None)
+        for st, pt in zip(pipe_stages or [stage], parts, strict=True):
+            _instrument(st, pt, tracker)
         if checkpointed:  # what each checkpoint keeps for its re-run: its block's inputs and the CPU
             def kept(module, args, kwargs):  # generator's state (its own hooks hide the block's saved
                 for t in _tensors((args, kwargs)):  # tensors from the tracker's)
                     tracker.pack(t)
 
-            for block in part.blocks:
+            for block in (b for pt in parts for b in pt.blocks):
                 block.register_forward_pre_hook(kept, with_kwargs=True)
             rng_state = torch.get_rng_state
 
@@ -470,8 +490,10 @@ def measure(name: str, batch: int, kv_heads: int | None, layers: int, schedule: 
 
             torch.get_rng_state = kept_rng_state
         # every rank passes the loss: a schedule without one runs no backward on any stage
-        cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[schedule]
-        pipe = cls(stage, microbatches, loss_fn=lambda out, target: out.float().sum(), scale_grads=False)
+        cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B,
+               "interleaved-1f1b": ScheduleInterleaved1F1B}[schedule]
+        pipe = cls(pipe_stages or stage, microbatches, loss_fn=lambda out, target: out.float().sum(),
+                   scale_grads=False)
         if zero1:
             from torch.distributed.optim import ZeroRedundancyOptimizer
 
@@ -480,8 +502,10 @@ def measure(name: str, batch: int, kv_heads: int | None, layers: int, schedule: 
         else:
             opt = torch.optim.AdamW(params, lr=1e-3)
         ids = hf_models.example_inputs(name, batch, seq, seed=0)[0]  # the global batch, read by stage 0
-        args = (ids,) if stage.is_first else ()
-        target = torch.zeros(batch) if stage.is_last else None  # the schedule splits a target per microbatch
+        first = any(st.is_first for st in pipe_stages or [stage])
+        last = any(st.is_last for st in pipe_stages or [stage])
+        args = (ids,) if first else ()
+        target = torch.zeros(batch) if last else None  # the schedule splits a target per microbatch
 
         for step in range(1 + STEPS):
             gc.collect()
@@ -515,11 +539,13 @@ def measure(name: str, batch: int, kv_heads: int | None, layers: int, schedule: 
                   "microbatches": microbatches, "batch": batch, "microbatch_size": batch // microbatches,
                   "return_outputs": return_outputs, "autocast": amp, "stage": index, "replicas": replicas,
                   "zero1": zero1, "blocks": n_blocks,
-                  "stage_layers": part.indices, "first": stage.is_first, "last": stage.is_last,
+                  "stage_layers": [i for pt in parts for i in pt.indices], "first": first, "last": last,
                   "parameter_bytes": sum(_storages(params).values()),
                   "gradient_bytes": sum(grads.values()),
                   "optimizer_bytes": sum(_storages(state).values()),
-                  "recv_buffer_bytes": sum(_recv_buffers(stage).values()),
+                  "recv_buffer_bytes": sum(sum(_recv_buffers(st).values()) for st in pipe_stages or [stage]),
+                  "chunks": chunk_ids, "actions": [str(a) for a in getattr(pipe, "pipeline_order", {}).get(
+                      index, []) if a is not None],
                   "ddp_bucket_bytes": _bucket_bytes(wrapped),
                   "input_bytes_per_microbatch": tracker.input_bytes,
                   "output_bytes_per_microbatch": tracker.output_bytes,
@@ -543,6 +569,7 @@ def main() -> None:
     ap.add_argument("--replicas", type=int, default=1, help="replicas of the pipeline, DDP over each stage's")
     ap.add_argument("--fsdp", action="store_true", help="the replicas shard each stage (FSDP2) instead")
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks per stage (innermost)")
+    ap.add_argument("--stages-per-rank", type=int, default=1, help="interleaved-1f1b: each rank's stages")
     ap.add_argument("--timeout", type=int, default=300, help="seconds: a P2P wait's, and a run's")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
@@ -565,7 +592,7 @@ def main() -> None:
     for text in args.runs.split(","):
         faulthandler.dump_traceback_later(args.timeout, exit=True)  # a hang exits 1 with the stacks
         result = measure(args.model, args.batch, args.kv_heads, args.layers, **parse_run(text), mesh=mesh,
-                         fsdp=args.fsdp, tp=args.tp > 1)
+                         fsdp=args.fsdp, tp=args.tp > 1, virtual=args.stages_per_rank)
         out = Path(args.out) / run_name(text)
         out.mkdir(parents=True, exist_ok=True)
         (out / f"rank_{result['rank']}.json").write_text(json.dumps(result, indent=1))
