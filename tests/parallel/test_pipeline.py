@@ -144,7 +144,8 @@ def test_each_stage_is_torchs(hf_onnx, tmp_path_factory, model, exporter, kv_hea
     assert sorted(predicted) == list(range(world))
     for rank, m in got.items():
         p = predicted[rank]
-        print(f"{model} {exporter} {layers} blocks, {layout.name}, {run} rank {rank}: peak {p.peak_bytes} / {m['peak_bytes']} = "
+        print(f"{model} {exporter} {layers} blocks, {layout.name}, {run} rank {rank}: peak {p.peak_bytes} / "
+              f"{m['peak_bytes']} = "
               f"{p.peak_bytes / m['peak_bytes']:.4f} ({p.peak_phase}; torch {m['peak_op']}), saved "
               f"{p.saved_activation_bytes / m['saved_bytes']:.4f}")
         if data == "v2":  # torch's own order of actions, and the (stage, microbatch) pairs in flight
