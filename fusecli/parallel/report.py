@@ -5,7 +5,7 @@ from __future__ import annotations
 import textwrap
 
 from ..core.units import format_bytes
-from .layout import DEVICES, Layout
+from .layout import DEVICES, INTERLEAVED, Layout
 from .plan import RankPlan
 from .ranks import RankMemory
 
@@ -33,6 +33,7 @@ def layout_json(layout: Layout, device: str, batch: int | None) -> dict:
             "dp_shard": layout.dp_shard, "zero": layout.zero,
             "reshard_after_forward": layout.reshard_after_forward, "tp": layout.tp, "sp": layout.sp,
             "pp": layout.pp, "microbatches": layout.microbatches, "pp_schedule": layout.pp_schedule,
+            "virtual_stages": layout.virtual if layout.pp_schedule == INTERLEAVED else None,
             "device": device,
             "backend": DEVICES.get(device), "batch_per_rank": batch,
             "global_batch": batch * layout.data_parallel if batch is not None else None,
