@@ -19,6 +19,7 @@ SHAPE_KINDS = frozenset({"shape", "constant", "constant_of_shape", "range", "siz
 # sizes them or what follows them (NonZero and TensorFlow's one-input Where list where a mask holds;
 # Compress keeps where it holds). TopK is one too when its k is computed from values (kinds.data_dependent).
 DATA_DEPENDENT_KINDS = frozenset({"nonzero", "compress"})
+GRADIENT_SUM = "AddN"  # the backward's sum of a tensor's partial gradients (accumulated in place by autograd)
 
 ONNX_KINDS: dict[str, str] = {
     # convolution, matmul, normalisation

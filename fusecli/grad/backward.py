@@ -12,6 +12,7 @@ from functools import cache
 from operator import attrgetter
 
 from ..core.ir import FLOAT_DTYPES, Graph, Node, Tensor
+from ..core.kinds import GRADIENT_SUM
 from .composites import SHAPE_READERS, Region, custom_gradient_regions, find_regions
 from .kept_outputs import KEPT_OUTPUTS, make_kept_outputs
 from .layout import Layouts
@@ -114,7 +115,7 @@ class _Builder:
         if not parts:  # most forward tensors get no gradient: one lookup
             return None
         if len(parts) > 1:
-            parts[:] = self.node(t.name, "AddN", parts, [t])
+            parts[:] = self.node(t.name, GRADIENT_SUM, parts, [t])
         return parts[0]
 
 

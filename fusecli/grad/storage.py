@@ -24,6 +24,7 @@ it (a view's base), or to None (never allocated); a tensor not in the map is its
 from __future__ import annotations
 
 from ..core.ir import LOWER_FLOAT_DTYPES, Graph, Node, Tensor, redirect, unique_name
+from ..core.kinds import GRADIENT_SUM
 from ..core.scopes import node_scope
 from .layout import Layouts
 from .torch_export import folded_away
@@ -32,7 +33,6 @@ from .torch_export import made_each_step as folded_each_step
 # backward ops whose output is a view of their first input (the incoming gradient): d/dx reshape(x) is
 # dy.reshape(x.shape), d/dx x^T is dy^T; a sum of partials accumulates into the first partial's buffer
 _BACKWARD_VIEWS = frozenset({"ReshapeGrad", "ReshapeToInput", "Transpose"})
-_ACCUMULATE = "AddN"
 _BIAS_KINDS = frozenset({"add", "bias_add"})
 # backward op -> the buffers of its output's size its eager formula holds beyond the output while it runs
 # (CPU), each from the formula's own order of evaluation
@@ -91,7 +91,7 @@ def storages(joint: Graph, profile) -> dict[Tensor, Tensor | None]:
                 y = node.outputs[0]
                 if y not in saved and y not in outputs and linear_bias_add(y) is not None:
                     out[y] = None
-        elif node.op_type in _BACKWARD_VIEWS or node.op_type == _ACCUMULATE:
+        elif node.op_type in _BACKWARD_VIEWS or node.op_type == GRADIENT_SUM:
             x = node.inputs[0] if node.inputs else None
             y = node.outputs[0] if len(node.outputs) == 1 else None
             if x is not None and y is not None and x.dtype == y.dtype and x.kind == "activation":

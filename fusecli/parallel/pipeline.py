@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..core.errors import UsageError
+from ..core.kinds import GRADIENT_SUM
 from ..plan.candidates import block_scopes
 from .tensor import SHAPE_READS
 
@@ -176,9 +177,9 @@ def stage_step(stage: Stage, of_step: list[frozenset[int]], model, live, gradien
     tensors = {}
     touched: set[str] = set()
     storage = live.storage
-    # a storage another stage made that this stage's ops write into (the residual stream's gradient,
-    # which one device accumulates in place through every block): the stage receives it into its
-    # buffer, which autograd does not accumulate into, so the stage's writes are a tensor of its own
+    # a storage another stage made that this stage's gradient sums accumulate into (the residual
+    # stream's gradient, which one device accumulates in place through every block): the stage
+    # receives it into its buffer, which autograd does not accumulate into, so its sums are its own
     writes: dict[str, int] = {}  # storage name -> the first local step writing it
     written: dict[str, list] = {}  # storage name -> the tensors the stage writes into it
     for i in stage.steps:
@@ -195,7 +196,7 @@ def stage_step(stage: Stage, of_step: list[frozenset[int]], model, live, gradien
             tensors[base.name] = base
             span = spans.setdefault(base.name, [k, k])
             span[0], span[1] = min(span[0], k), max(span[1], k)
-            if x is not base and x.producer is n:
+            if x is not base and x.producer is n and n.op_type == GRADIENT_SUM:
                 writes.setdefault(base.name, k)
                 written.setdefault(base.name, []).append(x)
     delta = np.zeros(len(stage.steps) + 2, dtype=model.base.dtype)
