@@ -100,9 +100,6 @@ class Layout:
         if self.pp > 1 and self.sp:
             raise UsageError("--sp with --pp (the stages' boundary split along the sequence) is not "
                              "modelled yet: --pp with --tp is")
-        if self.pp > 1 and self.zero == 1 and self.sharded:
-            raise UsageError("--zero 1 shards the optimizer state over replicas; with --dp-shard the "
-                             "parameters, gradients and state are sharded already (ZeRO-3)")
         if self.pp_schedule == INTERLEAVED and (self.size != self.pp or self.virtual < 2):
             raise UsageError("--pp-schedule interleaved-1f1b: modelled for a pipeline alone (no other "
                              "degree) with --virtual-stages 2 or more")
