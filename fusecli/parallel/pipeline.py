@@ -133,6 +133,11 @@ def autocast_copies(live) -> set[str]:
     return out
 
 
+def step_index(schedule) -> dict[str, int]:
+    """Node name -> its step in the one-device schedule."""
+    return {n.name: i for i, n in enumerate(schedule)}
+
+
 def _read_elsewhere(tensors: list, stage: Stage, step_of: dict[str, int], of_step) -> bool:
     """Whether a stage other than ``stage`` reads one of ``tensors``."""
     return any(stage.index not in of_step[step_of[c.name]] for x in tensors for c in x.consumers
@@ -157,14 +162,15 @@ class StageStep:
 
 
 def stage_step(stage: Stage, of_step: list[frozenset[int]], model, live, gradient_names: set[str],
-               sent: set[str], weights: set[str], cached: set[str] = frozenset(),
+               sent: set[str], weights: set[str], step_of: dict[str, int], cached: set[str] = frozenset(),
                share=lambda name, value: value, extra: tuple = (), changed: dict | None = None,
                stats: tuple = ()) -> StageStep:
     """One microbatch's lifetimes on ``stage`` (module docstring), at the StepModel's dims. What the
     stage receives lands in receive buffers of its own, one per microbatch, allocated once and kept
     (torch.distributed.pipelining's), so it is counted apart (``received``), not along the steps; a
     partial gradient of a weight that stages share (``weights``: tied embeddings) is no such thing:
-    each stage keeps its own copy's gradient, summed across stages after the step. ``cached``
+    each stage keeps its own copy's gradient, summed across stages after the step. ``step_of``: node
+    name -> its schedule step (step_index, made once for every stage). ``cached``
     (autocast_copies) is made by the first microbatch and kept to the end, once for all of them.
     ``share``: a tensor's bytes on this rank (its tensor-parallel share); ``extra``: (schedule step,
     bytes) made and freed there (an all-reduce's output beside its input); ``changed`` and ``stats``
@@ -206,13 +212,6 @@ def stage_step(stage: Stage, of_step: list[frozenset[int]], model, live, gradien
     held = saved = received = sent_gradient = copies = 0
     backward = stage.boundary <= end
     changed = changed or {}
-    index: dict[str, int] = {}
-
-    def step_of() -> dict[str, int]:
-        """Node name -> its schedule step (made on first use)."""
-        if not index:
-            index.update((m.name, i) for i, m in enumerate(schedule))
-        return index
 
     def local(span: tuple[int, int]) -> tuple[int, int] | None:
         """A span of schedule steps on the stage's local steps (None when it runs on none of them)."""
@@ -234,7 +233,7 @@ def stage_step(stage: Stage, of_step: list[frozenset[int]], model, live, gradien
                 received += value
             if name in writes and born >= live.boundary:  # the stage's own copy (``writes``)
                 add(writes[name], last, value)
-                if _read_elsewhere(written[name], stage, step_of(), of_step):
+                if _read_elsewhere(written[name], stage, step_of, of_step):
                     sent_gradient += value  # the stage's input gradient, sent back
             continue
         output = name in sent and born < live.boundary and backward
@@ -263,19 +262,20 @@ def stage_step(stage: Stage, of_step: list[frozenset[int]], model, live, gradien
         elif first < stage.boundary <= last:
             held += value
             saved += 0 if output else value
-    moments = [(step, share(x.name, f.evaluate(model.sizes) or 0)) for x, step in live.transients
-               if (f := model.bytes_formula(x)) is not None]
-    for step, v in [*moments, *extra]:
+    transients = [(step, share(x.name, f.evaluate(model.sizes) or 0)) for x, step in live.transients
+                  if (f := model.bytes_formula(x)) is not None]
+    for step, v in [*transients, *extra]:
         if step in pos:
             k = pos[step]
             delta[k + 1] += v
             delta[k + 2] -= v
     for span, f in stats:  # kept statistics, a re-run block's outputs made again
         if span[0] in pos and (mapped := local(span)) is not None:
-            add(*mapped, f.evaluate(model.sizes) or 0)
+            value = f.evaluate(model.sizes) or 0
+            add(*mapped, value)
             if mapped[0] < stage.boundary <= mapped[1]:
-                held += f.evaluate(model.sizes) or 0
-                saved += f.evaluate(model.sizes) or 0
+                held += value
+                saved += value
     n = len(stage.steps)
     return StageStep(np.cumsum(delta)[1:n + 1], np.cumsum(grads)[1:n + 1], np.cumsum(gap)[:n + 1],
                      np.cumsum(gap_grads)[:n + 1], held, saved, received, sent_gradient, copies, touched)

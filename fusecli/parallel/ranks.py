@@ -38,6 +38,7 @@ from .pipeline import (
     stage_peak,
     stage_step,
     stages_of,
+    step_index,
 )
 from .tensor import Split, find_split
 from .timeline import Timeline
@@ -50,6 +51,15 @@ def loop_temporaries(local: list[int]) -> int:
     quotient by sqrt(1 - beta2^t), while ``denom``, the loop's variable, still holds the previous
     parameter's quotient: max over i of 2 s_i + s_(i-1), in the optimizer's order of parameters."""
     return max((2 * s + (local[i - 1] if i else 0) for i, s in enumerate(local)), default=0)
+
+
+def optimizer_temporaries(local: list[int], moments: int, device: str) -> int:
+    """The optimizer step's transients over the resident state (``local``: each parameter's state tensor
+    bytes, in the optimizer's order): the for-loop form's on CPU, the foreach form's (one per parameter)
+    on CUDA, none for a stateless optimizer."""
+    if not moments:
+        return 0
+    return loop_temporaries(local) if device == "cpu" else sum(local)
 
 
 @dataclass
@@ -177,23 +187,17 @@ def _pipeline_ranks(analysis, layout: Layout, optimizer: str, values: dict[str, 
                if name in model.value]
     changed, stats = model.changes(chosen) if chosen else ({}, [])
     out: list[RankMemory] = []
-    chunks: dict[int, tuple] = {}  # interleaved: virtual stage -> (its step, its parameters, constants)
+    chunks: dict[int, tuple] = {}  # interleaved: virtual stage -> (the Stage, its step, its parameters)
+    step_of = step_index(live.schedule)
     for stage in stages:
-        step = stage_step(stage, of_step, model, live, gradient_names, sent, {q.name for q in params}, cached,
-                          share, tuple(reduced), changed, tuple(stats))
+        step = stage_step(stage, of_step, model, live, gradient_names, sent, {q.name for q in params},
+                          step_of, cached, share, tuple(reduced), changed, tuple(stats))
         mine = [q for q in params if q.name in step.touched]
         if interleaved:
             chunks[stage.index] = (stage, step, mine)
             continue
-        weights = [local_param(q.name, model.bytes_formula(q).evaluate(model.sizes) or 0, split_params, t)
-                   for q in mine]
-        param_bytes = sum(weights)
-        fixed = sum(model.bytes_formula(c).evaluate(model.sizes) or 0 for name, c in constants.items()
-                    if name in step.touched and model.bytes_formula(c) is not None)
-        numel = [local_param(q.name, int(np.prod(q.shape, dtype=object)) if q.shape else 1, split_params, t)
-                 for q in mine]
-        state_dtype = 4 if precision in ("bf16", "fp16") else dtype_size(mine[0].dtype) if mine else 4
-        master = 4 * sum(numel) if precision in ("bf16", "fp16") else 0
+        param_bytes, fixed, numel, state_dtype, master = _held(model, mine, step.touched, constants,
+                                                               precision, split_params, t)
         grad_bytes = sum(share(grads[q.name].name, model.value.get(grads[q.name].name, 0)) for q in mine
                          if q.name in grads)
         buckets = grad_bytes if r > 1 else 0  # DDP's reducer: a flat copy of the stage's gradients
@@ -215,8 +219,7 @@ def _pipeline_ranks(analysis, layout: Layout, optimizer: str, values: dict[str, 
             local = [e * state_dtype for e in owned]
             if layout.zero == 1:  # ZeroRedundancyOptimizer lists a rank's parameters largest first
                 local.sort(reverse=True)
-            temporaries = loop_temporaries(local) if device == "cpu" else sum(local)
-            optimizer_peak = resident + grad_bytes + (temporaries if moments else 0)
+            optimizer_peak = resident + grad_bytes + optimizer_temporaries(local, moments, device)
             entry = RankMemory([(stage.index * r + j) * t + i for j in ids for i in range(t)], param_bytes,
                                grad_bytes, state, saved, buffers, peak, phase, where, in_flight=k)
             if optimizer_peak > peak:
@@ -236,12 +239,7 @@ def _interleaved_rank(rank: int, chunks: dict[int, tuple], layout: Layout, model
     mine_chunks = [g for g in sorted(chunks) if g % p == rank]
     touched = set().union(*(chunks[g][1].touched for g in mine_chunks))
     mine = list({q.name: q for g in mine_chunks for q in chunks[g][2]}.values())
-    param_bytes = sum(model.bytes_formula(q).evaluate(model.sizes) or 0 for q in mine)
-    fixed = sum(model.bytes_formula(c).evaluate(model.sizes) or 0 for name, c in constants.items()
-                if name in touched and model.bytes_formula(c) is not None)
-    numel = [int(np.prod(q.shape, dtype=object)) if q.shape else 1 for q in mine]
-    state_dtype = 4 if precision in ("bf16", "fp16") else dtype_size(mine[0].dtype) if mine else 4
-    master = 4 * sum(numel) if precision in ("bf16", "fp16") else 0
+    param_bytes, fixed, numel, state_dtype, master = _held(model, mine, touched, constants, precision)
     state = sum(moments * state_dtype * e + STEP_BYTES for e in numel) if moments else 0
 
     def gradient_bytes(qs) -> int:
@@ -256,14 +254,30 @@ def _interleaved_rank(rank: int, chunks: dict[int, tuple], layout: Layout, model
     resident = param_bytes + fixed + state + master + buffers
     stage = chunks[chunk][0]
     peak, phase = resident + top, "forward" if at < stage.boundary else "backward"
-    local = [e * state_dtype for e in numel]
-    temporaries = loop_temporaries(local) if device == "cpu" else sum(local)
     entry = RankMemory([rank], param_bytes, grad_bytes, state, saved, buffers, peak, phase,
                        stage.steps[at] if stage.steps else None, in_flight=flight)
-    optimizer_peak = resident + grad_bytes + (temporaries if moments else 0)
+    optimizer_peak = resident + grad_bytes + optimizer_temporaries([e * state_dtype for e in numel], moments,
+                                                                   device)
     if optimizer_peak > peak:
         entry.peak_bytes, entry.peak_phase, entry.peak_step = optimizer_peak, "optimizer", None
     return entry
+
+
+def _held(model: StepModel, mine: list[Tensor], touched: set[str], constants: dict, precision: str | None,
+          split: set[str] = frozenset(), t: int = 1) -> tuple[int, int, list[int], int, int]:
+    """What a pipeline rank's parameters ``mine`` (their tensor-parallel shares where ``split`` holds
+    them) and the constants its steps read keep resident: (parameter bytes, constant bytes, each
+    parameter's elements, the optimizer state's dtype size, the float32 master copy's bytes under a
+    16-bit model)."""
+    param_bytes = sum(local_param(q.name, model.bytes_formula(q).evaluate(model.sizes) or 0, split, t)
+                      for q in mine)
+    fixed = sum(model.bytes_formula(c).evaluate(model.sizes) or 0 for name, c in constants.items()
+                if name in touched and model.bytes_formula(c) is not None)
+    numel = [local_param(q.name, int(np.prod(q.shape, dtype=object)) if q.shape else 1, split, t)
+             for q in mine]
+    sixteen = precision in ("bf16", "fp16")
+    state_dtype = 4 if sixteen else dtype_size(mine[0].dtype) if mine else 4
+    return param_bytes, fixed, numel, state_dtype, 4 * sum(numel) if sixteen else 0
 
 
 def _sharded_stage(stage, step, mine: list[Tensor], model: StepModel, fixed: int, whole_grads: int,
@@ -305,7 +319,7 @@ def _sharded_stage(stage, step, mine: list[Tensor], model: StepModel, fixed: int
     clone = device == "cpu"
     end = whole + whole_grads + max((u.reduce * (1 + clone) for u in local), default=0)
     out: list[RankMemory] = []
-    for shard in range(n):
+    for shard, hi in shard_groups(shapes.values(), n):
         param_bytes = state = 0
         shards = []
         for q in mine:
@@ -317,12 +331,12 @@ def _sharded_stage(stage, step, mine: list[Tensor], model: StepModel, fixed: int
         peak, phase, step_at = resident + top, "forward" if at < stage.boundary else "backward", where
         if resident + end > peak:  # the last backward's reduce-scatters
             peak, phase, step_at = resident + end, "backward", stage.steps[-1] if stage.steps else None
-        temporaries = loop_temporaries(shards) if device == "cpu" else sum(shards)
-        optimizer_peak = resident + param_bytes + (temporaries if moments else 0)
+        optimizer_peak = resident + param_bytes + optimizer_temporaries(shards, moments, device)
         if optimizer_peak > peak:
             peak, phase, step_at = optimizer_peak, "optimizer", None
-        entry = RankMemory([(stage.index * n + shard) * t + j for j in range(t)], param_bytes, param_bytes,
-                           state, saved, received + whole, peak, phase, step_at, in_flight=k)
+        ids = [(stage.index * n + s) * t + j for s in range(shard, hi) for j in range(t)]
+        entry = RankMemory(ids, param_bytes, param_bytes, state, saved, received + whole, peak, phase,
+                           step_at, in_flight=k)
         same = next((e for e in out if e.key() == entry.key()), None)
         if same is not None:
             same.ranks += entry.ranks
@@ -349,23 +363,16 @@ def _replica_classes(owner: list[int] | None, replicas: int) -> list[tuple[int, 
 
 
 def _classes(layout: Layout, shapes: list, owner: list[int] | None) -> list[tuple[int, list[int]]]:
-    """The ranks that can differ, each as (a representative, every rank id like it): under FSDP a shard
-    index's dim-0 rows change only where some parameter's last full, partial or empty shard begins (at
-    most two places per parameter), so the indices between those places hold alike; under ZeRO-1 a
-    replica differs by the parameters it owns."""
+    """The ranks that can differ, each as (a representative, every rank id like it): under FSDP the
+    shard indices of one shard_groups range hold alike; under ZeRO-1 a replica differs by the parameters
+    it owns."""
     n, world, t = layout.dp_shard, layout.size, layout.tp
     if layout.sharded:
-        cuts = {0, n}
-        for shape in shapes:
-            d0 = shape[0] if shape else 1
-            c = -(-d0 // n)
-            cuts.update(k for k in (d0 // c, -(-d0 // c)) if 0 < k < n)
-        edges = sorted(cuts)
         # the mesh's order: replicas outer, shards, then tensor-parallel ranks innermost
         # (rank = (replica * n + shard index) * t + tp index), the tensor-parallel ranks alike
         return [(lo * t, [(q * n + s) * t + j for q in range(layout.dp_replicate) for s in range(lo, hi)
                           for j in range(t)])
-                for lo, hi in zip(edges, edges[1:], strict=False)]
+                for lo, hi in shard_groups(shapes, n)]
     if owner is not None:
         owned: dict[int, list[int]] = {}
         for i, o in enumerate(owner):
@@ -375,6 +382,19 @@ def _classes(layout: Layout, shapes: list, owner: list[int] | None) -> list[tupl
             groups.setdefault(tuple(owned.get(r, ())), []).append(r)
         return [(ids[0], ids) for ids in groups.values()]
     return [(0, list(range(world)))]
+
+
+def shard_groups(shapes, n: int) -> list[tuple[int, int]]:
+    """The shard indices that hold alike under FSDP, as ranges [lo, hi): a shard index's dim-0 rows
+    change only where some parameter's last full, partial or empty shard begins (at most two places per
+    parameter), so the indices between those places hold alike."""
+    cuts = {0, n}
+    for shape in shapes:
+        d0 = shape[0] if shape else 1
+        c = -(-d0 // n)
+        cuts.update(k for k in (d0 // c, -(-d0 // c)) if 0 < k < n)
+    edges = sorted(cuts)
+    return list(zip(edges, edges[1:], strict=False))
 
 
 @dataclass
@@ -477,8 +497,7 @@ def _one_rank(step_: _Step, rank: int) -> RankMemory:
         resident_state = param_bytes + constants + state
         reduce_scatter(line, live, model, fsdp_units, grads, steps, device, on_rank)
     top, step, buffered = line.top()
-    temporaries = loop_temporaries(local) if device == "cpu" else sum(local)
-    optimizer_peak = resident_state + grad_bytes + buckets + (temporaries if moments else 0)
+    optimizer_peak = resident_state + grad_bytes + buckets + optimizer_temporaries(local, moments, device)
     peak = resident_state + top
     phase = "forward" if step is not None and step < live.boundary else "backward"
     if optimizer_peak > peak:
