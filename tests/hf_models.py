@@ -42,6 +42,9 @@ FUSED_GQA = ("falcon_gqa",)
 SPEECH = ("hubert", "wav2vec2")
 SAMPLES_PER_STEP = 25  # seq 16 -> 400 samples -> 39 frames after the two convolutions (strides 5, 2)
 REWRITE_TEXT = ("olmo",)
+# an encoder fed packed full-length sequences, token ids only (no attention_mask: masked-LM pretraining's
+# form, and what a pipeline stage, which takes one tensor, runs)
+PACKED = ("distilbert_packed",)
 # rotary on interleaved pairs (GPT-J's rotate_every_two: x[..., ::2], x[..., 1::2] stacked and flattened)
 INTERLEAVED = ("cohere",)  # a Cast after each LayerNorm that the next residual reads too: the rewrite tests
 MORE_VISION = ("beit", "swinv2")
@@ -60,7 +63,7 @@ def spec(name: str) -> Spec:
     if name in ("bert", "distilbert", "roberta", "opt", "llama_gqa_padded", "deberta_v2"):
         return Spec(("input_ids", "attention_mask"), True)
     if name in TEXT or name in MORE_TEXT or name in MOE or name in SHAPE_READS or name in REWRITE_TEXT \
-            or name in GQA or name in FUSED_GQA or name in INTERLEAVED:
+            or name in GQA or name in FUSED_GQA or name in INTERLEAVED or name in PACKED:
         return Spec(("input_ids",), True)
     if name in AUDIO:
         return Spec(("input_features",), False)
@@ -75,7 +78,7 @@ def _config(name: str):
     small = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128)
     if name == "bert":
         return tr.BertConfig(vocab_size=100, max_position_embeddings=256, **small)
-    if name == "distilbert":
+    if name in ("distilbert", "distilbert_packed"):
         return tr.DistilBertConfig(vocab_size=100, dim=64, n_layers=2, n_heads=2, hidden_dim=128,
                                    max_position_embeddings=256)
     if name == "gpt2":

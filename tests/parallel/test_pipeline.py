@@ -13,7 +13,8 @@ reduce_dtype=fp32), fusecli's --precision bf16 on the fp32 export), or tensor pa
 (``--tp 2``, the stages' blocks as test_ranks.py's ``tp`` makes them, on models with 2 K/V heads), and
 torchtitan's 3-D layout (FSDP2 over tensor parallel in a pipeline: 8 ranks); ``ckpt``: every block
 checkpointed (fusecli's block candidates, all chosen); and ScheduleInterleaved1F1B with 2 stages per
-rank (its actions checked against torch's own order); every rank of every stage is checked. DDP is
+rank (its actions checked against torch's own order); decoders (Llama, Qwen2, GPT-2) and an encoder
+(DistilBERT fed packed sequences, as a stage takes one tensor); every rank of every stage is checked. DDP is
 measured under Schedule1F1B with more microbatches than stages: under ScheduleGPipe, or 1F1B with as
 many microbatches as stages, torch 2.13's reducer fails its own assert (``rebuilt parameter indices
 size is not same as original model parameters size``) at the second step's first forward.
@@ -77,6 +78,11 @@ MODELS = {
     ("llama", "dynamo", None, 4, 2, "v2"): ("interleaved-1f1b:128:4", "interleaved-1f1b:128:2",
                                             "interleaved-1f1b:1024:2", "interleaved-1f1b:128:4:ckpt"),
     ("gpt2", "dynamo", None, 4, 2, "v2"): ("interleaved-1f1b:128:4",),
+    # an encoder (post-norm blocks, no final norm) fed packed sequences: a stage takes one tensor, so the
+    # stages read no padding, and the export fusecli reads takes the token ids alone
+    ("distilbert_packed", "dynamo", None, 2, 2, ""): ("gpipe:128:4", "1f1b:128:4", "1f1b:256:2"),
+    ("distilbert_packed", "torchscript", None, 2, 2, ""): ("1f1b:128:4",),
+    ("distilbert_packed", "dynamo", None, 2, 2, "fsdp"): ("1f1b:128:4:reshard", "gpipe:128:4"),
 }
 
 

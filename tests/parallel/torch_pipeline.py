@@ -37,14 +37,17 @@ split along dim 0 into MICROBATCHES equal microbatches; ``outputs``: ``step(retu
 last stage keeping every microbatch's output for the merged one, until the next step clears them (so in
 ``resident_bytes`` too); by default False, a training step that reads only the losses. Models:
 ``llama``, ``qwen2``, ``mistral`` (embed_tokens, layers, norm, rotary_emb), ``gpt2`` (wte, wpe, h,
-ln_f) and the encoder ``distilbert`` (embeddings, transformer.layer, no final norm), as
+ln_f) and the encoders ``distilbert`` and ``distilbert_packed`` (embeddings, transformer.layer, no final
+norm; the packed one's spec takes the token ids alone), as
 ``hf_models.build(name, attn="default", cache=False)`` makes them. The
 blocks split evenly, in order, over the ranks: stage 0 the embeddings and the first blocks, the last stage
 the last blocks and the final norm (``make_stage``: what the model's own forward computes between them, no
 cache, the causal mask from transformers' create_causal_mask, DistilBERT's bidirectional one from
 create_bidirectional_mask). DistilBERT's example inputs pad one row (an attention_mask), but a stage takes
 one tensor: its steps read no padding, each stage building the mask the model builds for an all-ones
-attention_mask (under sdpa none at all), and the whole-model reference is called with an all-ones one.
+attention_mask (under sdpa none at all), and the whole-model reference is called with an all-ones one
+(an export with the padded mask computes more than these stages do: the tests judge
+``distilbert_packed``, whose export reads no mask either).
 Each rank builds the whole model from the
 one seed and keeps only its stage's modules (``parameter_bytes`` is its stage's alone). Loss
 ``sum(output)`` of each microbatch on the last stage (a dummy target for the schedule), ``scale_grads=False``
@@ -102,7 +105,7 @@ from tests.parallel.torch_ranks import STEPS, _blocks, _peak, _settle_collective
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 DECODERS = ("llama", "qwen2", "mistral")  # embed_tokens, layers, norm, rotary_emb
-ENCODERS = ("distilbert",)  # embeddings, transformer.layer (post-norm blocks, no final norm)
+ENCODERS = ("distilbert", "distilbert_packed")  # embeddings, transformer.layer (post-norm, no final norm)
 MODELS = (*DECODERS, "gpt2", *ENCODERS)
 RUN = "SCHEDULE:SEQ:MICROBATCHES[:outputs][:amp][:zero1][:reshard][:bf16][:ckpt]"  # a step: 1f1b:128:4
 OUTPUT_TOLERANCE = 1e-5  # max abs difference of the chained stages' output from the whole model's
