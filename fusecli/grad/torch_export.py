@@ -214,7 +214,9 @@ def softmax_dtypes(graph: Graph) -> int:
     ``.to(x.dtype)`` makes the copy the next matmul reads; the dynamo export drops both casts (its Softmax
     reads and writes bfloat16; the FX node, ``softmax_dtype``, still says float32). Both put back, in
     place: a Cast up before the Softmax, its output in that dtype, a Cast down for its readers. Returns
-    how many softmaxes."""
+    how many softmaxes. A TorchScript export's softmax(x, dtype=float32).to(q.dtype) of an fp32 model
+    (traced_softmax_dtypes) is marked so too, for --precision's model cast."""
+    traced_softmax_dtypes(graph)
     rw = Rewrite(graph)
     fixed = 0
     for node in list(graph.nodes):
@@ -229,6 +231,33 @@ def softmax_dtypes(graph: Graph) -> int:
     rw.finish()
     return fixed
 
+
+
+def traced_softmax_dtypes(graph: Graph) -> int:
+    """Marks ``softmax_dtype`` float32 on the TorchScript form of ``softmax(x, dim,
+    dtype=torch.float32).to(q.dtype)`` in an fp32 export (transformers' eager attention): the exporter
+    writes softmax's dtype as a Cast after the Softmax, and the trace's ``.to`` another (two float32 to
+    float32 casts in a row); ``softmax(x).type(v.dtype)`` (GPT-2's, computed in the model's dtype) leaves
+    one. The model cast of --precision then computes it in float32, as PyTorch does. Returns how many."""
+    marked = 0
+    for node in graph.nodes:
+        if node.op_type != "Softmax" or "softmax_dtype" in node.meta or not node.inputs or not node.outputs:
+            continue
+        x, y = node.inputs[0], node.outputs[0]
+        if x is None or y is None or x.dtype != "float32" or len(y.consumers) != 1:
+            continue
+        first = y.consumers[0]
+        if _float32_cast(first) and first.outputs[0] is not None \
+                and any(_float32_cast(c) for c in first.outputs[0].consumers):
+            node.meta["softmax_dtype"] = "float32"
+            marked += 1
+    return marked
+
+
+def _float32_cast(node) -> bool:
+    """A Cast of a float32 tensor to float32 (a no-op in an fp32 export: a trace's ``.to(float32)``)."""
+    return node.op_type == "Cast" and node.attrs.get("to") == 1 and bool(node.inputs) \
+        and node.inputs[0] is not None and node.inputs[0].dtype == "float32" and bool(node.outputs)
 
 
 def folded_batch_norms(graph: Graph) -> list[str]:

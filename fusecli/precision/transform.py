@@ -248,8 +248,8 @@ def _model_cast(graph: Graph, rw: Rewrite, low: str, p: Precision) -> None:
                          (f", or after it where the weight is 1 + w: {gemma})" if gemma else ")"))
     if softmaxes:
         p.assumed.append(f"{len(softmaxes)} softmax(es) compute in float32, as softmax(x, "
-                         "dtype=torch.float32) asks (the export's FX nodes say it), their output cast back "
-                         "for the next op")
+                         "dtype=torch.float32) asks (the dynamo export's FX nodes, or the TorchScript "
+                         "export's casts, say it), their output cast back for the next op")
     if upcast_norms:
         p.assumed.append(f"{len(upcast_norms)} LayerNorm(s) compute in float32: their input is cast to "
                          "float32 in the export, or their module is one of transformers' float32 LayerNorms "
