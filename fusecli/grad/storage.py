@@ -135,7 +135,8 @@ def held_by_calls(joint: Graph, profile) -> dict[Tensor, int]:
     """Forward activation -> the last step of the outermost module call that reads it from outside (its
     argument, alive in the call's frame until the call returns; module docstring), where that is later than
     its last read; for a framework with these habits. A call is a run of consecutive forward steps under one
-    module path; a scope-less Constant inside a run does not end it."""
+    module path; a scope-less node inside a run does not end it (a Constant, or an op the dynamo exporter
+    left without a module: GPT-NeoX's chunk of q, k, v as a Split)."""
     if not profile.views:
         return {}
     step_of = {id(n): i for i, n in enumerate(joint.nodes)}
@@ -148,6 +149,8 @@ def held_by_calls(joint: Graph, profile) -> dict[Tensor, int]:
         scope = node_scope(n)
         if not scope and n.op_type == "Constant":
             continue
+        if not scope:  # in the open calls, whatever they are
+            scope = tuple(c[0] for c in open_calls)
         depth = 0
         while depth < len(open_calls) and depth < len(scope) and open_calls[depth][0] == scope[depth]:
             open_calls[depth][2] = i

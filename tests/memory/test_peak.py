@@ -36,6 +36,9 @@ CASES = [  # (name, exporter, kv_heads, seqs)
     ("vit", "torchscript", None, (None,)),
     ("vit", "dynamo", None, (None,)),
     ("mixtral", "torchscript", None, (128, 1024)),
+    # dynamo leaves GPT-NeoX's chunk of q, k and v (a Split) without a module: read as the start of a new
+    # module call, its outputs were held to the end of forward (1.045 before)
+    ("gpt_neox", "dynamo", None, (128,)),
     # the misses benchmarks/RESULTS-peak.md documents, each kept as a strict xfail (MISSES) beside the
     # lengths where the same model is exact
     ("deberta_v2", "dynamo", None, (128,)),
