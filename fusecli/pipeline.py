@@ -21,6 +21,7 @@ from .grad.torch_export import (
     scalar_parameters,
     sinusoidal_note,
     softmax_dtypes,
+    unmerge_subexpressions,
 )
 from .load import load_model, resolve_sizes
 from .load.constant_weights import no_parameter_warning
@@ -179,6 +180,7 @@ def analyze_graph(path: str, graph: Graph, options: Options) -> Analysis:
     if pytorch:
         softmax_dtypes(graph)  # the casts of softmax(x, dtype=float32) a dynamo export dropped
         unshare_calls(graph)  # sdpa calls an exporter's CSE merged: one kernel per call, as eager runs
+        unmerge_subexpressions(graph, profile.views)  # and other ops it merged that eager runs twice
     precision = None
     if options.precision is not None:
         precision = apply_precision(graph, options.precision, options.device,

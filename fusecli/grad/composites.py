@@ -133,6 +133,20 @@ def index_add_match(root: Node):
     return None
 
 
+def rsqrt_match(root: Node):
+    """``torch.rsqrt(x)`` as the dynamo exporter writes it: Reciprocal(Sqrt(x)), both nodes of one FX call
+    (their ``fx_call``). RsqrtBackward0 saves its result alone (-0.5 * grad * result^3), where Sqrt's rule
+    and Reciprocal's would each keep their output. Without the FX node (TorchScript) a Reciprocal of a
+    Sqrt may be two eager ops (``1 / torch.sqrt(x)``): not read as one."""
+    x = root.inputs[0] if len(root.inputs) == 1 else None
+    p = x.producer if x is not None else None
+    call = root.meta.get("fx_call")
+    if p is None or p.op_type != "Sqrt" or call is None or p.meta.get("fx_call", ("",))[0] != call[0] \
+            or root.op_type != "Reciprocal" or root.outputs[0] is None:
+        return None
+    return [p, root], [root.outputs[0]]
+
+
 def slice_copy_match(root: Node):
     """``x[..., a:b] = y`` or ``x[:, i] = v`` (``copy_`` into a slice or select view of x) as both torch
     exporters write it: ScatterND(x, index, y) with an index computed from shapes and constants alone (a
@@ -258,6 +272,8 @@ PYTORCH_COMPOSITES: tuple[Composite, ...] = (
               "native_layer_norm_backward: saves x, weight, bias, mean, rstd"),
     Composite("rms_norm", RMS_NORM, "RmsNormBackward", _rms_norm_reads,
               "rms_norm on CPU runs as pow, mean, rsqrt, mul: saves x, rstd and x * rstd", fused=False),
+    Composite("rsqrt", (), "RsqrtBackward0", None, "rsqrt(self): saves the result", match=rsqrt_match,
+              roots=frozenset({"reciprocal"})),
     Composite("softmax", SOFTMAX, "SoftmaxBackward0", _y, "_softmax_backward_data(grad, result): saves y"),
     Composite("log_softmax", LOG_SOFTMAX, "LogSoftmaxBackward0", _y,
               "_log_softmax_backward_data(grad, result): saves y"),

@@ -23,7 +23,7 @@ import ast
 import re
 
 from ..core.casts import Rewrite
-from ..core.ir import FLOAT_DTYPES, LOWER_FLOAT_DTYPES, Graph, Tensor
+from ..core.ir import FLOAT_DTYPES, LOWER_FLOAT_DTYPES, Graph, Node, Tensor, redirect, unique_name
 from ..core.kinds import DATA_DEPENDENT_KINDS, value_inputs
 
 SIGNATURE = "pkg.torch.export.ExportedProgram.graph_signature"
@@ -231,6 +231,46 @@ def softmax_dtypes(graph: Graph) -> int:
     rw.finish()
     return fixed
 
+
+
+_FX_INDEX = re.compile(r"_\d+$")
+
+
+def unmerge_subexpressions(graph: Graph, views: frozenset[str]) -> int:
+    """An op eager runs twice on the same inputs (CohereLayerNorm's ``x - mean``, once for the variance
+    and once for the normalisation, each kept by its reader's backward) that the dynamo export's
+    common-subexpression pass merged into one: a reader whose FX node names one argument no tensor of
+    the graph has (``sub_41``) and reads, in its place, the output of an FX op of the same kind
+    (``sub_34``, FX names being the op's and a count) that another reader names, gets its own copy made
+    right before it, as eager made it. Views (``views``, slices) cost nothing and are left merged.
+    Returns how many copies."""
+    copied = 0
+    for node in list(graph.nodes):
+        call = node.meta.get("fx_call")
+        if call is None or node.phase != "forward":
+            continue
+        missing = [a for a in dict.fromkeys(call[1]) if a not in graph.tensors]
+        strangers = [t for t in dict.fromkeys(node.inputs) if t is not None and t.name not in call[1]]
+        if len(missing) != 1 or len(strangers) != 1:
+            continue
+        t, name = strangers[0], missing[0]
+        p = t.producer
+        if p is None or len(p.outputs) != 1 or p.kind in views or p.kind == "slice" \
+                or p.meta.get("fx_call", ("",))[0] != t.name \
+                or _FX_INDEX.sub("", name) != _FX_INDEX.sub("", t.name) \
+                or not any(t.name in c.meta.get("fx_call", ("", ()))[1] for c in t.consumers
+                           if c is not node):
+            continue
+        copy = graph.tensor(unique_name(name, graph.tensors), dtype=t.dtype, shape=t.shape, kind=t.kind)
+        copy.meta.update(t.meta)
+        made = graph.add_node(Node(graph.unique_node_name(f"{p.name}.{name}"), p.op_type, p.kind,
+                                   list(p.inputs), [copy], dict(p.attrs), p.domain, p.phase,
+                                   {**p.meta, "fx_call": (name, p.meta["fx_call"][1])}))
+        redirect([node], t, copy)
+        graph.nodes.remove(made)
+        graph.nodes.insert(graph.nodes.index(node), made)
+        copied += 1
+    return copied
 
 
 def traced_softmax_dtypes(graph: Graph) -> int:

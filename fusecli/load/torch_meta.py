@@ -8,6 +8,9 @@
 - ``fx_args``: for the nodes of an ``aten.scaled_dot_product_attention`` call, the FX names of its
   arguments ('transpose_2', 'cat', 'cat_1', 'expand': q, k, v, mask, from ``fx_node``): an argument the
   ONNX graph reads under another name was made by an op the exporter dropped (grad/sdpa.py);
+- ``fx_call``: the FX node's own name and its arguments' names ('sub_34', ('embedding', 'mean'), from
+  ``fx_node``): a reader naming an argument no tensor of the graph has read one the exporter's
+  common-subexpression pass merged into another (grad/torch_export.py);
 - ``softmax_dtype``: the dtype ``aten.softmax.int`` was asked to compute in (``softmax(x, dim,
   dtype=torch.float32)``, Gemma's eager attention), which the dynamo export drops on a bf16 model: its
   Softmax node then reads and writes bf16 (grad/torch_export.py restores the casts);
@@ -28,6 +31,8 @@ FX_NODE = "pkg.torch.onnx.fx_node"
 RULE = "pkg.onnxscript.rewriter.rule_name"
 _LONGEST = 4096  # characters of a value read; longer ones are no exporter's
 _FX_ARGS = re.compile(r"\]\(args = \((.*?)\), kwargs = ")
+_FX_NAME = re.compile(r"%(\w+) : ")
+_FX_REF = re.compile(r"%(\w+)")
 _TRANSFORMERS_CLASS = re.compile(r"transformers\.models\.\w+\.modeling_\w+\.(\w+)")
 
 
@@ -46,14 +51,18 @@ def torch_node_meta(props) -> dict:
                 meta["torch_classes"] = classes
         elif key == RULE and len(p.value) < _LONGEST:
             meta["rewritten_by"] = tuple(r.strip() for r in p.value.split(",") if r.strip())
-        elif key == FX_NODE and "aten.softmax.int" in p.value:
-            dtype = _softmax_dtype(p.value)
-            if dtype:
-                meta["softmax_dtype"] = dtype
-        elif key == FX_NODE and "aten.scaled_dot_product_attention" in p.value:
-            args = _fx_call_args(p.value)
-            if args:
-                meta["fx_args"] = args
+        elif key == FX_NODE:
+            call = _fx_call(p.value)
+            if call is not None:
+                meta["fx_call"] = call
+            if "aten.softmax.int" in p.value:
+                dtype = _softmax_dtype(p.value)
+                if dtype:
+                    meta["softmax_dtype"] = dtype
+            elif "aten.scaled_dot_product_attention" in p.value:
+                args = _fx_call_args(p.value)
+                if args:
+                    meta["fx_args"] = args
     return meta
 
 
@@ -84,6 +93,17 @@ def _fx_call_args(fx_node: str) -> tuple[str, ...]:
         return ()
     m = _FX_ARGS.search(fx_node)
     return tuple(a.strip().removeprefix("%") for a in m.group(1).split(",")) if m else ()
+
+
+def _fx_call(fx_node: str) -> tuple[str, tuple[str, ...]] | None:
+    """'%sub_34 : [num_users=1] = call_function[...](args = (%embedding, %mean), ...)' -> ('sub_34',
+    ('embedding', 'mean')): the node's name and the names of the FX nodes it reads (lists flattened)."""
+    m = _FX_NAME.match(fx_node)
+    if m is None or len(fx_node) >= _LONGEST:
+        return None
+    found = _FX_ARGS.search(fx_node)
+    args = tuple(_FX_REF.findall(found.group(1))) if found else ()
+    return m.group(1), args
 
 
 _TORCH_FLOATS = {"torch.float32": "float32", "torch.float16": "float16", "torch.bfloat16": "bfloat16",
