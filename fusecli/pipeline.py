@@ -24,6 +24,7 @@ from .grad.torch_export import (
     unmerge_subexpressions,
 )
 from .load import load_model, resolve_sizes
+from .load.broadcast import broadcast_conflicts, broadcast_note
 from .load.constant_weights import no_parameter_warning
 from .load.routing import ROUTER_OPS, routers_of
 from .memory.liveness import Liveness, analyze_liveness
@@ -110,9 +111,12 @@ def size_graph(graph: Graph, options: Options) -> tuple[Sizes, list[str], dict[s
         routes = options.routing is None and any(n.op_type in ROUTER_OPS for n in graph.nodes)
         warnings.append(f"{_tensors(dependent)} a data-dependent size (after {where}{more}): not counted in "
                         "the byte totals; no --dim can size them" + (f"; {ROUTING_HINT}" if routes else ""))
+    inconsistent = broadcast_note(broadcast_conflicts(graph, sizes))
+    if inconsistent:
+        warnings.append(inconsistent)
     if open_:
-        warnings.append(f"{_tensors(open_, 'with unknown dims')} not counted in the byte totals; "
-                        + _dims_advice(graph, options))
+        advice = "the model is inconsistent (above)" if inconsistent else _dims_advice(graph, options)
+        warnings.append(f"{_tensors(open_, 'with unknown dims')} not counted in the byte totals; {advice}")
     return sizes, warnings, unknown
 
 
