@@ -274,11 +274,13 @@ def unmerge_subexpressions(graph: Graph, views: frozenset[str]) -> int:
 
 
 def traced_softmax_dtypes(graph: Graph) -> int:
-    """Marks ``softmax_dtype`` float32 on the TorchScript form of ``softmax(x, dim,
-    dtype=torch.float32).to(q.dtype)`` in an fp32 export (transformers' eager attention): the exporter
-    writes softmax's dtype as a Cast after the Softmax, and the trace's ``.to`` another (two float32 to
-    float32 casts in a row); ``softmax(x).type(v.dtype)`` (GPT-2's, computed in the model's dtype) leaves
-    one. The model cast of --precision then computes it in float32, as PyTorch does. Returns how many."""
+    """Marks ``softmax_dtype`` float32 on the TorchScript forms of a softmax computed in float32 and
+    cast back, in an fp32 export: ``softmax(x, dim, dtype=torch.float32).to(q.dtype)`` (transformers'
+    eager attention: the exporter writes softmax's dtype as a Cast after the Softmax, and the trace's
+    ``.to`` another: two float32 to float32 casts in a row) and ``softmax(x.float(), dim).to(v.dtype)``
+    (MPT's: a cast before, one after); ``softmax(x).type(v.dtype)`` (GPT-2's, computed in the model's
+    dtype) leaves one cast after and none before. The model cast of --precision then computes it in
+    float32, as PyTorch does. Returns how many."""
     marked = 0
     for node in graph.nodes:
         if node.op_type != "Softmax" or "softmax_dtype" in node.meta or not node.inputs or not node.outputs:
@@ -287,8 +289,9 @@ def traced_softmax_dtypes(graph: Graph) -> int:
         if x is None or y is None or x.dtype != "float32" or len(y.consumers) != 1:
             continue
         first = y.consumers[0]
+        up = x.producer is not None and _float32_cast(x.producer)
         if _float32_cast(first) and first.outputs[0] is not None \
-                and any(_float32_cast(c) for c in first.outputs[0].consumers):
+                and (up or any(_float32_cast(c) for c in first.outputs[0].consumers)):
             node.meta["softmax_dtype"] = "float32"
             marked += 1
     return marked
