@@ -315,6 +315,35 @@ def _rms_norms(graph: Graph) -> list[_Norm]:
                                              and t.producer is None), None)
         if param is not None:
             out.append(_Norm(x, [*r.nodes, p], root.outputs[0], param, p))
+        elif _weight_product_in_float32(root, normed):
+            out.append(_Norm(x, list(r.nodes), root.outputs[0]))
         else:
             out.append(_Norm(x, [n for n in r.nodes if n is not root], normed))
     return out
+
+
+# transformers' RMSNorms whose forward returns (self.weight * hidden_states).to(input_dtype): the weight's
+# product in float32, cast down after it (transformers 5.x source)
+FLOAT32_WEIGHT_RMS_NORMS = frozenset({
+    "Olmo2RMSNorm", "Olmo3RMSNorm", "OlmoHybridRMSNorm", "FlexOlmoRMSNorm", "GptOssRMSNorm", "AfmoeRMSNorm",
+    "DeepseekV4RMSNorm", "BeamRMSNorm", "FlintRMSNorm", "Inkling2RMSNorm", "Inkling2LoopRMSNorm",
+    "OpenAIPrivacyFilterRMSNorm"})
+
+
+def _weight_product_in_float32(root: Node, normed: Tensor) -> bool:
+    """The RMSNorm multiplies its weight in float32 and casts the product down (OLMo2's, GPT-OSS's):
+    the module's class says it (dynamo), or the fp32 export's casts do (TorchScript: the trace's
+    ``.to(input_dtype)`` is a float32 Cast after the weight's Mul, where Llama's comes before it)."""
+    classes = root.meta.get("torch_classes")
+    if classes:
+        return classes[-1] in FLOAT32_WEIGHT_RMS_NORMS
+    before = normed.producer
+    return not (before is not None and _noop_float32_cast(before)) \
+        and any(_noop_float32_cast(c) for c in root.outputs[0].consumers)
+
+
+def _noop_float32_cast(node: Node) -> bool:
+    """A Cast of a float32 tensor to float32: a trace's ``.to(float32)`` in an fp32 export."""
+    x = node.inputs[0] if node.inputs else None
+    return node.kind == "cast" and node.attrs.get("to") == ONNX_DTYPES["float32"] and x is not None \
+        and x.dtype == "float32"

@@ -161,3 +161,52 @@ def test_a_float32_softmax_of_a_bf16_model_is_pytorchs(hf_onnx, analyzed, export
     # the peak: 1.024 (export) and 1.012 (--precision) at seq 128, 1.000 and 1.003 at seq 1024
     assert abs(a.liveness.peak_bytes / peak - 1) <= SOFTMAX_PEAK, (a.liveness.peak_bytes, peak)
     assert not a.near_misses and sum(m.pattern.name == "attention" for m in a.matches) == 2
+
+
+def _normed(norm_class):
+    """Linear -> a transformers RMSNorm -> Linear (hidden 64), in eval mode."""
+    import torch
+
+    class Normed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.norm, self.b = torch.nn.Linear(64, 64), norm_class(64), torch.nn.Linear(64, 64)
+            torch.nn.init.normal_(self.norm.weight)
+
+        def forward(self, x):
+            return self.b(self.norm(self.a(x)))
+
+    torch.manual_seed(0)
+    return Normed().eval()
+
+
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+@pytest.mark.parametrize("norm", ["olmo2", "llama"])
+def test_an_rms_norm_weighted_in_float32_keeps_its_float32_product(tmp_path, exporter, norm):
+    """OLMo2's RMSNorm (and GPT-OSS's, DeepSeek-V4's) returns (self.weight * x).to(input_dtype): under a
+    bf16 model cast the weight's product is float32, kept for the weight's gradient, and cast down for
+    the next op; Llama's casts down before the weight. Read as Llama's, OLMo2 at --precision bf16 was
+    0.855 of PyTorch's saved bytes (seq 128, both exporters); now 0.992 there (its rotary tables, above).
+    The fp32 export of each form at --precision bf16 against the module cast to bf16."""
+    import warnings
+
+    import torch
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+    from transformers.models.olmo2.modeling_olmo2 import Olmo2RMSNorm
+
+    cls = {"olmo2": Olmo2RMSNorm, "llama": LlamaRMSNorm}[norm]
+    x = torch.randn(2, 32, 64)
+    path = str(tmp_path / f"{norm}_{exporter}.onnx")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if exporter == "torchscript":
+            torch.onnx.export(_normed(cls), (x,), path, dynamo=False, opset_version=17, input_names=["x"],
+                              output_names=["y"], dynamic_axes={"x": {0: "batch", 1: "seq"}})
+        else:
+            torch.onnx.export(_normed(cls), (x,), dynamo=True, input_names=["x"], output_names=["y"],
+                              dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=64),
+                                               1: torch.export.Dim("seq", min=2, max=256)},),
+                              verbose=False).save(path)
+    a = analyze(path, Options(batch=2, dims={"seq": 32}, precision="bf16"))
+    model, args = hf_models.at_precision(_normed(cls), (x,), "bf16")
+    assert a.liveness.saved_activation_bytes == sum(b for _, _, b in hf_models.saved_storages(model, args))
