@@ -204,6 +204,8 @@ def _model_cast(graph: Graph, rw: Rewrite, low: str, p: Precision) -> None:
             _set_outputs(node, "float32")
         return
     norms = _rms_norms(graph)
+    modules = _float32_modules(graph, {id(n) for norm in norms for n in norm.nodes})
+    norms += modules
     inside = {id(n) for norm in norms for n in norm.nodes}
     upcast_norms = _upcast_layer_norms(graph)
     kept_up = {id(c) for _, c in upcast_norms if c is not None}
@@ -246,6 +248,10 @@ def _model_cast(graph: Graph, rw: Rewrite, low: str, p: Precision) -> None:
         p.assumed.append(f"{len(norms)} RMSNorm(s) compute in float32 as transformers' RMSNorm does "
                          "(x cast up; cast down before the weight" +
                          (f", or after it where the weight is 1 + w: {gemma})" if gemma else ")"))
+    if modules:
+        p.assumed.append(f"{len(modules)} call(s) of {', '.join(sorted(FLOAT32_MODULES))} compute in "
+                         "float32 op by op (x cast up, the weight cast up, the result cast down), as their "
+                         "forward does")
     if softmaxes:
         p.assumed.append(f"{len(softmaxes)} softmax(es) compute in float32, as softmax(x, "
                          "dtype=torch.float32) asks (the dynamo export's FX nodes, or the TorchScript "
@@ -319,6 +325,42 @@ def _rms_norms(graph: Graph) -> list[_Norm]:
             out.append(_Norm(x, list(r.nodes), root.outputs[0]))
         else:
             out.append(_Norm(x, [n for n in r.nodes if n is not root], normed))
+    return out
+
+
+# transformers' modules whose forward computes op by op in float32 (x.to(float32), ...,
+# self.weight.to(float32) * x, .to(input_dtype)): Cohere's LayerNorm (transformers 5.x source)
+FLOAT32_MODULES = frozenset({"CohereLayerNorm", "Cohere2LayerNorm"})
+
+
+def _float32_modules(graph: Graph, taken: set[int]) -> list[_Norm]:
+    """Each call of a FLOAT32_MODULES module, by the dynamo export's module path and class (its
+    consecutive forward nodes, none of ``taken``), as a _Norm: its one float input from outside cast up,
+    its parameter cast up for the node reading it, its output cast down for the readers outside."""
+    calls: list[list[Node]] = []
+    last = None
+    for node in graph.nodes:
+        classes = node.meta.get("torch_classes") or ("",)
+        module = node.meta.get("module") if classes[-1] in FLOAT32_MODULES and id(node) not in taken else None
+        if module is not None and module == last:
+            calls[-1].append(node)
+        elif module is not None:
+            calls.append([node])
+        last = module
+    out = []
+    for nodes in calls:
+        ids = {id(n) for n in nodes}
+        made = {id(t) for n in nodes for t in n.outputs if t is not None}
+        xs = list({id(t): t for n in nodes for t in n.inputs if t is not None and id(t) not in made
+                   and t.kind == "activation" and t.dtype in FLOAT_DTYPES}.values())
+        ends = [t for n in nodes for t in n.outputs if t is not None
+                and (t in graph.outputs or any(id(c) not in ids for c in t.consumers))]
+        if len(xs) != 1 or len(ends) != 1:
+            continue  # not one tensor in and one out: not this form
+        weights = [(t, n) for n in nodes for t in n.inputs if t is not None and t.kind == "parameter"
+                   and t.producer is None]
+        w, reader = weights[0] if len(weights) == 1 else (None, None)
+        out.append(_Norm(xs[0], nodes, ends[0], w, reader))
     return out
 
 
