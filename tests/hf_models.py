@@ -45,6 +45,8 @@ REWRITE_TEXT = ("olmo",)
 # an encoder fed packed full-length sequences, token ids only (no attention_mask: masked-LM pretraining's
 # form, and what a pipeline stage, which takes one tensor, runs)
 PACKED = ("distilbert_packed",)
+# multi-query attention with its own repeat of the one K/V head (unsqueeze, expand, view of the cache's cat)
+MULTI_QUERY = ("gpt_bigcode",)
 # rotary on interleaved pairs (GPT-J's rotate_every_two: x[..., ::2], x[..., 1::2] stacked and flattened)
 INTERLEAVED = ("cohere",)  # a Cast after each LayerNorm that the next residual reads too: the rewrite tests
 MORE_VISION = ("beit", "swinv2")
@@ -62,8 +64,8 @@ class Spec:
 def spec(name: str) -> Spec:
     if name in ("bert", "distilbert", "roberta", "opt", "llama_gqa_padded", "deberta_v2"):
         return Spec(("input_ids", "attention_mask"), True)
-    if name in TEXT or name in MORE_TEXT or name in MOE or name in SHAPE_READS or name in REWRITE_TEXT \
-            or name in GQA or name in FUSED_GQA or name in INTERLEAVED or name in PACKED:
+    if name in (*TEXT, *MORE_TEXT, *MOE, *SHAPE_READS, *REWRITE_TEXT, *GQA, *FUSED_GQA, *INTERLEAVED, *PACKED,
+                *MULTI_QUERY):
         return Spec(("input_ids",), True)
     if name in AUDIO:
         return Spec(("input_features",), False)
@@ -81,6 +83,9 @@ def _config(name: str):
     if name in ("distilbert", "distilbert_packed"):
         return tr.DistilBertConfig(vocab_size=100, dim=64, n_layers=2, n_heads=2, hidden_dim=128,
                                    max_position_embeddings=256)
+    if name == "gpt_bigcode":
+        return tr.GPTBigCodeConfig(vocab_size=100, n_embd=64, n_layer=2, n_head=2, n_positions=256,
+                                   bos_token_id=0, eos_token_id=0)  # multi_query: one K/V head
     if name == "gpt2":
         return tr.GPT2Config(vocab_size=100, n_embd=64, n_layer=2, n_head=2, n_positions=256, bos_token_id=0,
                               eos_token_id=0)

@@ -149,6 +149,28 @@ def _dropped_cat(pv: Node, index: int, t: Tensor) -> bool:
     return t.producer is None or t.producer.kind != "concat"
 
 
+_VIEWS_TO_CAT = ("reshape", "expand", "unsqueeze", "squeeze", "transpose", "flatten")
+MAX_VIEWS_TO_CAT = 6  # repeat_kv's unsqueeze, expand and view, a transpose: a few views at most
+
+
+def _cat_behind_views(t: Tensor) -> tuple[str, Tensor] | None:
+    """The dropped cat (``_dropped_cat``) that sdpa's argument ``t`` views through a few views
+    (GPT-BigCode's repeat of its one K/V head: unsqueeze, expand, view of the cache's ``torch.cat``): a view
+    whose FX node reads an FX cat that the graph reads under another name, and the tensor it reads instead
+    (the cat's shape: what eager's copy holds). None where there is none."""
+    x = t
+    for _ in range(MAX_VIEWS_TO_CAT):
+        p = x.producer
+        if p is None or p.kind not in _VIEWS_TO_CAT or not p.inputs or p.inputs[0] is None:
+            return None
+        src, call = p.inputs[0], p.meta.get("fx_call")
+        if call is not None and call[1] and _FX_CAT.fullmatch(call[1][0]) and call[1][0] != src.name \
+                and (src.producer is None or src.producer.kind != "concat"):
+            return call[1][0], src
+        x = src
+    return None
+
+
 def _needs_grad(t: Tensor, rg: set[str]) -> bool:
     return t.name in rg
 
@@ -227,10 +249,14 @@ def choose(form: AttentionForm, rg: set[str], memo: dict[int, bool], device: str
                 cast_copies.append((f"{pv.name}.{role}_{after.dtype}", after.dtype, before.shape))
     new = [(f"{pv.name}.logsumexp", "float32",
             None if form.q.shape is None else tuple(form.q.shape[:-1])), *cast_copies]
-    for role, index, t in (("key", 1, k), ("value", 2, v)):
-        if _dropped_cat(pv, index, t):  # the kernel saves the copy, not the tensor the export shows,
-            reads[index] = None  # named by the FX cat it is: two calls on one cache update share it
-            new.append((f"{pv.meta['fx_args'][index]}.{role}_cat", t.dtype, t.shape))
+    for role, index, t, given in (("key", 1, k, form.k), ("value", 2, v, form.v)):
+        behind = None if reads[index] is None else _cat_behind_views(given)  # given: what the call reads
+        if reads[index] is not None and _dropped_cat(pv, index, t):  # the kernel saves the copy, not the
+            reads[index] = None  # tensor the export shows, named by the FX cat it is: two calls on one
+            new.append((f"{pv.meta['fx_args'][index]}.{role}_cat", t.dtype, t.shape))  # cache update share it
+        elif behind is not None:  # a view of such a copy: its storage is the copy's
+            reads[index] = None
+            new.append((f"{behind[0]}.{role}_cat", behind[1].dtype, behind[1].shape))
     reads = [t for t in reads if t is not None]
     if device == "cpu":
         kernel, reason = "flash", "flash kernel for CPU: saves q, k, v, the output and the row logsumexp"
