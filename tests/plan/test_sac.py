@@ -52,6 +52,10 @@ KNOWN = {
     # which memory.peak.not_counted names (48 KiB per intra-op thread here, more in bf16): ~113 KiB low at
     # pytest's 2 threads, 0.96-0.97 at 1 (benchmarks/RESULTS-sac.md)
     ("llama", "bf16", "full", "peak"): (0.85, 0.98), ("llama", "bf16", "torchtitan", "peak"): (0.85, 0.98),
+    # under CPU autocast PyTorch peaks in a bf16 mm's backward, beside the work buffer oneDNN takes inside
+    # each bf16 mm (memory.peak.not_counted), whose size is the CPU's: within 2% where this test was
+    # written, 0.927 on an AVX512-BF16 CPU (1,458,320 of 1,573,640 B above resident; held 0.999)
+    ("llama", "amp-bf16", "torchtitan", "peak"): (0.90, 1.02),
 }
 
 
