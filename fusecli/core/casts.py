@@ -9,6 +9,13 @@ from .scopes import node_scope
 ONNX_DTYPES = {"float32": 1, "float16": 10, "bfloat16": 16}
 
 
+def noop_float32_cast(node: Node) -> bool:
+    """A Cast of a float32 tensor to float32: a no-op in an fp32 export, a trace's ``.to(float32)``."""
+    x = node.inputs[0] if node.inputs else None
+    return node.kind == "cast" and node.attrs.get("to") == 1 and x is not None and x.dtype == "float32" \
+        and bool(node.outputs)
+
+
 class Rewrite:
     """New Cast nodes, each placed right before the first node that reads it (eager casts on the call)."""
 

@@ -249,12 +249,13 @@ def choose(form: AttentionForm, rg: set[str], memo: dict[int, bool], device: str
                 cast_copies.append((f"{pv.name}.{role}_{after.dtype}", after.dtype, before.shape))
     new = [(f"{pv.name}.logsumexp", "float32",
             None if form.q.shape is None else tuple(form.q.shape[:-1])), *cast_copies]
-    for role, index, t, given in (("key", 1, k, form.k), ("value", 2, v, form.v)):
-        behind = None if reads[index] is None else _cat_behind_views(given)  # given: what the call reads
-        if reads[index] is not None and _dropped_cat(pv, index, t):  # the kernel saves the copy, not the
-            reads[index] = None  # tensor the export shows, named by the FX cat it is: two calls on one
-            new.append((f"{pv.meta['fx_args'][index]}.{role}_cat", t.dtype, t.shape))  # cache update share it
-        elif behind is not None:  # a view of such a copy: its storage is the copy's
+    for role, index, t, given in (("key", 1, k, form.k), ("value", 2, v, form.v)):  # given: what it reads
+        if reads[index] is None:
+            continue
+        if _dropped_cat(pv, index, t):  # the kernel saves the copy, not the tensor the export shows, named
+            reads[index] = None  # by the FX cat it is: two calls on one cache update share it
+            new.append((f"{pv.meta['fx_args'][index]}.{role}_cat", t.dtype, t.shape))
+        elif (behind := _cat_behind_views(given)) is not None:  # a view of such a copy: the copy's storage
             reads[index] = None
             new.append((f"{behind[0]}.{role}_cat", behind[1].dtype, behind[1].shape))
     reads = [t for t in reads if t is not None]

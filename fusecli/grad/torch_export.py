@@ -22,7 +22,7 @@ from __future__ import annotations
 import ast
 import re
 
-from ..core.casts import Rewrite
+from ..core.casts import Rewrite, noop_float32_cast
 from ..core.ir import FLOAT_DTYPES, LOWER_FLOAT_DTYPES, Graph, Node, Tensor, redirect, unique_name
 from ..core.kinds import DATA_DEPENDENT_KINDS, value_inputs
 
@@ -289,18 +289,12 @@ def traced_softmax_dtypes(graph: Graph) -> int:
         if x is None or y is None or x.dtype != "float32" or len(y.consumers) != 1:
             continue
         first = y.consumers[0]
-        up = x.producer is not None and _float32_cast(x.producer)
-        if _float32_cast(first) and first.outputs[0] is not None \
-                and (up or any(_float32_cast(c) for c in first.outputs[0].consumers)):
+        up = x.producer is not None and noop_float32_cast(x.producer)
+        if noop_float32_cast(first) and first.outputs[0] is not None \
+                and (up or any(noop_float32_cast(c) for c in first.outputs[0].consumers)):
             node.meta["softmax_dtype"] = "float32"
             marked += 1
     return marked
-
-
-def _float32_cast(node) -> bool:
-    """A Cast of a float32 tensor to float32 (a no-op in an fp32 export: a trace's ``.to(float32)``)."""
-    return node.op_type == "Cast" and node.attrs.get("to") == 1 and bool(node.inputs) \
-        and node.inputs[0] is not None and node.inputs[0].dtype == "float32" and bool(node.outputs)
 
 
 def folded_batch_norms(graph: Graph) -> list[str]:

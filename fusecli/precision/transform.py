@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..core.casts import noop_float32_cast
 from ..core.ir import FLOAT_DTYPES, Graph, Node, Tensor, redirect
 from ..grad.storage import linear_bias_add
 from . import PRECISIONS
@@ -203,9 +204,9 @@ def _model_cast(graph: Graph, rw: Rewrite, low: str, p: Precision) -> None:
         for node in graph.nodes:
             _set_outputs(node, "float32")
         return
-    norms = _rms_norms(graph)
-    modules = _float32_modules(graph, {id(n) for norm in norms for n in norm.nodes})
-    norms += modules
+    rms = _rms_norms(graph)
+    modules = _float32_modules(graph, {id(n) for norm in rms for n in norm.nodes})
+    norms = [*rms, *modules]
     inside = {id(n) for norm in norms for n in norm.nodes}
     upcast_norms = _upcast_layer_norms(graph)
     kept_up = {id(c) for _, c in upcast_norms if c is not None}
@@ -243,11 +244,12 @@ def _model_cast(graph: Graph, rw: Rewrite, low: str, p: Precision) -> None:
             _set_outputs(node, _widest(_floats(_value_inputs(node))) or low)
             if node.kind == "layer_norm":
                 _layer_norm_stats(node)
-    if norms:
-        gemma = sum(n.weight_param is not None for n in norms)
-        p.assumed.append(f"{len(norms)} RMSNorm(s) compute in float32 as transformers' RMSNorm does "
+    if rms:
+        after = sum(n.after_weight for n in rms)
+        p.assumed.append(f"{len(rms)} RMSNorm(s) compute in float32 as transformers' RMSNorm does "
                          "(x cast up; cast down before the weight" +
-                         (f", or after it where the weight is 1 + w: {gemma})" if gemma else ")"))
+                         (f", or after it where the weight is 1 + w or multiplied in float32: {after})"
+                          if after else ")"))
     if modules:
         p.assumed.append(f"{len(modules)} call(s) of {', '.join(sorted(FLOAT32_MODULES))} compute in "
                          "float32 op by op (x cast up, the weight cast up, the result cast down), as their "
@@ -294,6 +296,7 @@ class _Norm:
     out: Tensor  # cast down to the model's dtype for what reads it
     weight_param: Tensor | None = None  # a weight computed from a parameter (Gemma's 1 + w), cast up
     weight_param_reader: Node | None = None
+    after_weight: bool = False  # cast down after the weight's product (Gemma's 1 + w, OLMo2's)
 
 
 def _rms_norms(graph: Graph) -> list[_Norm]:
@@ -314,15 +317,15 @@ def _rms_norms(graph: Graph) -> list[_Norm]:
             continue
         w = root.inputs[1] if root.inputs[0] is normed else root.inputs[0]
         if w is not None and w.name in folded:
-            out.append(_Norm(x, list(r.nodes), root.outputs[0], w))
+            out.append(_Norm(x, list(r.nodes), root.outputs[0], w, after_weight=True))
             continue
         p = w.producer if w is not None else None
         param = None if p is None else next((t for t in p.inputs if t is not None and t.kind == "parameter"
                                              and t.producer is None), None)
         if param is not None:
-            out.append(_Norm(x, [*r.nodes, p], root.outputs[0], param, p))
+            out.append(_Norm(x, [*r.nodes, p], root.outputs[0], param, p, after_weight=True))
         elif _weight_product_in_float32(root, normed):
-            out.append(_Norm(x, list(r.nodes), root.outputs[0]))
+            out.append(_Norm(x, list(r.nodes), root.outputs[0], after_weight=True))
         else:
             out.append(_Norm(x, [n for n in r.nodes if n is not root], normed))
     return out
@@ -380,12 +383,5 @@ def _weight_product_in_float32(root: Node, normed: Tensor) -> bool:
     if classes:
         return classes[-1] in FLOAT32_WEIGHT_RMS_NORMS
     before = normed.producer
-    return not (before is not None and _noop_float32_cast(before)) \
-        and any(_noop_float32_cast(c) for c in root.outputs[0].consumers)
-
-
-def _noop_float32_cast(node: Node) -> bool:
-    """A Cast of a float32 tensor to float32: a trace's ``.to(float32)`` in an fp32 export."""
-    x = node.inputs[0] if node.inputs else None
-    return node.kind == "cast" and node.attrs.get("to") == ONNX_DTYPES["float32"] and x is not None \
-        and x.dtype == "float32"
+    return not (before is not None and noop_float32_cast(before)) \
+        and any(noop_float32_cast(c) for c in root.outputs[0].consumers)
